@@ -1,0 +1,256 @@
+//! The `logmon` command line (DESIGN.md §6): flag definitions (every flag
+//! also reads a `LOGMON_*` variable) and one module per subcommand.
+//!
+//! Exit codes: 0 success, 2 usage or configuration error, 1 any other
+//! failure, 75 (EX_TEMPFAIL) when `reattach` or a conservative `ensure`
+//! finds the old logmon gone.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
+
+mod control;
+mod exec;
+mod logs;
+
+/// Exit code for a usage or configuration error.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code for any other failure.
+pub const EXIT_FAILURE: i32 = 1;
+/// Exit code when the old logmon is gone (EX_TEMPFAIL).
+pub const EXIT_TEMPFAIL: i32 = 75;
+
+/// A command's failure: one line for the user, and the exit code.
+#[derive(Debug)]
+pub struct CliError {
+    /// Exit code.
+    pub code: i32,
+    /// What went wrong and what to do, in one line.
+    pub message: String,
+}
+
+impl CliError {
+    /// A failure with `code`.
+    pub fn new(code: i32, message: impl std::fmt::Display) -> Self {
+        CliError {
+            code,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<ConfigError> for CliError {
+    fn from(e: ConfigError) -> Self {
+        CliError::new(EXIT_USAGE, e)
+    }
+}
+
+/// A command's result: the exit code on success.
+pub type CliResult = Result<i32, CliError>;
+
+const EXAMPLES: &str = "\
+Examples:
+  logmon exec --log-dir ./logs --task demo -- sh -c 'echo out; echo err >&2'
+  logmon run --task web --log-dir /var/log/tasks --max-file-size 10MiB
+  logmon ensure --state /run/agent/web.json --task web --log-dir /var/log/tasks
+  logmon status --state /run/agent/web.json
+  logmon logs --log-dir /var/log/tasks --task web -f -n 20";
+
+/// logmon: capture a task's stdout/stderr FIFOs into size-rotated files.
+#[derive(Debug, Parser)]
+#[command(name = "logmon", version, about, after_help = EXAMPLES)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Capture a task's FIFOs until stopped (prints the ready line).
+    Run(RunArgs),
+    /// Start `run` detached, print its reattach config, exit.
+    Launch(RunArgs),
+    /// Reattach to the logmon in the state file, or launch a fresh one; persist the state.
+    Ensure(EnsureArgs),
+    /// Check that the logmon in the state file is alive and is the one launched.
+    Reattach(StateArgs),
+    /// Print a running logmon's counters as JSON.
+    Status(TargetArgs),
+    /// Stop a running logmon: drain, fsync, wait for it to exit.
+    Stop(TargetArgs),
+    /// Print a task's log stream across its rotated files.
+    Logs(LogsArgs),
+    /// Run a command with its stdout/stderr captured into rotated files.
+    Exec(ExecArgs),
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    config::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_task_arg(s: &str) -> Result<TaskName, String> {
+    TaskName::new(s).map_err(|e| e.to_string())
+}
+
+/// The flags of `run` (and `launch`, `ensure`, `exec`).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Task name (no '/', not '.' or '..').
+    #[arg(long, env = "LOGMON_TASK", value_parser = parse_task_arg)]
+    pub task: TaskName,
+    /// Directory of the log files (must exist).
+    #[arg(long, env = "LOGMON_LOG_DIR")]
+    pub log_dir: PathBuf,
+    /// FIFO of the task's stdout [default: <log-dir>/.<task>.stdout.fifo].
+    #[arg(long, env = "LOGMON_STDOUT_FIFO")]
+    pub stdout_fifo: Option<PathBuf>,
+    /// FIFO of the task's stderr [default: <log-dir>/.<task>.stderr.fifo].
+    #[arg(long, env = "LOGMON_STDERR_FIFO")]
+    pub stderr_fifo: Option<PathBuf>,
+    /// Files kept per stream, the active one included.
+    #[arg(long, env = "LOGMON_MAX_FILES", default_value_t = config::DEFAULT_MAX_FILES)]
+    pub max_files: u32,
+    /// Size limit of one file: bytes, or 512KiB, 10MiB, 1GiB.
+    #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value = "10MiB", value_parser = parse_size_arg)]
+    pub max_file_size: u64,
+    /// Control socket [default: <log-dir>/.<task>.logmon.sock].
+    #[arg(long, env = "LOGMON_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// What to do when a log file cannot be written.
+    #[arg(long, env = "LOGMON_ON_WRITE_ERROR", value_enum, default_value_t = WriteErrorPolicy::Drop)]
+    pub on_write_error: WriteErrorPolicy,
+    /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
+    #[arg(long, env = "LOGMON_PIPE_SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
+    pub pipe_size: u64,
+}
+
+impl RunArgs {
+    /// The validated capture configuration.
+    pub fn to_config(&self) -> Result<CaptureConfig, ConfigError> {
+        let mut c = CaptureConfig::new(self.task.clone(), self.log_dir.clone());
+        if let Some(p) = &self.stdout_fifo {
+            c.stdout_fifo = p.clone();
+        }
+        if let Some(p) = &self.stderr_fifo {
+            c.stderr_fifo = p.clone();
+        }
+        if let Some(p) = &self.socket {
+            c.socket = p.clone();
+        }
+        c.max_files = self.max_files;
+        c.max_file_size = self.max_file_size;
+        c.on_write_error = self.on_write_error;
+        c.pipe_size = self.pipe_size;
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// `--state FILE`.
+#[derive(Debug, Clone, Args)]
+pub struct StateArgs {
+    /// The persisted reattach config (JSON).
+    #[arg(long, env = "LOGMON_STATE")]
+    pub state: PathBuf,
+}
+
+/// `--state FILE | --socket P`.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct TargetArgs {
+    /// The persisted reattach config (identity-checked).
+    #[arg(long, env = "LOGMON_STATE")]
+    pub state: Option<PathBuf>,
+    /// A control socket (no identity check beyond peer uid).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+/// `ensure`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct EnsureArgs {
+    /// The persisted reattach config (JSON); written atomically.
+    #[arg(long, env = "LOGMON_STATE")]
+    pub state: PathBuf,
+    /// On reattach failure, exit 75 instead of launching a fresh logmon.
+    #[arg(long)]
+    pub conservative: bool,
+    /// The flags a fresh logmon is launched with.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// `logs`' flags.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// Directory of the log files.
+    #[arg(long, env = "LOGMON_LOG_DIR")]
+    pub log_dir: PathBuf,
+    /// Task name.
+    #[arg(long, env = "LOGMON_TASK", value_parser = parse_task_arg)]
+    pub task: TaskName,
+    /// Read stderr instead of stdout.
+    #[arg(long)]
+    pub stderr: bool,
+    /// Keep following across rotations, like `tail -F`.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Start this many lines from the end.
+    #[arg(short = 'n', long = "lines", conflicts_with = "bytes")]
+    pub lines: Option<u64>,
+    /// Start this many bytes from the end.
+    #[arg(short = 'c', long = "bytes", value_parser = parse_size_arg)]
+    pub bytes: Option<u64>,
+}
+
+/// `exec`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    /// Capture settings.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Runs the parsed command line; returns the process exit code.
+pub fn dispatch(cli: Cli) -> i32 {
+    let result = match cli.command {
+        Command::Run(a) => control::run(&a),
+        Command::Launch(a) => control::launch(&a),
+        Command::Ensure(a) => control::ensure(&a),
+        Command::Reattach(a) => control::reattach(&a),
+        Command::Status(a) => control::status(&a),
+        Command::Stop(a) => control::stop(&a),
+        Command::Logs(a) => logs::run(&a),
+        Command::Exec(a) => exec::run(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("logmon: error: {}", e.message);
+            e.code
+        }
+    }
+}
+
+/// Sets up the daemon's own diagnostics: `LOGMON_LOG` (an env-filter, e.g.
+/// `debug`) with `default` otherwise; to the journal under journald, else to
+/// stderr. Never to stdout, never into the captured logs.
+pub fn init_tracing(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("LOGMON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    if crate::systemd::init_journald(default) {
+        return;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}

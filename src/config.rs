@@ -1,0 +1,326 @@
+//! Configuration: task names, sizes, streams, limits and the default paths
+//! derived from `--log-dir` and `--task` (DESIGN.md §1, §2, §4).
+//!
+//! Everything here is pure: validation happens before any file is touched,
+//! so a bad flag never leaves half a daemon behind.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Default number of files kept per stream, the active one included.
+pub const DEFAULT_MAX_FILES: u32 = 10;
+/// Default size limit of one log file, in bytes.
+pub const DEFAULT_MAX_FILE_SIZE: u64 = 10 * 1024 * 1024;
+/// Default pipe capacity requested for each FIFO.
+pub const DEFAULT_PIPE_SIZE: u64 = 1024 * 1024;
+
+/// A configuration error: always the user's to fix (CLI exit code 2).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The task name cannot be used as a file-name component.
+    #[error("invalid task name {name:?}: {why}")]
+    InvalidTask {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        why: &'static str,
+    },
+    /// A size flag did not parse.
+    #[error("invalid size {input:?}: expected bytes or a unit such as 512KiB, 10MiB, 1GiB")]
+    InvalidSize {
+        /// The rejected text.
+        input: String,
+    },
+    /// A numeric limit is out of range.
+    #[error("invalid {what}: {why}")]
+    OutOfRange {
+        /// Which setting.
+        what: &'static str,
+        /// The accepted range.
+        why: &'static str,
+    },
+}
+
+/// One of the two captured streams of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Stream {
+    /// The task's standard output.
+    Stdout,
+    /// The task's standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// Both streams, stdout first.
+    pub const ALL: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    /// The name used in file names (`stdout` / `stderr`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated task name: non-empty, no `/`, no NUL, not `.` or `..`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TaskName(String);
+
+impl TaskName {
+    /// Validates `name` as a task name.
+    ///
+    /// ```
+    /// use logmon::config::TaskName;
+    /// assert!(TaskName::new("web-1").is_ok());
+    /// assert!(TaskName::new("a/b").is_err());
+    /// assert!(TaskName::new("..").is_err());
+    /// ```
+    pub fn new(name: &str) -> Result<Self, ConfigError> {
+        let why = if name.is_empty() {
+            Some("must not be empty")
+        } else if name.contains('/') {
+            Some("must not contain '/'")
+        } else if name.contains('\0') {
+            Some("must not contain NUL")
+        } else if name == "." || name == ".." {
+            Some("must not be '.' or '..'")
+        } else if name.len() > 200 {
+            // Leaves room for ".<task>.stdout.fifo" and ".<task>.stdout.<u64>"
+            // inside NAME_MAX (255).
+            Some("must be at most 200 bytes")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(ConfigError::InvalidTask {
+                name: name.to_owned(),
+                why,
+            }),
+            None => Ok(TaskName(name.to_owned())),
+        }
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for TaskName {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskName::new(s)
+    }
+}
+
+impl TryFrom<String> for TaskName {
+    type Error = ConfigError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        TaskName::new(&s)
+    }
+}
+
+impl From<TaskName> for String {
+    fn from(t: TaskName) -> String {
+        t.0
+    }
+}
+
+impl fmt::Display for TaskName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Parses a byte size: plain bytes (`4096`) or a number with a unit
+/// (`512KiB`, `10MiB`, `1GiB`; SI units such as `10MB` are powers of 1000).
+///
+/// ```
+/// use logmon::config::parse_size;
+/// assert_eq!(parse_size("10MiB").unwrap(), 10 * 1024 * 1024);
+/// assert_eq!(parse_size("4096").unwrap(), 4096);
+/// assert!(parse_size("ten").is_err());
+/// ```
+pub fn parse_size(input: &str) -> Result<u64, ConfigError> {
+    let err = || ConfigError::InvalidSize {
+        input: input.to_owned(),
+    };
+    let trimmed = input.trim();
+    if trimmed.is_empty() || trimmed.starts_with('-') {
+        return Err(err());
+    }
+    trimmed
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|_| err())
+}
+
+/// What to do when writing a log file fails (disk full, I/O error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteErrorPolicy {
+    /// Keep draining the pipe, count the dropped bytes, retry the file once a
+    /// second and write a `logmon: dropped N bytes` marker when it works again.
+    #[default]
+    Drop,
+    /// Stop draining so the task blocks on its full pipe; nothing is lost.
+    Block,
+}
+
+/// The validated settings of one capture (`logmon run`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// The task whose streams are captured.
+    pub task: TaskName,
+    /// Directory holding the log files (and, by default, FIFOs, lock, socket).
+    pub log_dir: PathBuf,
+    /// FIFO the task writes its stdout into.
+    pub stdout_fifo: PathBuf,
+    /// FIFO the task writes its stderr into.
+    pub stderr_fifo: PathBuf,
+    /// Files kept per stream, the active one included (≥ 1).
+    pub max_files: u32,
+    /// Size limit of one log file in bytes (≥ 1).
+    pub max_file_size: u64,
+    /// Pipe capacity requested for each FIFO.
+    pub pipe_size: u64,
+    /// Write-error policy.
+    pub on_write_error: WriteErrorPolicy,
+    /// Control socket path.
+    pub socket: PathBuf,
+}
+
+impl CaptureConfig {
+    /// Builds a configuration with the defaults for everything but the task
+    /// and the log directory.
+    pub fn new(task: TaskName, log_dir: impl Into<PathBuf>) -> Self {
+        let log_dir = log_dir.into();
+        CaptureConfig {
+            stdout_fifo: default_fifo(&log_dir, &task, Stream::Stdout),
+            stderr_fifo: default_fifo(&log_dir, &task, Stream::Stderr),
+            socket: default_socket(&log_dir, &task),
+            task,
+            log_dir,
+            max_files: DEFAULT_MAX_FILES,
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            pipe_size: DEFAULT_PIPE_SIZE,
+            on_write_error: WriteErrorPolicy::Drop,
+        }
+    }
+
+    /// Checks the numeric limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_files == 0 {
+            return Err(ConfigError::OutOfRange {
+                what: "--max-files",
+                why: "must be at least 1",
+            });
+        }
+        if self.max_file_size == 0 {
+            return Err(ConfigError::OutOfRange {
+                what: "--max-file-size",
+                why: "must be at least 1 byte",
+            });
+        }
+        if self.pipe_size == 0 || self.pipe_size > i32::MAX as u64 {
+            return Err(ConfigError::OutOfRange {
+                what: "--pipe-size",
+                why: "must be between 1 byte and 2GiB",
+            });
+        }
+        Ok(())
+    }
+
+    /// The FIFO path of `stream`.
+    pub fn fifo(&self, stream: Stream) -> &Path {
+        match stream {
+            Stream::Stdout => &self.stdout_fifo,
+            Stream::Stderr => &self.stderr_fifo,
+        }
+    }
+
+    /// The lock file that makes one logmon per task (`.<task>.logmon.lock`).
+    pub fn lock_path(&self) -> PathBuf {
+        self.log_dir
+            .join(format!(".{}.logmon.lock", self.task.as_str()))
+    }
+
+    /// Where a launched daemon's own diagnostics go (`.<task>.logmon.log`).
+    pub fn daemon_log_path(&self) -> PathBuf {
+        daemon_log_path(&self.log_dir, &self.task)
+    }
+}
+
+/// Default FIFO path: `<log-dir>/.<task>.<stream>.fifo`.
+pub fn default_fifo(log_dir: &Path, task: &TaskName, stream: Stream) -> PathBuf {
+    log_dir.join(format!(".{}.{}.fifo", task.as_str(), stream.as_str()))
+}
+
+/// Default control socket path: `<log-dir>/.<task>.logmon.sock`.
+pub fn default_socket(log_dir: &Path, task: &TaskName) -> PathBuf {
+    log_dir.join(format!(".{}.logmon.sock", task.as_str()))
+}
+
+/// A launched daemon's stderr: `<log-dir>/.<task>.logmon.log`.
+pub fn daemon_log_path(log_dir: &Path, task: &TaskName) -> PathBuf {
+    log_dir.join(format!(".{}.logmon.log", task.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_names_that_are_not_file_names_are_refused() {
+        for bad in ["", "a/b", "/", ".", "..", "a\0b"] {
+            assert!(TaskName::new(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["web", "web.1", "...", "a b", "ünïcode"] {
+            assert!(TaskName::new(good).is_ok(), "{good:?} refused");
+        }
+        assert!(TaskName::new(&"x".repeat(201)).is_err());
+    }
+
+    #[test]
+    fn sizes_parse_binary_units_and_plain_bytes() {
+        assert_eq!(parse_size("10MiB"), Ok(10 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1234"), Ok(1234));
+        assert_eq!(parse_size("10 MiB"), Ok(10 << 20));
+        for bad in ["", "ten", "-1", "10XB", "MiB"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        let mut c = CaptureConfig::new(TaskName::new("t").unwrap(), "/tmp");
+        assert!(c.validate().is_ok());
+        c.max_files = 0;
+        assert!(c.validate().is_err());
+        c.max_files = 1;
+        c.max_file_size = 0;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn default_paths_follow_the_reference_layout() {
+        let c = CaptureConfig::new(TaskName::new("web").unwrap(), "/l");
+        assert_eq!(c.stdout_fifo, Path::new("/l/.web.stdout.fifo"));
+        assert_eq!(c.stderr_fifo, Path::new("/l/.web.stderr.fifo"));
+        assert_eq!(c.socket, Path::new("/l/.web.logmon.sock"));
+        assert_eq!(c.lock_path(), Path::new("/l/.web.logmon.lock"));
+    }
+}

@@ -1,0 +1,307 @@
+//! `logmon run`: one task's capture daemon, wiring the task lock, the
+//! FIFOs, the rotators, the control socket and the ready line together on a
+//! current-thread tokio runtime (DESIGN.md §2, §3).
+//!
+//! Guarantees kept here:
+//! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
+//!   taken before anything else is touched; a second `run` fails at once and
+//!   names the pid holding it (`tests/capture.rs::second_run_for_the_same_task_is_refused`);
+//! - the ready line is printed only when FIFOs, files and socket are ready;
+//! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
+//!   partial line included), the active files fsynced, the socket removed,
+//!   and the process exits 0.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use nix::fcntl::{Flock, FlockArg};
+use tokio::net::unix::pipe;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use crate::capture::{pump, StreamCapture};
+use crate::config::{CaptureConfig, ConfigError, Stream};
+use crate::fifo::{self, FifoError};
+use crate::protocol::{ReattachConfig, Welcome, PROTOCOL_VERSION};
+use crate::rotate::{RotateError, Rotator};
+use crate::server::{self, ServerState, SocketError};
+use crate::{process, systemd};
+
+/// Why the daemon could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A flag is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The log directory is missing, or a log file failed.
+    #[error(transparent)]
+    Rotate(#[from] RotateError),
+    /// Another logmon runs for this task.
+    #[error("another logmon ({holder}) already captures task {task}: lock {lock} is held; stop it first")]
+    AlreadyRunning {
+        /// The task.
+        task: String,
+        /// "pid N", or "pid unknown".
+        holder: String,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// A FIFO cannot be used.
+    #[error(transparent)]
+    Fifo(#[from] FifoError),
+    /// The control socket cannot be used.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// Systemd handed over something unusable.
+    #[error(transparent)]
+    Systemd(#[from] systemd::SystemdError),
+    /// Anything else.
+    #[error("{action}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+impl DaemonError {
+    /// The CLI exit code: 2 for what the user must fix in the flags or
+    /// paths, 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Config(_)
+            | DaemonError::Rotate(RotateError::MissingDir { .. })
+            | DaemonError::Fifo(FifoError::NotFifo { .. } | FifoError::Symlink(_))
+            | DaemonError::Socket(SocketError::NotASocket { .. } | SocketError::NameTooLong { .. }) => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn io_err(action: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
+    move |source| DaemonError::Io { action, source }
+}
+
+/// The exclusive per-task lock, held for the daemon's lifetime.
+#[derive(Debug)]
+pub struct TaskLock {
+    _lock: Flock<File>,
+}
+
+/// Takes the task lock at `path`, writing our pid into it, or fails naming
+/// the pid that holds it.
+pub fn lock_task(path: &Path, task: &str) -> Result<TaskLock, DaemonError> {
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| DaemonError::Io {
+            action: "cannot open the task lock",
+            source: io::Error::new(source.kind(), format!("{}: {source}", path.display())),
+        })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            let pid = format!("{}\n", std::process::id());
+            lock.set_len(0).map_err(io_err("cannot write the task lock"))?;
+            lock.write_all_at(pid.as_bytes(), 0)
+                .map_err(io_err("cannot write the task lock"))?;
+            Ok(TaskLock { _lock: lock })
+        }
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut s = String::new();
+            let _ = io::Read::read_to_string(&mut &file, &mut s);
+            let holder = match s.trim().parse::<u32>() {
+                Ok(pid) => format!("pid {pid}"),
+                Err(_) => "pid unknown".into(),
+            };
+            Err(DaemonError::AlreadyRunning {
+                task: task.to_owned(),
+                holder,
+                lock: path.to_owned(),
+            })
+        }
+        Err((_, e)) => Err(DaemonError::Io {
+            action: "cannot lock the task lock",
+            source: e.into(),
+        }),
+    }
+}
+
+/// One stream's FIFO, opened and sized.
+struct OpenedFifo {
+    fd: OwnedFd,
+    capacity: usize,
+}
+
+/// Opens (or adopts from systemd's fd store) the FIFO of each stream.
+fn open_fifos(cfg: &CaptureConfig, inherited: &mut systemd::InheritedFds) -> Result<[OpenedFifo; 2], DaemonError> {
+    let open = |stream: Stream, inherited: &mut systemd::InheritedFds| -> Result<OpenedFifo, DaemonError> {
+        if let Some(fd) = inherited.take_fifo(stream) {
+            let capacity = fifo::adopt_reader(&fd, systemd::fifo_fd_name(stream), cfg.pipe_size)?;
+            tracing::info!(%stream, "adopted FIFO from systemd's fd store");
+            return Ok(OpenedFifo { fd, capacity });
+        }
+        let (fd, capacity) = fifo::open_reader(cfg.fifo(stream), cfg.pipe_size)?;
+        Ok(OpenedFifo { fd, capacity })
+    };
+    Ok([open(Stream::Stdout, inherited)?, open(Stream::Stderr, inherited)?])
+}
+
+/// Where the ready line goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Print it on stdout, then close stdout (the default).
+    Stdout,
+    /// Print nothing (tests, embedding).
+    Quiet,
+}
+
+/// Runs the daemon for `cfg` until it is stopped. Blocks the calling
+/// thread; builds its own current-thread runtime.
+pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
+    cfg.validate()?;
+    if !cfg.log_dir.is_dir() {
+        return Err(RotateError::MissingDir { path: cfg.log_dir.clone() }.into());
+    }
+    // Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
+    // write-error policy) rather than kill the daemon.
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
+    // code; nothing else in this process depends on SIGXFSZ.
+    unsafe {
+        let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigIgn);
+    }
+    let _lock = lock_task(&cfg.lock_path(), cfg.task.as_str())?;
+    let mut inherited = systemd::InheritedFds::from_env()?;
+    let fifos = open_fifos(&cfg, &mut inherited)?;
+    let rotators = [
+        Rotator::open(&cfg.log_dir, &cfg.task, Stream::Stdout, cfg.max_files, cfg.max_file_size)?,
+        Rotator::open(&cfg.log_dir, &cfg.task, Stream::Stderr, cfg.max_files, cfg.max_file_size)?,
+    ];
+    let socket_path = std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
+    let listener = match inherited.take_listener() {
+        Some(l) => l,
+        None => server::bind(&socket_path)?,
+    };
+    let pid = std::process::id();
+    let start_time = process::start_time(pid)
+        .map_err(io_err("cannot read own start time"))?
+        .ok_or_else(|| io_err("cannot read own start time")(io::ErrorKind::NotFound.into()))?;
+    let instance = process::new_instance_id().map_err(io_err("cannot make an instance id"))?;
+    let ready_cfg = ReattachConfig {
+        protocol: PROTOCOL_VERSION,
+        pid,
+        start_time,
+        socket: socket_path.clone(),
+        instance: instance.clone(),
+    };
+    let welcome = Welcome {
+        protocol: PROTOCOL_VERSION,
+        pid,
+        start_time,
+        instance,
+        task: cfg.task.as_str().to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))?;
+    let local = tokio::task::LocalSet::new();
+    let socket_shown = socket_path.display().to_string();
+    let result = local.block_on(&rt, async move {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
+        let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot handle SIGINT"))?;
+        listener.set_nonblocking(true).map_err(io_err("cannot configure the socket"))?;
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(io_err("cannot register the socket"))?;
+
+        let [r_out, r_err] = rotators;
+        let captures = [
+            Rc::new(RefCell::new(StreamCapture::new(Stream::Stdout, r_out, cfg.on_write_error))),
+            Rc::new(RefCell::new(StreamCapture::new(Stream::Stderr, r_err, cfg.on_write_error))),
+        ];
+        systemd::store_fifos(&fifos.each_ref().map(|f| &f.fd));
+        let mut pumps = Vec::new();
+        for (f, cap) in fifos.into_iter().zip(captures.iter()) {
+            let rx = pipe::Receiver::from_owned_fd(f.fd).map_err(io_err("cannot register a FIFO"))?;
+            pumps.push(tokio::task::spawn_local(pump(rx, f.capacity, cap.clone(), stop_rx.clone())));
+        }
+        let state = Rc::new(ServerState {
+            welcome,
+            captures,
+            started: tokio::time::Instant::now(),
+            policy: cfg.on_write_error,
+            stop: stop_tx.clone(),
+        });
+        let server = tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
+
+        if ready == Ready::Stdout {
+            print_ready(&ready_cfg)?;
+        }
+        systemd::notify_ready(&state);
+        tracing::info!(task = %cfg.task, pid, socket = %socket_shown, "ready");
+
+        let mut stop_wait = stop_rx.clone();
+        tokio::select! {
+            _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
+            _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
+            _ = stop_wait.wait_for(|s| *s) => {}
+            _ = systemd::status_loop(&state) => {}
+        }
+        systemd::notify_stopping();
+        stop_tx.send_replace(true);
+        let mut first_err = None;
+        for p in pumps {
+            match p.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "capture failed while stopping");
+                    first_err.get_or_insert(DaemonError::Io { action: "capture failed", source: e });
+                }
+                Err(e) => {
+                    first_err.get_or_insert(DaemonError::Io { action: "capture task failed", source: io::Error::other(e) });
+                }
+            }
+        }
+        let _ = server.await;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    });
+    // Never unlink a socket we did not bind (socket activation owns its own).
+    if !inherited.listener_was_inherited() {
+        let _ = std::fs::remove_file(&socket_path);
+    }
+    result
+}
+
+/// Prints the ready line on stdout and closes stdout, so a launcher reading
+/// it sees EOF right after the line.
+fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
+    let mut line = serde_json::to_string(cfg).map_err(|e| io_err("cannot encode the ready line")(io::Error::other(e)))?;
+    line.push('\n');
+    let mut out = io::stdout().lock();
+    // A launcher that went away before reading is not our failure.
+    let _ = out.write_all(line.as_bytes()).and_then(|_| out.flush());
+    drop(out);
+    let devnull = File::options().write(true).open("/dev/null").map_err(io_err("cannot open /dev/null"))?;
+    // SAFETY: dup2 onto fd 1 replaces stdout with /dev/null; both fds are
+    // valid, and std's stdout handle was flushed above and does not cache the
+    // descriptor.
+    if unsafe { nix::libc::dup2(devnull.as_raw_fd(), 1) } < 0 {
+        return Err(io_err("cannot close stdout")(io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! FIFOs: creating, validating and opening both ends (DESIGN.md §2), and the
+//! zero-copy pipe primitives capture is built on (FIONREAD, tee, splice).
+//!
+//! Both ends are opened `O_RDWR`: logmon's read end then never sees EOF when
+//! the task closes or restarts, and the task's write end never gets SIGPIPE
+//! while no logmon reads (it blocks on a full pipe and goes on when a fresh
+//! logmon drains it). Neither open ever blocks.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag, SpliceFFlags};
+use nix::sys::stat::Mode;
+
+/// A FIFO that cannot be used, naming the path.
+#[derive(Debug, thiserror::Error)]
+pub enum FifoError {
+    /// The path exists and is a symlink (refused: it could point anywhere).
+    #[error("{0} is a symlink, not a FIFO: remove it or pass another --stdout-fifo/--stderr-fifo")]
+    Symlink(PathBuf),
+    /// The path exists and is something other than a FIFO.
+    #[error("{path} exists and is a {kind}, not a FIFO: remove it or pass another path")]
+    NotFifo {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// The descriptor handed over is not a FIFO.
+    #[error("descriptor {name} is not a FIFO")]
+    FdNotFifo {
+        /// The descriptor's name.
+        name: String,
+    },
+    /// Creating, opening or configuring the FIFO failed.
+    #[error("cannot {action} FIFO {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The FIFO.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    if ft.is_file() {
+        "regular file"
+    } else if ft.is_dir() {
+        "directory"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_char_device() {
+        "character device"
+    } else if ft.is_block_device() {
+        "block device"
+    } else {
+        "special file"
+    }
+}
+
+/// Makes sure `path` is a FIFO: creates it with mode 0600 when missing,
+/// reuses an existing FIFO, refuses anything else (symlinks included).
+pub fn ensure_fifo(path: &Path) -> Result<(), FifoError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(FifoError::Symlink(path.to_owned())),
+        Ok(m) if m.file_type().is_fifo() => Ok(()),
+        Ok(m) => Err(FifoError::NotFifo {
+            path: path.to_owned(),
+            kind: kind_of(m.file_type()),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)) {
+                // Another process created it between our look and mkfifo.
+                Ok(()) | Err(Errno::EEXIST) => ensure_existing(path),
+                Err(e) => Err(FifoError::Io {
+                    action: "create",
+                    path: path.to_owned(),
+                    source: e.into(),
+                }),
+            }
+        }
+        Err(source) => Err(FifoError::Io {
+            action: "inspect",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn ensure_existing(path: &Path) -> Result<(), FifoError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_fifo() => Ok(()),
+        Ok(m) if m.file_type().is_symlink() => Err(FifoError::Symlink(path.to_owned())),
+        Ok(m) => Err(FifoError::NotFifo {
+            path: path.to_owned(),
+            kind: kind_of(m.file_type()),
+        }),
+        Err(source) => Err(FifoError::Io {
+            action: "inspect",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Opens `path` O_RDWR with `extra` flags, refusing to follow a symlink and
+/// checking that what was opened is a FIFO (the path may change between the
+/// check and the open).
+fn open_rdwr(path: &Path, extra: i32) -> Result<File, FifoError> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | extra)
+        .open(path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(nix::libc::ELOOP) {
+                return FifoError::Symlink(path.to_owned());
+            }
+            FifoError::Io {
+                action: "open",
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+    let m = f.metadata().map_err(|source| FifoError::Io {
+        action: "inspect",
+        path: path.to_owned(),
+        source,
+    })?;
+    if !m.file_type().is_fifo() {
+        return Err(FifoError::NotFifo {
+            path: path.to_owned(),
+            kind: kind_of(m.file_type()),
+        });
+    }
+    Ok(f)
+}
+
+/// Opens logmon's end of the FIFO at `path`: creates it if missing, opens it
+/// O_RDWR|O_NONBLOCK (never blocks, never sees EOF) and enlarges the pipe to
+/// `pipe_size` (capped by `/proc/sys/fs/pipe-max-size`). Returns the fd and
+/// the pipe's capacity.
+pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
+    ensure_fifo(path)?;
+    let f = open_rdwr(path, nix::libc::O_NONBLOCK)?;
+    let fd = OwnedFd::from(f);
+    let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| FifoError::Io {
+        action: "size",
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok((fd, cap))
+}
+
+/// Opens the *task's* end of the FIFO at `path` (creating it if missing):
+/// O_RDWR in blocking mode, so the open never waits for a reader, a write
+/// blocks while the pipe is full, and the task never gets SIGPIPE/EPIPE while
+/// no logmon is reading. Hand the file to the task as its stdout or stderr.
+pub fn open_task_end(path: &Path) -> Result<File, FifoError> {
+    ensure_fifo(path)?;
+    open_rdwr(path, 0)
+}
+
+/// Checks that an inherited descriptor (systemd's fd store) is a FIFO and
+/// puts it in non-blocking mode; returns its capacity after resizing.
+pub fn adopt_reader(fd: &OwnedFd, name: &str, pipe_size: u64) -> Result<usize, FifoError> {
+    let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| FifoError::Io {
+        action: "inspect",
+        path: PathBuf::from(name),
+        source: e.into(),
+    })?;
+    if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFIFO {
+        return Err(FifoError::FdNotFifo {
+            name: name.to_owned(),
+        });
+    }
+    let io_err = |e: Errno| FifoError::Io {
+        action: "configure",
+        path: PathBuf::from(name),
+        source: e.into(),
+    };
+    let flags = fcntl(fd.as_fd(), FcntlArg::F_GETFL).map_err(io_err)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags)).map_err(io_err)?;
+    set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| FifoError::Io {
+        action: "size",
+        path: PathBuf::from(name),
+        source,
+    })
+}
+
+/// The largest pipe an unprivileged process may ask for.
+pub fn pipe_max_size() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Enlarges the pipe behind `fd` to `want` bytes (capped by pipe-max-size;
+/// never shrinks it) and returns the resulting capacity.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, want: u64) -> io::Result<usize> {
+    let current = fcntl(fd, FcntlArg::F_GETPIPE_SZ)? as u64;
+    let want = want.min(pipe_max_size().unwrap_or(want)).min(i32::MAX as u64);
+    if want > current {
+        match fcntl(fd, FcntlArg::F_SETPIPE_SZ(want as i32)) {
+            Ok(n) => return Ok(n as usize),
+            // Over the per-user pipe quota: keep what we have.
+            Err(Errno::EPERM) | Err(Errno::ENOMEM) => {
+                tracing::warn!(want, current, "cannot enlarge pipe; keeping the current size")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(current as usize)
+}
+
+/// Bytes waiting in the pipe behind `fd` (FIONREAD).
+pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: nix::libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points to
+    // a live, aligned c_int; the fd is borrowed, so it stays open meanwhile.
+    let r = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
+/// A private pipe used to peek at a FIFO's contents without consuming them:
+/// tee(2) duplicates the FIFO's buffers into it, we read them back and the
+/// FIFO keeps its bytes until they are spliced into a file.
+#[derive(Debug)]
+pub struct Peeker {
+    r: OwnedFd,
+    w: OwnedFd,
+    buf: Vec<u8>,
+}
+
+/// Size of the buffer peeked bytes are read into: large enough to make the
+/// read syscalls cheap, small enough to keep the daemon's RSS low.
+const PEEK_CHUNK: usize = 64 * 1024;
+
+impl Peeker {
+    /// A scratch pipe able to hold `capacity` bytes (a FIFO's capacity).
+    pub fn new(capacity: usize) -> io::Result<Self> {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        let got = set_pipe_size(w.as_fd(), capacity as u64)?;
+        if got < capacity {
+            // As root pipe-max-size does not apply; ask for the exact size.
+            let _ = fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(capacity.min(i32::MAX as usize) as i32));
+        }
+        Ok(Peeker {
+            r,
+            w,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Looks at up to `len` bytes at the head of `fifo` without consuming
+    /// them. Returns how many were looked at and the offset of the last
+    /// newline among them.
+    pub fn last_newline(&mut self, fifo: BorrowedFd<'_>, len: usize) -> io::Result<(usize, Option<usize>)> {
+        if len == 0 {
+            return Ok((0, None));
+        }
+        let teed = match nix::fcntl::tee(fifo, self.w.as_fd(), len, SpliceFFlags::SPLICE_F_NONBLOCK) {
+            Ok(n) => n,
+            Err(Errno::EAGAIN) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        if self.buf.len() < PEEK_CHUNK {
+            self.buf.resize(PEEK_CHUNK, 0);
+        }
+        let mut seen = 0usize;
+        let mut last = None;
+        while seen < teed {
+            let want = (teed - seen).min(self.buf.len());
+            let n = match nix::unistd::read(self.r.as_fd(), &mut self.buf[..want]) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => break,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(p) = memchr::memrchr(b'\n', &self.buf[..n]) {
+                last = Some(seen + p);
+            }
+            seen += n;
+        }
+        Ok((seen, last))
+    }
+}
+
+/// Moves up to `len` bytes from the head of `fifo` into `file` at `offset`
+/// within one syscall (splice(2)): a byte leaves the pipe only by landing in
+/// the file, so a SIGKILL at any point loses nothing.
+pub fn splice_to_file(fifo: BorrowedFd<'_>, file: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<usize> {
+    let mut off = offset as nix::libc::loff_t;
+    loop {
+        match nix::fcntl::splice(
+            fifo,
+            None,
+            file,
+            Some(&mut off),
+            len,
+            SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE,
+        ) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Discards up to `len` bytes from the head of `fifo` (write-error policy
+/// `drop`), by splicing them into /dev/null.
+pub fn discard(fifo: BorrowedFd<'_>, devnull: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    loop {
+        match nix::fcntl::splice(fifo, None, devnull, None, len, SpliceFFlags::SPLICE_F_NONBLOCK) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_regular_file_a_directory_and_a_symlink_are_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        let e = ensure_fifo(&file).unwrap_err();
+        assert!(e.to_string().contains("regular file") && e.to_string().contains("/f"), "{e}");
+        let e = ensure_fifo(d.path()).unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+        let link = d.path().join("l");
+        std::os::unix::fs::symlink(d.path().join("target"), &link).unwrap();
+        assert!(matches!(ensure_fifo(&link), Err(FifoError::Symlink(_))));
+    }
+
+    #[test]
+    fn a_missing_fifo_is_created_0600_and_an_existing_one_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        ensure_fifo(&p).unwrap();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        assert!(m.file_type().is_fifo());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        ensure_fifo(&p).unwrap();
+    }
+
+    #[test]
+    fn peek_finds_the_last_newline_and_consumes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (rd, cap) = open_reader(&p, 65536).unwrap();
+        assert!(cap >= 65536);
+        let mut w = open_task_end(&p).unwrap();
+        w.write_all(b"one\ntwo\nthr").unwrap();
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 11);
+        let mut pk = Peeker::new(cap).unwrap();
+        assert_eq!(pk.last_newline(rd.as_fd(), 11).unwrap(), (11, Some(7)));
+        assert_eq!(pk.last_newline(rd.as_fd(), 5).unwrap(), (5, Some(3)));
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 11);
+        let out = tempfile::tempfile().unwrap();
+        assert_eq!(splice_to_file(rd.as_fd(), out.as_fd(), 0, 8).unwrap(), 8);
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
+    }
+}

@@ -1,0 +1,1 @@
+// follow: built by the logs issue

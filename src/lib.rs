@@ -1,0 +1,44 @@
+//! # logmon — a per-task log-capture sidecar
+//!
+//! An agent starts one logmon per task. The task writes its stdout and
+//! stderr into two FIFOs; logmon drains them into size-rotated files in the
+//! layout of the reference orchestrator's logmon
+//! (`<log-dir>/<task>.<stream>.<N>`), and outlives the agent.
+//!
+//! The pieces, in the order data and control flow through them:
+//!
+//! - **capture** — [`fifo`] opens the FIFOs (both ends O_RDWR: no EOF for
+//!   logmon, no SIGPIPE for the task); [`capture`] moves bytes from each
+//!   pipe into files with splice(2), peeking for newlines with tee(2), so a
+//!   byte leaves the pipe only by landing in a file and a SIGKILL loses
+//!   nothing; [`rotate`] decides where each byte goes (line-aware rotation,
+//!   purge).
+//! - **control** — [`daemon`] wires one task's capture, its lock, and its
+//!   control socket on a current-thread runtime and prints the ready line;
+//!   [`server`] answers [`protocol`] requests (`Stats`, `Stop`, `Reopen`,
+//!   `Ping`) on a unix socket.
+//! - **reattach** — [`client`] launches a daemon and proves, before trusting
+//!   it, that the process behind a persisted [`protocol::ReattachConfig`] is
+//!   the one launched (pid, start time, peer credentials, instance id);
+//!   [`hook`] is the agent's prestart/stop hook built on it; [`process`]
+//!   holds the identity primitives.
+//! - **reading** — [`follow`] reads and follows a stream across rotations.
+//! - **service** — [`systemd`] adds readiness, the fd store and socket
+//!   activation when run as `logmon@.service`.
+//!
+//! The contract these modules keep is `DESIGN.md`; each module's doc names
+//! the guarantees it keeps and the tests that prove them.
+
+pub mod capture;
+pub mod config;
+pub mod daemon;
+pub mod fifo;
+pub mod follow;
+pub mod process;
+pub mod protocol;
+pub mod rotate;
+pub mod server;
+pub mod systemd;
+pub mod cli;
+pub mod client;
+pub mod hook;

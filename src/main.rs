@@ -1,0 +1,25 @@
+//! The `logmon` binary: parses the command line and hands it to
+//! [`logmon::cli`]. All logic lives in the library.
+
+use clap::Parser;
+
+fn main() {
+    let cli = match logmon::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+            }
+            // One line: what is wrong; --help has the rest.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("logmon: error: {first} (see 'logmon --help')");
+            std::process::exit(logmon::cli::EXIT_USAGE);
+        }
+    };
+    let daemon = matches!(cli.command, logmon::cli::Command::Run(_));
+    logmon::cli::init_tracing(if daemon { "info" } else { "warn" });
+    std::process::exit(logmon::cli::dispatch(cli));
+}

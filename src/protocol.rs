@@ -1,0 +1,244 @@
+//! The control-socket wire format (DESIGN.md §4) and the ready line (§3).
+//!
+//! A frame is a 4-byte big-endian length followed by a postcard-encoded
+//! message; frames over [`MAX_FRAME`] are refused before anything is
+//! allocated for them. The server side frames with tokio-util's
+//! `LengthDelimitedCodec` ([`codec`]); the blocking client uses
+//! [`write_frame`] / [`read_frame`], which produce the same bytes (checked by
+//! the tests below).
+//!
+//! Compatibility rule: `Hello` is variant 0 of [`Request`] and `Welcome` /
+//! `Refused` are variants 0 / 1 of [`Response`], forever. postcard ignores
+//! trailing bytes, so a peer of any later protocol can still be told, by
+//! name, that the versions differ — never a decode panic.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::capture::StreamStats;
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The largest frame either side accepts (payload bytes).
+pub const MAX_FRAME: usize = 64 * 1024;
+
+/// A message from a client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// The first message of every connection.
+    Hello {
+        /// The client's protocol version.
+        protocol: u32,
+    },
+    /// Ask for the counters.
+    Stats,
+    /// Drain the pipes, fsync, remove the socket and exit.
+    Stop,
+    /// Close and reopen the active files (e.g. after they were deleted).
+    Reopen,
+    /// Liveness check.
+    Ping,
+}
+
+/// A message from the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The handshake succeeded; the server says who it is.
+    Welcome(Welcome),
+    /// The connection is refused (wrong uid, protocol, …) and will close.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// The counters.
+    Stats(Stats),
+    /// Stop accepted: the daemon drains and exits; the connection closes
+    /// when it is gone.
+    Stopping,
+    /// The active files were closed; the next bytes reopen them by path.
+    Reopened,
+    /// Answer to `Ping`.
+    Pong,
+    /// The request was not understood in this state.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Who the server is: compared by the client against the persisted state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The server's protocol version.
+    pub protocol: u32,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Its start time (field 22 of /proc/<pid>/stat).
+    pub start_time: u64,
+    /// Its random instance id.
+    pub instance: String,
+    /// The task it captures.
+    pub task: String,
+    /// logmon's version.
+    pub version: String,
+}
+
+/// The daemon's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// The task captured.
+    pub task: String,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Seconds since the daemon started.
+    pub uptime_secs: u64,
+    /// Write-error policy in force (`drop` or `block`).
+    pub on_write_error: String,
+    /// The stdout stream.
+    pub stdout: StreamStats,
+    /// The stderr stream.
+    pub stderr: StreamStats,
+}
+
+/// The reattach config: the ready line `run` prints and the state an agent
+/// persists (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReattachConfig {
+    /// Protocol version of the daemon.
+    pub protocol: u32,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// The daemon's start time (field 22 of /proc/<pid>/stat).
+    pub start_time: u64,
+    /// The control socket's path.
+    pub socket: std::path::PathBuf,
+    /// The daemon's random instance id (32 hex digits).
+    pub instance: String,
+}
+
+/// A frame or message that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The length prefix announces more than [`MAX_FRAME`] bytes.
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    /// The payload is not a message of this protocol.
+    #[error("undecodable message: {0}")]
+    Decode(#[from] postcard::Error),
+    /// The connection failed or closed.
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The server's framing: 4-byte big-endian length, at most [`MAX_FRAME`].
+pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
+    tokio_util::codec::LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(MAX_FRAME)
+        .new_codec()
+}
+
+/// Encodes a message's payload (without the length prefix).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let v = postcard::to_stdvec(msg)?;
+    if v.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(v.len()));
+    }
+    Ok(v)
+}
+
+/// Decodes a message's payload.
+pub fn decode<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T, FrameError> {
+    Ok(postcard::from_bytes(payload)?)
+}
+
+/// Writes one frame (blocking).
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    let payload = encode(msg)?;
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&payload);
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Reads one frame (blocking) and decodes it. The length is checked before
+/// the payload is allocated.
+pub fn read_frame<T: for<'a> Deserialize<'a>>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    decode(&payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+    use tokio_util::codec::{Decoder, Encoder};
+
+    #[test]
+    fn blocking_frames_match_the_server_codec() {
+        let msg = Request::Hello { protocol: 7 };
+        let mut blocking = Vec::new();
+        write_frame(&mut blocking, &msg).unwrap();
+        let mut framed = BytesMut::new();
+        codec()
+            .encode(bytes::Bytes::from(encode(&msg).unwrap()), &mut framed)
+            .unwrap();
+        assert_eq!(blocking, framed.to_vec());
+        let mut buf = BytesMut::from(&blocking[..]);
+        let payload = codec().decode(&mut buf).unwrap().unwrap();
+        assert_eq!(decode::<Request>(&payload).unwrap(), msg);
+    }
+
+    #[test]
+    fn hello_and_welcome_keep_their_variant_numbers() {
+        assert_eq!(encode(&Request::Hello { protocol: 1 }).unwrap(), vec![0, 1]);
+        assert_eq!(
+            encode(&Response::Refused { reason: "x".into() }).unwrap(),
+            vec![1, 1, b'x']
+        );
+    }
+
+    #[test]
+    fn a_later_protocols_longer_hello_still_decodes_as_hello() {
+        let mut v = encode(&Request::Hello { protocol: 2 }).unwrap();
+        v.extend_from_slice(b"future fields");
+        assert_eq!(decode::<Request>(&v).unwrap(), Request::Hello { protocol: 2 });
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_allocating() {
+        let mut r = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3][..];
+        assert!(matches!(read_frame::<Request>(&mut r), Err(FrameError::TooLarge(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<Request>(&bytes);
+            let _ = decode::<Response>(&bytes);
+            let _ = serde_json::from_slice::<ReattachConfig>(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = read_frame::<Request>(&mut &bytes[..]);
+            let mut buf = BytesMut::from(&bytes[..]);
+            let mut c = codec();
+            while let Ok(Some(frame)) = c.decode(&mut buf) {
+                let _ = decode::<Request>(&frame);
+            }
+        }
+    }
+}

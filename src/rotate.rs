@@ -1,0 +1,505 @@
+//! Size-rotated log files in the reference layout (DESIGN.md §1).
+//!
+//! Files are `<log-dir>/<task>.<stream>.<N>`, N a plain decimal from 0; the
+//! active file is the highest N and files are never renamed.
+//!
+//! Guarantees kept here (proved by `tests/rotation_props.rs` and the unit
+//! tests below):
+//! - no file ever exceeds `max_file_size`, and no file is ever empty (a file is
+//!   created only when the first byte is about to go into it);
+//! - a file ends early only because the next line does not fit; a line longer
+//!   than the limit starts a new file and is cut into pieces of exactly the
+//!   limit ([`plan`]);
+//! - at most `max_files` files per stream are kept, the lowest indices go
+//!   first, and only names of the exact form `<task>.<stream>.<integer>` are
+//!   ever removed ([`scan_indices`]).
+//!
+//! The decision of how many bytes go where is the pure function [`plan`]; the
+//! [`Rotator`] owns the files and does what the plan says.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::config::{Stream, TaskName};
+
+/// An error of the rotated-files layer, naming the path involved.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateError {
+    /// The log directory does not exist or is not a directory.
+    #[error("log directory {path} does not exist or is not a directory: create it first")]
+    MissingDir {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Any other I/O failure on a log file or the directory.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// What to do next with the bytes waiting in the pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Move this many bytes into the active file.
+    Write(usize),
+    /// Close the active file; the next bytes go to index N+1.
+    Rotate,
+    /// Leave the bytes in the pipe: they are a partial line that may still
+    /// get its newline.
+    Hold,
+}
+
+/// Decides the next step for `avail` waiting bytes (`avail > 0`).
+///
+/// `size` is the active file's size and `limit` the maximum file size.
+/// `peeked` is how many of the waiting bytes were looked at (at most
+/// `min(avail, limit - size)`) and `last_nl` the offset of the last `\n`
+/// among them. `flush_partial` says a partial line may not be held back any
+/// longer (it waited 1 s, the pipe is full, or logmon is stopping).
+pub fn plan(
+    size: u64,
+    limit: u64,
+    avail: usize,
+    peeked: usize,
+    last_nl: Option<usize>,
+    flush_partial: bool,
+) -> Step {
+    let rem = limit.saturating_sub(size);
+    if rem == 0 {
+        return Step::Rotate;
+    }
+    if let Some(p) = last_nl {
+        return Step::Write(p + 1);
+    }
+    let window = usize::try_from(rem).unwrap_or(usize::MAX).min(avail);
+    if peeked < window {
+        // Could not look far enough to decide; wait for the next pass.
+        return if flush_partial {
+            Step::Write(peeked.max(1).min(window))
+        } else {
+            Step::Hold
+        };
+    }
+    if (avail as u64) > rem {
+        // The next line does not fit in what is left of this file.
+        if size > 0 {
+            Step::Rotate
+        } else {
+            // A line longer than the limit: a piece of exactly the limit.
+            Step::Write(window)
+        }
+    } else if flush_partial {
+        Step::Write(avail)
+    } else {
+        Step::Hold
+    }
+}
+
+/// `<task>.<stream>.<N>` for `N`.
+pub fn file_name(task: &TaskName, stream: Stream, index: u64) -> String {
+    format!("{}.{}.{}", task.as_str(), stream.as_str(), index)
+}
+
+/// Parses `name` as `<task>.<stream>.<N>` and returns N; `None` for any other
+/// name, including non-canonical numbers such as `007` (never written by
+/// logmon, so never purged by it).
+pub fn parse_index(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
+    let rest = name
+        .strip_prefix(task.as_str())?
+        .strip_prefix('.')?
+        .strip_prefix(stream.as_str())?
+        .strip_prefix('.')?;
+    if rest.is_empty()
+        || !rest.bytes().all(|b| b.is_ascii_digit())
+        || (rest.len() > 1 && rest.starts_with('0'))
+    {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+/// The indices of `task`'s `stream` files in `dir`, ascending.
+pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if let Some(n) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| parse_index(s, task, stream))
+        {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The set of rotated files of one stream, and its active file.
+#[derive(Debug)]
+pub struct Rotator {
+    dir: PathBuf,
+    task: TaskName,
+    stream: Stream,
+    max_files: u32,
+    limit: u64,
+    index: u64,
+    size: u64,
+    file: Option<File>,
+    at_line_start: bool,
+    rotations: u64,
+}
+
+impl Rotator {
+    /// Resumes `stream` of `task` in `dir`: the highest existing index is
+    /// appended to, byte-exact (a full one is rotated away at the first
+    /// write); an empty directory starts at index 0. Purges down to
+    /// `max_files` right away. Creates no file.
+    pub fn open(
+        dir: &Path,
+        task: &TaskName,
+        stream: Stream,
+        max_files: u32,
+        limit: u64,
+    ) -> Result<Self, RotateError> {
+        if !dir.is_dir() {
+            return Err(RotateError::MissingDir {
+                path: dir.to_owned(),
+            });
+        }
+        let indices = scan_indices(dir, task, stream).map_err(|source| RotateError::Io {
+            action: "cannot list",
+            path: dir.to_owned(),
+            source,
+        })?;
+        let mut r = Rotator {
+            dir: dir.to_owned(),
+            task: task.clone(),
+            stream,
+            max_files: max_files.max(1),
+            limit,
+            index: 0,
+            size: 0,
+            file: None,
+            at_line_start: true,
+            rotations: 0,
+        };
+        if let Some(&last) = indices.last() {
+            r.index = last;
+            let path = r.active_path();
+            match std::fs::metadata(&path) {
+                Ok(m) => r.size = m.len(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(RotateError::Io {
+                        action: "cannot stat",
+                        path,
+                        source,
+                    })
+                }
+            }
+            if r.size > 0 {
+                r.at_line_start = last_byte_is_newline(&r.active_path());
+            }
+            r.purge()?;
+        }
+        Ok(r)
+    }
+
+    /// The active index.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Bytes in the active file.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The size limit of one file.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Rotations done by this process.
+    pub fn rotations(&self) -> u64 {
+        self.rotations
+    }
+
+    /// Whether the active file ends at a line boundary (or is empty).
+    pub fn at_line_start(&self) -> bool {
+        self.at_line_start
+    }
+
+    /// Path of the active file.
+    pub fn active_path(&self) -> PathBuf {
+        self.dir
+            .join(file_name(&self.task, self.stream, self.index))
+    }
+
+    /// The active file, created (and older files purged) if this is the first
+    /// byte going into it. Reopens the file if it was deleted underneath
+    /// (link count 0), and follows a truncation, so capture goes on.
+    pub fn active_file(&mut self) -> Result<(&File, u64), RotateError> {
+        if let Some(f) = &self.file {
+            match f.metadata() {
+                Ok(m) if m.nlink() > 0 => {
+                    if m.len() < self.size {
+                        // Truncated underneath (e.g. copytruncate): write at
+                        // the new end instead of leaving a hole of zeros.
+                        tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was truncated; continuing at its new end");
+                        self.size = m.len();
+                    }
+                }
+                _ => {
+                    tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was deleted; recreating it");
+                    self.file = None;
+                    self.size = 0;
+                    self.at_line_start = true;
+                }
+            }
+        }
+        let file = match self.file.take() {
+            Some(f) => f,
+            None => self.create_active()?,
+        };
+        let size = self.size;
+        Ok((self.file.insert(file), size))
+    }
+
+    /// Opens (creating it if needed) the active file and purges old ones.
+    fn create_active(&mut self) -> Result<File, RotateError> {
+        let path = self.active_path();
+        if !self.dir.is_dir() {
+            tracing::warn!(dir = %self.dir.display(), "log directory vanished; recreating it");
+            std::fs::create_dir_all(&self.dir).map_err(|source| RotateError::Io {
+                action: "cannot recreate log directory",
+                path: self.dir.clone(),
+                source,
+            })?;
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(nix::libc::O_CLOEXEC)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|source| RotateError::Io {
+                action: "cannot open",
+                path: path.clone(),
+                source,
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|source| RotateError::Io {
+                action: "cannot stat",
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        self.size = len;
+        if len == 0 {
+            self.at_line_start = true;
+        }
+        self.purge()?;
+        Ok(file)
+    }
+
+    /// Records that `n` bytes were written at the end of the active file;
+    /// `ends_line` says whether the last of them was a newline.
+    pub fn advance(&mut self, n: usize, ends_line: bool) {
+        if n > 0 {
+            self.size += n as u64;
+            self.at_line_start = ends_line;
+        }
+    }
+
+    /// Closes the active file (fsynced, so a rotated file is on disk) and
+    /// makes index N+1 the next one; it is created at its first byte.
+    pub fn rotate(&mut self) {
+        self.sync();
+        self.file = None;
+        self.index += 1;
+        self.size = 0;
+        self.at_line_start = true;
+        self.rotations += 1;
+    }
+
+    /// fsyncs the active file, if one is open. Errors are logged: there is
+    /// nothing left to do about them and the data is still in the page cache.
+    pub fn sync(&self) {
+        if let Some(f) = &self.file {
+            if let Err(e) = f.sync_data() {
+                tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
+            }
+        }
+    }
+
+    /// Closes the active file so that the next write opens it again by
+    /// path (the `Reopen` request, e.g. after the file was moved away).
+    pub fn reopen(&mut self) {
+        self.sync();
+        self.file = None;
+        if !self.active_path().exists() {
+            self.size = 0;
+            self.at_line_start = true;
+        }
+    }
+
+    /// Removes the lowest indices until at most `max_files` remain.
+    fn purge(&self) -> Result<(), RotateError> {
+        let indices =
+            scan_indices(&self.dir, &self.task, self.stream).map_err(|source| RotateError::Io {
+                action: "cannot list",
+                path: self.dir.clone(),
+                source,
+            })?;
+        let excess = indices.len().saturating_sub(self.max_files as usize);
+        for &old in indices.iter().take(excess) {
+            if old >= self.index {
+                break;
+            }
+            let path = self.dir.join(file_name(&self.task, self.stream, old));
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "purged"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot purge"),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn last_byte_is_newline(path: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = File::open(path) else {
+        return true;
+    };
+    let Ok(m) = f.metadata() else { return true };
+    if m.len() == 0 {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    matches!(f.read_at(&mut b, m.len() - 1), Ok(1) if b[0] == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task() -> TaskName {
+        TaskName::new("web").unwrap()
+    }
+
+    #[test]
+    fn plan_writes_up_to_the_last_newline_that_fits() {
+        // 10 bytes left, the pipe holds "aaa\nbb\ncccc…" with the last \n at 6.
+        assert_eq!(plan(90, 100, 20, 10, Some(6), false), Step::Write(7));
+    }
+
+    #[test]
+    fn plan_rotates_when_the_next_line_does_not_fit() {
+        assert_eq!(plan(95, 100, 20, 5, None, false), Step::Rotate);
+        assert_eq!(plan(100, 100, 20, 0, None, false), Step::Rotate);
+    }
+
+    #[test]
+    fn plan_cuts_an_overlong_line_at_exactly_the_limit() {
+        assert_eq!(plan(0, 100, 250, 100, None, false), Step::Write(100));
+    }
+
+    #[test]
+    fn plan_holds_a_partial_line_until_told_to_flush() {
+        assert_eq!(plan(10, 100, 5, 5, None, false), Step::Hold);
+        assert_eq!(plan(10, 100, 5, 5, None, true), Step::Write(5));
+    }
+
+    #[test]
+    fn only_exact_names_are_ours() {
+        let t = task();
+        assert_eq!(parse_index("web.stdout.0", &t, Stream::Stdout), Some(0));
+        assert_eq!(parse_index("web.stdout.12", &t, Stream::Stdout), Some(12));
+        for other in [
+            "web.stdout.",
+            "web.stdout.007",
+            "web.stdout.1x",
+            "web.stderr.1",
+            "web2.stdout.1",
+            "web.stdout.stdout.1",
+            ".web.stdout.fifo",
+            "web.stdout.-1",
+        ] {
+            assert_eq!(parse_index(other, &t, Stream::Stdout), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn missing_dir_is_a_named_error() {
+        let d = tempfile::tempdir().unwrap();
+        let err = Rotator::open(&d.path().join("nope"), &task(), Stream::Stdout, 3, 10).unwrap_err();
+        assert!(matches!(err, RotateError::MissingDir { .. }));
+        assert!(err.to_string().contains("nope"));
+    }
+
+    #[test]
+    fn active_file_is_the_highest_index_and_is_appended_to() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("web.stdout.0"), b"zero\n").unwrap();
+        std::fs::write(d.path().join("web.stdout.2"), b"two\n").unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!(r.index(), 2);
+        assert_eq!(r.size(), 4);
+        let (_, off) = r.active_file().unwrap();
+        assert_eq!(off, 4);
+    }
+
+    #[test]
+    fn nothing_is_created_before_the_first_byte() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        r.rotate();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        r.active_file().unwrap();
+        assert!(d.path().join("web.stdout.1").exists());
+    }
+
+    #[test]
+    fn purge_keeps_exactly_max_files_and_spares_other_names() {
+        let d = tempfile::tempdir().unwrap();
+        for n in 0..6 {
+            std::fs::write(d.path().join(format!("web.stdout.{n}")), b"x\n").unwrap();
+        }
+        for other in ["web.stderr.0", "web2.stdout.0", "web.stdout.007", "web.stdout.old"] {
+            std::fs::write(d.path().join(other), b"x\n").unwrap();
+        }
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
+        assert_eq!(scan_indices(d.path(), &task(), Stream::Stdout).unwrap(), vec![3, 4, 5]);
+        r.rotate();
+        r.active_file().unwrap();
+        assert_eq!(scan_indices(d.path(), &task(), Stream::Stdout).unwrap(), vec![4, 5, 6]);
+        for other in ["web.stderr.0", "web2.stdout.0", "web.stdout.007", "web.stdout.old"] {
+            assert!(d.path().join(other).exists(), "{other} was purged");
+        }
+    }
+
+    #[test]
+    fn a_deleted_active_file_is_recreated() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
+        r.active_file().unwrap();
+        r.advance(5, true);
+        std::fs::remove_file(d.path().join("web.stdout.0")).unwrap();
+        let (_, off) = r.active_file().unwrap();
+        assert_eq!(off, 0);
+        assert!(d.path().join("web.stdout.0").exists());
+    }
+}

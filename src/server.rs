@@ -1,0 +1,270 @@
+//! The control socket (DESIGN.md §4): binding it safely and serving
+//! `Hello` → `Welcome`, then `Stats`, `Stop`, `Reopen`, `Ping`.
+//!
+//! Guarantees kept here (`tests/control.rs`):
+//! - only peers whose uid is ours or root get past the handshake;
+//! - a bad peer (oversized or undecodable frame, no `Hello` within
+//!   [`HELLO_TIMEOUT`], a flood of connections) costs at most its own
+//!   connection: capture and the other clients go on;
+//! - the socket is created 0600, in a directory created 0700, and a stale
+//!   socket file is replaced only by the caller that holds the task lock.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::codec::Framed;
+
+use crate::capture::SharedCapture;
+use crate::config::WriteErrorPolicy;
+use crate::protocol::{self, Request, Response, Stats, Welcome, PROTOCOL_VERSION};
+
+/// How long a new connection may take to say `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// The socket path cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// Something that is not a socket sits at the path.
+    #[error("socket path {path} exists and is not a socket: remove it or pass another --socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file name alone is too long for a unix socket address.
+    #[error("socket file name in {path} is too long for a unix socket (at most 90 bytes)")]
+    NameTooLong {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Creating, binding or listening failed.
+    #[error("cannot {action} control socket {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Longest path that fits in `sun_path` with its NUL.
+const SUN_PATH_MAX: usize = 107;
+
+/// Calls `f` with a path naming the same file as `path` that fits into a
+/// unix socket address: `path` itself when short enough, otherwise
+/// `/proc/self/fd/<dirfd>/<name>` through a descriptor of its directory (so
+/// a deep log directory never yields a cryptic bind or connect error).
+pub fn with_short_path<R>(path: &Path, f: impl FnOnce(&Path) -> io::Result<R>) -> io::Result<R> {
+    if path.as_os_str().len() <= SUN_PATH_MAX {
+        return f(path);
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name"))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_PATH | nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
+        .open(parent)?
+        .into();
+    let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    if short.as_os_str().len() > SUN_PATH_MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket file name too long"));
+    }
+    f(&short)
+}
+
+/// Binds the control socket at `path`, mode 0600, creating its directory
+/// 0700 when missing and replacing a stale socket file. The caller must
+/// hold the task lock: a live daemon's socket is never unlinked otherwise.
+pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError> {
+    let err = |action, source| SocketError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    };
+    if path.file_name().is_some_and(|n| n.len() > 90) {
+        return Err(SocketError::NameTooLong { path: path.to_owned() });
+    }
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err("create the directory of", e))?;
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(|e| err("remove stale", e))?;
+        }
+        Ok(_) => return Err(SocketError::NotASocket { path: path.to_owned() }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("inspect", e)),
+    }
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| err("create", e.into()))?;
+    with_short_path(path, |p| {
+        let addr = UnixAddr::new(p).map_err(io::Error::from)?;
+        socket::bind(fd.as_raw_fd(), &addr).map_err(io::Error::from)?;
+        // Before listen(): nobody can connect while the mode is still wide.
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
+    })
+    .map_err(|e| err("bind", e))?;
+    socket::listen(&fd, socket::Backlog::new(1024).unwrap_or(socket::Backlog::MAXCONN))
+        .map_err(|e| err("listen on", e.into()))?;
+    Ok(std::os::unix::net::UnixListener::from(fd))
+}
+
+/// What the server needs from the daemon.
+pub struct ServerState {
+    /// Who we are (sent in `Welcome`).
+    pub welcome: Welcome,
+    /// The stdout and stderr captures.
+    pub captures: [SharedCapture; 2],
+    /// When the daemon started.
+    pub started: Instant,
+    /// The write-error policy, reported in stats.
+    pub policy: WriteErrorPolicy,
+    /// Turned true by `Stop`.
+    pub stop: watch::Sender<bool>,
+}
+
+impl ServerState {
+    /// The counters of both streams.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            task: self.welcome.task.clone(),
+            pid: self.welcome.pid,
+            uptime_secs: self.started.elapsed().as_secs(),
+            on_write_error: match self.policy {
+                WriteErrorPolicy::Drop => "drop".into(),
+                WriteErrorPolicy::Block => "block".into(),
+            },
+            stdout: self.captures[0].borrow().stats(),
+            stderr: self.captures[1].borrow().stats(),
+        }
+    }
+}
+
+/// Accepts and serves connections until `stop` turns true. Must run inside
+/// a `LocalSet` (connections are local tasks: one thread).
+pub async fn serve(listener: UnixListener, state: Rc<ServerState>, mut stop: watch::Receiver<bool>) {
+    let live = Rc::new(Cell::new(0usize));
+    let our_uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if live.get() >= MAX_CONNECTIONS {
+            tracing::warn!("too many control connections; closing a new one");
+            continue;
+        }
+        live.set(live.get() + 1);
+        let (state, live) = (state.clone(), live.clone());
+        tokio::task::spawn_local(async move {
+            if let Err(e) = handle(stream, &state, our_uid).await {
+                tracing::debug!(error = %e, "control connection closed");
+            }
+            live.set(live.get() - 1);
+        });
+    }
+}
+
+async fn send(framed: &mut Framed<UnixStream, tokio_util::codec::LengthDelimitedCodec>, msg: &Response) -> io::Result<()> {
+    let payload = protocol::encode(msg).map_err(io::Error::other)?;
+    framed.send(bytes::Bytes::from(payload)).await
+}
+
+async fn handle(stream: UnixStream, state: &ServerState, our_uid: u32) -> io::Result<()> {
+    let uid = stream.peer_cred()?.uid();
+    let mut framed = Framed::new(stream, protocol::codec());
+    if uid != our_uid && uid != 0 {
+        tracing::warn!(uid, "refused control connection from another user");
+        let reason = format!("uid {uid} may not control this logmon (owner uid {our_uid})");
+        return send(&mut framed, &Response::Refused { reason }).await;
+    }
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, framed.next()).await {
+        Ok(Some(frame)) => frame?,
+        Ok(None) => return Ok(()),
+        Err(_) => {
+            tracing::debug!("no Hello within {HELLO_TIMEOUT:?}; closing");
+            return Ok(());
+        }
+    };
+    match protocol::decode::<Request>(&first) {
+        Ok(Request::Hello { protocol }) if protocol == PROTOCOL_VERSION => {
+            send(&mut framed, &Response::Welcome(state.welcome.clone())).await?;
+        }
+        Ok(Request::Hello { protocol }) => {
+            let reason = format!("protocol mismatch: client speaks {protocol}, this logmon speaks {PROTOCOL_VERSION}");
+            return send(&mut framed, &Response::Refused { reason }).await;
+        }
+        Ok(_) => {
+            let reason = "expected Hello as the first message".to_owned();
+            return send(&mut framed, &Response::Refused { reason }).await;
+        }
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+    }
+    while let Some(frame) = framed.next().await {
+        let req = protocol::decode::<Request>(&frame?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let resp = match req {
+            Request::Stats => Response::Stats(state.stats()),
+            Request::Ping => Response::Pong,
+            Request::Reopen => {
+                for c in &state.captures {
+                    c.borrow_mut().reopen();
+                }
+                tracing::info!("active files closed on request; reopening at the next write");
+                Response::Reopened
+            }
+            Request::Stop => {
+                tracing::info!("stop requested over the control socket");
+                send(&mut framed, &Response::Stopping).await?;
+                state.stop.send_replace(true);
+                // Keep the connection open: it closes when the process
+                // exits, which is what the client waits for.
+                std::future::pending::<()>().await;
+                return Ok(());
+            }
+            Request::Hello { .. } => Response::Error {
+                message: "Hello already received".into(),
+            },
+        };
+        send(&mut framed, &resp).await?;
+    }
+    Ok(())
+}

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use crate::config::CaptureConfig;
 use crate::process;
-use crate::protocol::{self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION};
+use crate::protocol::{
+    self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION,
+};
 use crate::server::with_short_path;
 
 /// How long reattach waits for `Welcome` (and each later answer).
@@ -262,14 +264,22 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
         .map_err(|e| not_ready(format!("reading its ready line: {e}")))?;
     if line.trim().is_empty() {
         let tail = last_line(&log).unwrap_or_default();
-        return Err(not_ready(if tail.is_empty() { "no ready line".into() } else { tail }));
+        return Err(not_ready(if tail.is_empty() {
+            "no ready line".into()
+        } else {
+            tail
+        }));
     }
-    serde_json::from_str(line.trim()).map_err(|e| not_ready(format!("bad ready line {line:?}: {e}")))
+    serde_json::from_str(line.trim())
+        .map_err(|e| not_ready(format!("bad ready line {line:?}: {e}")))
 }
 
 fn last_line(path: &Path) -> Option<String> {
     let s = std::fs::read_to_string(path).ok()?;
-    s.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned)
+    s.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(str::to_owned)
 }
 
 /// Parses a persisted state (the ready line's JSON).
@@ -277,7 +287,9 @@ pub fn parse_state(bytes: &[u8]) -> Result<ReattachConfig, ReattachError> {
     let cfg: ReattachConfig =
         serde_json::from_slice(bytes).map_err(|e| ReattachError::CorruptState(e.to_string()))?;
     if cfg.instance.len() != 32 || !cfg.instance.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ReattachError::CorruptState("instance is not 32 hex digits".into()));
+        return Err(ReattachError::CorruptState(
+            "instance is not 32 hex digits".into(),
+        ));
     }
     if cfg.pid == 0 {
         return Err(ReattachError::CorruptState("pid 0".into()));
@@ -287,7 +299,8 @@ pub fn parse_state(bytes: &[u8]) -> Result<ReattachConfig, ReattachError> {
 
 /// Reads and parses the state file at `path`.
 pub fn read_state(path: &Path) -> Result<ReattachConfig, ReattachError> {
-    let bytes = std::fs::read(path).map_err(|e| ReattachError::CorruptState(format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| ReattachError::CorruptState(format!("{}: {e}", path.display())))?;
     parse_state(&bytes)
 }
 
@@ -309,7 +322,10 @@ pub fn reattach(cfg: &ReattachConfig) -> Result<Handle, ReattachError> {
 
 /// Reattaches to the logmon described by `cfg`, performing the checks of
 /// DESIGN.md §5 in order.
-pub fn reattach_with_timeout(cfg: &ReattachConfig, timeout: Duration) -> Result<Handle, ReattachError> {
+pub fn reattach_with_timeout(
+    cfg: &ReattachConfig,
+    timeout: Duration,
+) -> Result<Handle, ReattachError> {
     if cfg.protocol != PROTOCOL_VERSION {
         return Err(ReattachError::ProtocolMismatch(format!(
             "state is from protocol {}, this client speaks {PROTOCOL_VERSION}",
@@ -343,11 +359,25 @@ pub fn reattach_with_timeout(cfg: &ReattachConfig, timeout: Duration) -> Result<
         });
     }
     let h = Handle::handshake(stream, timeout).map_err(|e| match e {
-        HandshakeError::Timeout => ReattachError::Unresponsive { pid: cfg.pid, timeout },
+        HandshakeError::Timeout => ReattachError::Unresponsive {
+            pid: cfg.pid,
+            timeout,
+        },
+        HandshakeError::Refused(r) if r == crate::server::BUSY => ReattachError::Unresponsive {
+            pid: cfg.pid,
+            timeout,
+        },
         HandshakeError::Refused(r) => ReattachError::ProtocolMismatch(r),
+        HandshakeError::Closed => ReattachError::Unresponsive {
+            pid: cfg.pid,
+            timeout,
+        },
         HandshakeError::Other(m) => ReattachError::ProtocolMismatch(m),
     })?;
-    if h.welcome.pid != cfg.pid || h.welcome.instance != cfg.instance || h.welcome.start_time != cfg.start_time {
+    if h.welcome.pid != cfg.pid
+        || h.welcome.instance != cfg.instance
+        || h.welcome.start_time != cfg.start_time
+    {
         return Err(ReattachError::InstanceMismatch {
             expected: cfg.instance.clone(),
             found: format!("{} (pid {})", h.welcome.instance, h.welcome.pid),
@@ -363,12 +393,15 @@ pub fn reattach_with_timeout(cfg: &ReattachConfig, timeout: Duration) -> Result<
 }
 
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
-    let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
     u32::try_from(cred.pid()).ok()
 }
 
 enum HandshakeError {
     Timeout,
+    /// The server closed the connection without answering.
+    Closed,
     Refused(String),
     Other(String),
 }
@@ -380,9 +413,19 @@ fn is_timeout(e: &FrameError) -> bool {
 impl Handle {
     fn handshake(mut stream: UnixStream, timeout: Duration) -> Result<Handle, HandshakeError> {
         let other = |e: &dyn std::fmt::Display| HandshakeError::Other(e.to_string());
-        stream.set_read_timeout(Some(timeout)).map_err(|e| other(&e))?;
-        stream.set_write_timeout(Some(timeout)).map_err(|e| other(&e))?;
-        protocol::write_frame(&mut stream, &Request::Hello { protocol: PROTOCOL_VERSION }).map_err(|e| {
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| other(&e))?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(|e| other(&e))?;
+        protocol::write_frame(
+            &mut stream,
+            &Request::Hello {
+                protocol: PROTOCOL_VERSION,
+            },
+        )
+        .map_err(|e| {
             if is_timeout(&e) {
                 HandshakeError::Timeout
             } else {
@@ -392,8 +435,13 @@ impl Handle {
         match protocol::read_frame::<Response>(&mut stream) {
             Ok(Response::Welcome(welcome)) => Ok(Handle { stream, welcome }),
             Ok(Response::Refused { reason }) => Err(HandshakeError::Refused(reason)),
-            Ok(other_msg) => Err(HandshakeError::Other(format!("expected Welcome, got {other_msg:?}"))),
+            Ok(other_msg) => Err(HandshakeError::Other(format!(
+                "expected Welcome, got {other_msg:?}"
+            ))),
             Err(e) if is_timeout(&e) => Err(HandshakeError::Timeout),
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(HandshakeError::Closed)
+            }
             Err(e) => Err(other(&e)),
         }
     }
@@ -406,8 +454,13 @@ impl Handle {
             source,
         })?;
         Handle::handshake(stream, timeout).map_err(|e| match e {
-            HandshakeError::Timeout => ClientError::Frame(FrameError::Io(io::ErrorKind::TimedOut.into())),
+            HandshakeError::Timeout => {
+                ClientError::Frame(FrameError::Io(io::ErrorKind::TimedOut.into()))
+            }
             HandshakeError::Refused(r) => ClientError::Refused(r),
+            HandshakeError::Closed => {
+                ClientError::Unexpected("connection closed before Welcome".into())
+            }
             HandshakeError::Other(m) => ClientError::Unexpected(m),
         })
     }

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use nix::fcntl::{Flock, FlockArg};
-use tokio::net::unix::pipe;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -78,7 +77,11 @@ impl DaemonError {
             DaemonError::Config(_)
             | DaemonError::Rotate(RotateError::MissingDir { .. })
             | DaemonError::Fifo(FifoError::NotFifo { .. } | FifoError::Symlink(_))
-            | DaemonError::Socket(SocketError::NotASocket { .. } | SocketError::NameTooLong { .. }) => 2,
+            | DaemonError::Socket(
+                SocketError::NotASocket { .. }
+                | SocketError::NameTooLong { .. }
+                | SocketError::InUse { .. },
+            ) => 2,
             _ => 1,
         }
     }
@@ -112,7 +115,8 @@ pub fn lock_task(path: &Path, task: &str) -> Result<TaskLock, DaemonError> {
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => {
             let pid = format!("{}\n", std::process::id());
-            lock.set_len(0).map_err(io_err("cannot write the task lock"))?;
+            lock.set_len(0)
+                .map_err(io_err("cannot write the task lock"))?;
             lock.write_all_at(pid.as_bytes(), 0)
                 .map_err(io_err("cannot write the task lock"))?;
             Ok(TaskLock { _lock: lock })
@@ -144,8 +148,13 @@ struct OpenedFifo {
 }
 
 /// Opens (or adopts from systemd's fd store) the FIFO of each stream.
-fn open_fifos(cfg: &CaptureConfig, inherited: &mut systemd::InheritedFds) -> Result<[OpenedFifo; 2], DaemonError> {
-    let open = |stream: Stream, inherited: &mut systemd::InheritedFds| -> Result<OpenedFifo, DaemonError> {
+fn open_fifos(
+    cfg: &CaptureConfig,
+    inherited: &mut systemd::InheritedFds,
+) -> Result<[OpenedFifo; 2], DaemonError> {
+    let open = |stream: Stream,
+                inherited: &mut systemd::InheritedFds|
+     -> Result<OpenedFifo, DaemonError> {
         if let Some(fd) = inherited.take_fifo(stream) {
             let capacity = fifo::adopt_reader(&fd, systemd::fifo_fd_name(stream), cfg.pipe_size)?;
             tracing::info!(%stream, "adopted FIFO from systemd's fd store");
@@ -154,7 +163,10 @@ fn open_fifos(cfg: &CaptureConfig, inherited: &mut systemd::InheritedFds) -> Res
         let (fd, capacity) = fifo::open_reader(cfg.fifo(stream), cfg.pipe_size)?;
         Ok(OpenedFifo { fd, capacity })
     };
-    Ok([open(Stream::Stdout, inherited)?, open(Stream::Stderr, inherited)?])
+    Ok([
+        open(Stream::Stdout, inherited)?,
+        open(Stream::Stderr, inherited)?,
+    ])
 }
 
 /// Where the ready line goes.
@@ -171,26 +183,57 @@ pub enum Ready {
 pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     cfg.validate()?;
     if !cfg.log_dir.is_dir() {
-        return Err(RotateError::MissingDir { path: cfg.log_dir.clone() }.into());
+        return Err(RotateError::MissingDir {
+            path: cfg.log_dir.clone(),
+        }
+        .into());
     }
     // Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
     // write-error policy) rather than kill the daemon.
     // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
     // code; nothing else in this process depends on SIGXFSZ.
     unsafe {
-        let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigIgn);
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGXFSZ,
+            nix::sys::signal::SigHandler::SigIgn,
+        );
     }
-    let _lock = lock_task(&cfg.lock_path(), cfg.task.as_str())?;
+    // Before anything else opens a descriptor, so a manager that claims
+    // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
+    let _lock = lock_task(&cfg.lock_path(), cfg.task.as_str())?;
     let fifos = open_fifos(&cfg, &mut inherited)?;
     let rotators = [
-        Rotator::open(&cfg.log_dir, &cfg.task, Stream::Stdout, cfg.max_files, cfg.max_file_size)?,
-        Rotator::open(&cfg.log_dir, &cfg.task, Stream::Stderr, cfg.max_files, cfg.max_file_size)?,
+        Rotator::open(
+            &cfg.log_dir,
+            &cfg.task,
+            Stream::Stdout,
+            cfg.max_files,
+            cfg.max_file_size,
+        )?,
+        Rotator::open(
+            &cfg.log_dir,
+            &cfg.task,
+            Stream::Stderr,
+            cfg.max_files,
+            cfg.max_file_size,
+        )?,
     ];
-    let socket_path = std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
+    let socket_path =
+        std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
     let listener = match inherited.take_listener() {
         Some(l) => l,
         None => server::bind(&socket_path)?,
+    };
+    // Under socket activation the ready line names the socket systemd gave.
+    let socket_path = if inherited.listener_was_inherited() {
+        listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            .unwrap_or(socket_path)
+    } else {
+        socket_path
     };
     let pid = std::process::id();
     let start_time = process::start_time(pid)
@@ -221,21 +264,37 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     let socket_shown = socket_path.display().to_string();
     let result = local.block_on(&rt, async move {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
+        let mut sigterm =
+            signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
         let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot handle SIGINT"))?;
-        listener.set_nonblocking(true).map_err(io_err("cannot configure the socket"))?;
-        let listener = tokio::net::UnixListener::from_std(listener).map_err(io_err("cannot register the socket"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("cannot configure the socket"))?;
+        let listener = tokio::net::UnixListener::from_std(listener)
+            .map_err(io_err("cannot register the socket"))?;
 
         let [r_out, r_err] = rotators;
         let captures = [
-            Rc::new(RefCell::new(StreamCapture::new(Stream::Stdout, r_out, cfg.on_write_error))),
-            Rc::new(RefCell::new(StreamCapture::new(Stream::Stderr, r_err, cfg.on_write_error))),
+            Rc::new(RefCell::new(StreamCapture::new(
+                Stream::Stdout,
+                r_out,
+                cfg.on_write_error,
+            ))),
+            Rc::new(RefCell::new(StreamCapture::new(
+                Stream::Stderr,
+                r_err,
+                cfg.on_write_error,
+            ))),
         ];
         systemd::store_fifos(&fifos.each_ref().map(|f| &f.fd));
         let mut pumps = Vec::new();
         for (f, cap) in fifos.into_iter().zip(captures.iter()) {
-            let rx = pipe::Receiver::from_owned_fd(f.fd).map_err(io_err("cannot register a FIFO"))?;
-            pumps.push(tokio::task::spawn_local(pump(rx, f.capacity, cap.clone(), stop_rx.clone())));
+            pumps.push(tokio::task::spawn_local(pump(
+                f.fd,
+                f.capacity,
+                cap.clone(),
+                stop_rx.clone(),
+            )));
         }
         let state = Rc::new(ServerState {
             welcome,
@@ -244,7 +303,8 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             policy: cfg.on_write_error,
             stop: stop_tx.clone(),
         });
-        let server = tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
+        let server =
+            tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
         if ready == Ready::Stdout {
             print_ready(&ready_cfg)?;
@@ -267,10 +327,16 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "capture failed while stopping");
-                    first_err.get_or_insert(DaemonError::Io { action: "capture failed", source: e });
+                    first_err.get_or_insert(DaemonError::Io {
+                        action: "capture failed",
+                        source: e,
+                    });
                 }
                 Err(e) => {
-                    first_err.get_or_insert(DaemonError::Io { action: "capture task failed", source: io::Error::other(e) });
+                    first_err.get_or_insert(DaemonError::Io {
+                        action: "capture task failed",
+                        source: io::Error::other(e),
+                    });
                 }
             }
         }
@@ -290,13 +356,17 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
 /// Prints the ready line on stdout and closes stdout, so a launcher reading
 /// it sees EOF right after the line.
 fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
-    let mut line = serde_json::to_string(cfg).map_err(|e| io_err("cannot encode the ready line")(io::Error::other(e)))?;
+    let mut line = serde_json::to_string(cfg)
+        .map_err(|e| io_err("cannot encode the ready line")(io::Error::other(e)))?;
     line.push('\n');
     let mut out = io::stdout().lock();
     // A launcher that went away before reading is not our failure.
     let _ = out.write_all(line.as_bytes()).and_then(|_| out.flush());
     drop(out);
-    let devnull = File::options().write(true).open("/dev/null").map_err(io_err("cannot open /dev/null"))?;
+    let devnull = File::options()
+        .write(true)
+        .open("/dev/null")
+        .map_err(io_err("cannot open /dev/null"))?;
     // SAFETY: dup2 onto fd 1 replaces stdout with /dev/null; both fds are
     // valid, and std's stdout handle was flushed above and does not cache the
     // descriptor.

@@ -208,13 +208,19 @@ pub fn pipe_max_size() -> Option<u64> {
 /// never shrinks it) and returns the resulting capacity.
 pub fn set_pipe_size(fd: BorrowedFd<'_>, want: u64) -> io::Result<usize> {
     let current = fcntl(fd, FcntlArg::F_GETPIPE_SZ)? as u64;
-    let want = want.min(pipe_max_size().unwrap_or(want)).min(i32::MAX as u64);
+    let want = want
+        .min(pipe_max_size().unwrap_or(want))
+        .min(i32::MAX as u64);
     if want > current {
         match fcntl(fd, FcntlArg::F_SETPIPE_SZ(want as i32)) {
             Ok(n) => return Ok(n as usize),
             // Over the per-user pipe quota: keep what we have.
             Err(Errno::EPERM) | Err(Errno::ENOMEM) => {
-                tracing::warn!(want, current, "cannot enlarge pipe; keeping the current size")
+                tracing::warn!(
+                    want,
+                    current,
+                    "cannot enlarge pipe; keeping the current size"
+                )
             }
             Err(e) => return Err(e.into()),
         }
@@ -235,17 +241,20 @@ pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
 }
 
 /// A private pipe used to peek at a FIFO's contents without consuming them:
-/// tee(2) duplicates the FIFO's buffers into it, we read them back and the
-/// FIFO keeps its bytes until they are spliced into a file.
+/// tee(2) duplicates the FIFO's buffers into it (page references, no copy),
+/// and only the tail that can hold the last newline is read back; the FIFO
+/// keeps its bytes until they are spliced into a file.
 #[derive(Debug)]
 pub struct Peeker {
     r: OwnedFd,
     w: OwnedFd,
+    devnull: File,
     buf: Vec<u8>,
 }
 
-/// Size of the buffer peeked bytes are read into: large enough to make the
-/// read syscalls cheap, small enough to keep the daemon's RSS low.
+/// How much of the peeked bytes is read back at a time, from the end: large
+/// enough to hold many lines (so one read usually finds the last newline),
+/// small enough to keep the daemon's RSS low.
 const PEEK_CHUNK: usize = 64 * 1024;
 
 impl Peeker {
@@ -255,11 +264,16 @@ impl Peeker {
         let got = set_pipe_size(w.as_fd(), capacity as u64)?;
         if got < capacity {
             // As root pipe-max-size does not apply; ask for the exact size.
-            let _ = fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(capacity.min(i32::MAX as usize) as i32));
+            let _ = fcntl(
+                w.as_fd(),
+                FcntlArg::F_SETPIPE_SZ(capacity.min(i32::MAX as usize) as i32),
+            );
         }
+        let devnull = File::options().write(true).open("/dev/null")?;
         Ok(Peeker {
             r,
             w,
+            devnull,
             buf: Vec::new(),
         })
     }
@@ -267,42 +281,103 @@ impl Peeker {
     /// Looks at up to `len` bytes at the head of `fifo` without consuming
     /// them. Returns how many were looked at and the offset of the last
     /// newline among them.
-    pub fn last_newline(&mut self, fifo: BorrowedFd<'_>, len: usize) -> io::Result<(usize, Option<usize>)> {
-        if len == 0 {
-            return Ok((0, None));
+    ///
+    /// Only the last [`PEEK_CHUNK`] bytes are copied to memory; the head of
+    /// the copy is dropped by splicing it to /dev/null. Without a newline
+    /// there, the chunk before it is looked at, and so on.
+    pub fn last_newline(
+        &mut self,
+        fifo: BorrowedFd<'_>,
+        len: usize,
+    ) -> io::Result<(usize, Option<usize>)> {
+        let mut end = len;
+        let mut peeked = None;
+        while end > 0 {
+            let teed = self.tee(fifo, end)?;
+            let seen = *peeked.get_or_insert(teed);
+            if teed == 0 {
+                return Ok((seen, None));
+            }
+            let start = teed.saturating_sub(PEEK_CHUNK);
+            self.drop_scratch(start)?;
+            if let Some(p) = self.read_last_newline(teed - start)? {
+                return Ok((seen, Some(start + p)));
+            }
+            end = start;
         }
-        let teed = match nix::fcntl::tee(fifo, self.w.as_fd(), len, SpliceFFlags::SPLICE_F_NONBLOCK) {
-            Ok(n) => n,
-            Err(Errno::EAGAIN) => 0,
-            Err(e) => return Err(e.into()),
-        };
-        if self.buf.len() < PEEK_CHUNK {
+        Ok((peeked.unwrap_or(0), None))
+    }
+
+    fn tee(&mut self, fifo: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        loop {
+            return match nix::fcntl::tee(fifo, self.w.as_fd(), len, SpliceFFlags::SPLICE_F_NONBLOCK)
+            {
+                Ok(n) => Ok(n),
+                Err(Errno::EAGAIN) => Ok(0),
+                Err(Errno::EINTR) => continue,
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
+
+    /// Drops the first `n` bytes of the scratch pipe (no copy).
+    fn drop_scratch(&mut self, mut n: usize) -> io::Result<()> {
+        while n > 0 {
+            match nix::fcntl::splice(
+                self.r.as_fd(),
+                None,
+                self.devnull.as_fd(),
+                None,
+                n,
+                SpliceFFlags::SPLICE_F_NONBLOCK,
+            ) {
+                Ok(0) | Err(Errno::EAGAIN) => break,
+                Ok(k) => n -= k,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the remaining `n` bytes of the scratch pipe (emptying it) and
+    /// returns the offset of their last newline.
+    fn read_last_newline(&mut self, n: usize) -> io::Result<Option<usize>> {
+        if self.buf.len() < n.min(PEEK_CHUNK) {
             self.buf.resize(PEEK_CHUNK, 0);
         }
         let mut seen = 0usize;
         let mut last = None;
-        while seen < teed {
-            let want = (teed - seen).min(self.buf.len());
-            let n = match nix::unistd::read(self.r.as_fd(), &mut self.buf[..want]) {
-                Ok(0) => break,
-                Ok(n) => n,
+        while seen < n {
+            let want = (n - seen).min(self.buf.len());
+            let k = match nix::unistd::read(self.r.as_fd(), &mut self.buf[..want]) {
+                Ok(0) | Err(Errno::EAGAIN) => break,
+                Ok(k) => k,
                 Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => break,
                 Err(e) => return Err(e.into()),
             };
-            if let Some(p) = memchr::memrchr(b'\n', &self.buf[..n]) {
+            if let Some(p) = memchr::memrchr(b'\n', &self.buf[..k]) {
                 last = Some(seen + p);
             }
-            seen += n;
+            seen += k;
         }
-        Ok((seen, last))
+        if seen < n {
+            // Leave the scratch pipe empty for the next peek.
+            self.drop_scratch(n - seen)?;
+        }
+        Ok(last)
     }
 }
 
 /// Moves up to `len` bytes from the head of `fifo` into `file` at `offset`
 /// within one syscall (splice(2)): a byte leaves the pipe only by landing in
 /// the file, so a SIGKILL at any point loses nothing.
-pub fn splice_to_file(fifo: BorrowedFd<'_>, file: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<usize> {
+pub fn splice_to_file(
+    fifo: BorrowedFd<'_>,
+    file: BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+) -> io::Result<usize> {
     let mut off = offset as nix::libc::loff_t;
     loop {
         match nix::fcntl::splice(
@@ -324,7 +399,14 @@ pub fn splice_to_file(fifo: BorrowedFd<'_>, file: BorrowedFd<'_>, offset: u64, l
 /// `drop`), by splicing them into /dev/null.
 pub fn discard(fifo: BorrowedFd<'_>, devnull: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
     loop {
-        match nix::fcntl::splice(fifo, None, devnull, None, len, SpliceFFlags::SPLICE_F_NONBLOCK) {
+        match nix::fcntl::splice(
+            fifo,
+            None,
+            devnull,
+            None,
+            len,
+            SpliceFFlags::SPLICE_F_NONBLOCK,
+        ) {
             Ok(n) => return Ok(n),
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
@@ -343,7 +425,10 @@ mod tests {
         let file = d.path().join("f");
         std::fs::write(&file, b"").unwrap();
         let e = ensure_fifo(&file).unwrap_err();
-        assert!(e.to_string().contains("regular file") && e.to_string().contains("/f"), "{e}");
+        assert!(
+            e.to_string().contains("regular file") && e.to_string().contains("/f"),
+            "{e}"
+        );
         let e = ensure_fifo(d.path()).unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
         let link = d.path().join("l");
@@ -379,5 +464,28 @@ mod tests {
         let out = tempfile::tempfile().unwrap();
         assert_eq!(splice_to_file(rd.as_fd(), out.as_fd(), 0, 8).unwrap(), 8);
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
+    }
+
+    #[test]
+    fn peek_finds_a_newline_far_before_a_long_tail() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (rd, cap) = open_reader(&p, 1 << 20).unwrap();
+        let mut w = open_task_end(&p).unwrap();
+        let mut data = b"0123456789\n".to_vec();
+        data.resize(300 * 1024, b'x');
+        w.write_all(&data).unwrap();
+        let mut pk = Peeker::new(cap).unwrap();
+        assert_eq!(
+            pk.last_newline(rd.as_fd(), data.len()).unwrap(),
+            (data.len(), Some(10))
+        );
+        data.truncate(200 * 1024);
+        assert_eq!(
+            pk.last_newline(rd.as_fd(), data.len()).unwrap(),
+            (data.len(), Some(10))
+        );
+        assert_eq!(pk.last_newline(rd.as_fd(), 5).unwrap(), (5, None));
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 300 * 1024);
     }
 }

@@ -124,7 +124,9 @@ impl Hook {
                         config: prev.clone(),
                     })
                 }
-                Err(e) if self.policy == Policy::Conservative => return Err(HookError::Recoverable(e)),
+                Err(e) if self.policy == Policy::Conservative => {
+                    return Err(HookError::Recoverable(e))
+                }
                 Err(e) => {
                     tracing::info!(reason = e.name(), error = %e, "cannot reattach; launching a fresh logmon");
                     retire(prev)?;
@@ -132,7 +134,9 @@ impl Hook {
                 }
             },
             None if self.policy == Policy::Conservative => {
-                return Err(HookError::Recoverable(ReattachError::CorruptState("no previous state".into())))
+                return Err(HookError::Recoverable(ReattachError::CorruptState(
+                    "no previous state".into(),
+                )))
             }
             None => "no previous state".into(),
         };
@@ -156,10 +160,11 @@ impl Hook {
         }
         let pid = h.welcome().pid;
         tracing::info!(pid, "stopping the logmon still serving this task's socket");
-        h.stop(RETIRE_TIMEOUT).map_err(|e| HookError::OldStillRunning {
-            pid,
-            why: e.to_string(),
-        })
+        h.stop(RETIRE_TIMEOUT)
+            .map_err(|e| HookError::OldStillRunning {
+                pid,
+                why: e.to_string(),
+            })
     }
 
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted
@@ -192,12 +197,18 @@ fn retire(state: &ReattachConfig) -> Result<(), HookError> {
 }
 
 fn kill_checked(state: &ReattachConfig) -> Result<(), HookError> {
-    let err = |why: String| HookError::OldStillRunning { pid: state.pid, why };
-    let Some(fd) = process::pidfd_checked(state.pid, state.start_time).map_err(|e| err(e.to_string()))? else {
+    let err = |why: String| HookError::OldStillRunning {
+        pid: state.pid,
+        why,
+    };
+    let Some(fd) =
+        process::pidfd_checked(state.pid, state.start_time).map_err(|e| err(e.to_string()))?
+    else {
         return Ok(());
     };
     tracing::warn!(pid = state.pid, "killing unresponsive logmon");
-    process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGKILL).map_err(|e| err(e.to_string()))?;
+    process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| err(e.to_string()))?;
     match process::pidfd_wait(&fd, RETIRE_TIMEOUT) {
         Ok(true) => Ok(()),
         Ok(false) => Err(err("still alive after SIGKILL".into())),
@@ -231,10 +242,17 @@ pub fn persist_state(path: &Path, cfg: &ReattachConfig) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "state path has no file name"))?;
-    let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "state path has no file name",
+        )
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let mut json = serde_json::to_vec(cfg).map_err(std::io::Error::other)?;
     json.push(b'\n');
     let result = (|| {

@@ -30,15 +30,15 @@
 //! the guarantees it keeps and the tests that prove them.
 
 pub mod capture;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod fifo;
 pub mod follow;
+pub mod hook;
 pub mod process;
 pub mod protocol;
 pub mod rotate;
 pub mod server;
 pub mod systemd;
-pub mod cli;
-pub mod client;
-pub mod hook;

@@ -8,14 +8,38 @@ fn main() {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                std::process::exit(if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { 2 } else { 0 });
+                std::process::exit(
+                    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                        2
+                    } else {
+                        0
+                    },
+                );
             }
             // One line: what is wrong; --help has the rest.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("logmon: error: {first} (see 'logmon --help')");
+            let mut lines = text.lines();
+            let first = lines
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            // Clap lists missing arguments on indented lines below the first.
+            let more: Vec<&str> = lines
+                .take_while(|l| l.starts_with("  "))
+                .map(str::trim)
+                .collect();
+            let sep = if more.is_empty() { "" } else { " " };
+            eprintln!(
+                "logmon: error: {first}{sep}{} (see 'logmon --help')",
+                more.join(", ")
+            );
             std::process::exit(logmon::cli::EXIT_USAGE);
         }
     };

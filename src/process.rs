@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 pub fn start_time(pid: u32) -> io::Result<Option<u64>> {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => parse_stat(&s).map(|(_, t)| Some(t)).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("cannot parse /proc/{pid}/stat"))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("cannot parse /proc/{pid}/stat"),
+            )
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
@@ -24,7 +27,9 @@ pub fn start_time(pid: u32) -> io::Result<Option<u64>> {
 /// Whether `pid` is alive (exists and is not a zombie) with `start`.
 pub fn is_alive_with(pid: u32, start: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => matches!(parse_stat(&s), Some((state, t)) if t == start && state != 'Z' && state != 'X'),
+        Ok(s) => {
+            matches!(parse_stat(&s), Some((state, t)) if t == start && state != 'Z' && state != 'X')
+        }
         Err(_) => false,
     }
 }
@@ -57,7 +62,11 @@ pub fn pidfd_checked(pid: u32, start: u64) -> io::Result<Option<OwnedFd>> {
     let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
     if fd < 0 {
         let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(nix::libc::ESRCH) { Ok(None) } else { Err(e) };
+        return if e.raw_os_error() == Some(nix::libc::ESRCH) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     // SAFETY: the syscall returned a new fd that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };

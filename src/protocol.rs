@@ -214,13 +214,19 @@ mod tests {
     fn a_later_protocols_longer_hello_still_decodes_as_hello() {
         let mut v = encode(&Request::Hello { protocol: 2 }).unwrap();
         v.extend_from_slice(b"future fields");
-        assert_eq!(decode::<Request>(&v).unwrap(), Request::Hello { protocol: 2 });
+        assert_eq!(
+            decode::<Request>(&v).unwrap(),
+            Request::Hello { protocol: 2 }
+        );
     }
 
     #[test]
     fn an_oversized_length_is_refused_before_allocating() {
         let mut r = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3][..];
-        assert!(matches!(read_frame::<Request>(&mut r), Err(FrameError::TooLarge(_))));
+        assert!(matches!(
+            read_frame::<Request>(&mut r),
+            Err(FrameError::TooLarge(_))
+        ));
     }
 
     proptest! {

@@ -444,7 +444,8 @@ mod tests {
     #[test]
     fn missing_dir_is_a_named_error() {
         let d = tempfile::tempdir().unwrap();
-        let err = Rotator::open(&d.path().join("nope"), &task(), Stream::Stdout, 3, 10).unwrap_err();
+        let err =
+            Rotator::open(&d.path().join("nope"), &task(), Stream::Stdout, 3, 10).unwrap_err();
         assert!(matches!(err, RotateError::MissingDir { .. }));
         assert!(err.to_string().contains("nope"));
     }
@@ -478,15 +479,31 @@ mod tests {
         for n in 0..6 {
             std::fs::write(d.path().join(format!("web.stdout.{n}")), b"x\n").unwrap();
         }
-        for other in ["web.stderr.0", "web2.stdout.0", "web.stdout.007", "web.stdout.old"] {
+        for other in [
+            "web.stderr.0",
+            "web2.stdout.0",
+            "web.stdout.007",
+            "web.stdout.old",
+        ] {
             std::fs::write(d.path().join(other), b"x\n").unwrap();
         }
         let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
-        assert_eq!(scan_indices(d.path(), &task(), Stream::Stdout).unwrap(), vec![3, 4, 5]);
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![3, 4, 5]
+        );
         r.rotate();
         r.active_file().unwrap();
-        assert_eq!(scan_indices(d.path(), &task(), Stream::Stdout).unwrap(), vec![4, 5, 6]);
-        for other in ["web.stderr.0", "web2.stdout.0", "web.stdout.007", "web.stdout.old"] {
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![4, 5, 6]
+        );
+        for other in [
+            "web.stderr.0",
+            "web2.stdout.0",
+            "web.stdout.007",
+            "web.stdout.old",
+        ] {
             assert!(d.path().join(other).exists(), "{other} was purged");
         }
     }

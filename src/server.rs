@@ -31,8 +31,11 @@ use crate::protocol::{self, Request, Response, Stats, Welcome, PROTOCOL_VERSION}
 /// How long a new connection may take to say `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Connections served at once; more are closed at accept.
+/// Connections served at once; more are refused at accept.
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// The refusal reason when [`MAX_CONNECTIONS`] are open.
+pub const BUSY: &str = "busy: too many control connections";
 
 /// The socket path cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,12 @@ pub enum SocketError {
     /// Something that is not a socket sits at the path.
     #[error("socket path {path} exists and is not a socket: remove it or pass another --socket")]
     NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A live process listens on the socket path.
+    #[error("socket path {path} is in use by a live process: stop it or pass another --socket")]
+    InUse {
         /// The path.
         path: PathBuf,
     },
@@ -72,9 +81,9 @@ pub fn with_short_path<R>(path: &Path, f: impl FnOnce(&Path) -> io::Result<R>) -
     if path.as_os_str().len() <= SUN_PATH_MAX {
         return f(path);
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name"))?;
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name")
+    })?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -86,7 +95,10 @@ pub fn with_short_path<R>(path: &Path, f: impl FnOnce(&Path) -> io::Result<R>) -
         .into();
     let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
     if short.as_os_str().len() > SUN_PATH_MAX {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket file name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket file name too long",
+        ));
     }
     f(&short)
 }
@@ -101,7 +113,9 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError
         source,
     };
     if path.file_name().is_some_and(|n| n.len() > 90) {
-        return Err(SocketError::NameTooLong { path: path.to_owned() });
+        return Err(SocketError::NameTooLong {
+            path: path.to_owned(),
+        });
     }
     if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !dir.exists() {
@@ -114,9 +128,21 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
+            // The task lock proves no logmon of *this* task listens there,
+            // but another program (or task) might: never take over a live
+            // socket.
+            if is_live(path) {
+                return Err(SocketError::InUse {
+                    path: path.to_owned(),
+                });
+            }
             std::fs::remove_file(path).map_err(|e| err("remove stale", e))?;
         }
-        Ok(_) => return Err(SocketError::NotASocket { path: path.to_owned() }),
+        Ok(_) => {
+            return Err(SocketError::NotASocket {
+                path: path.to_owned(),
+            })
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err("inspect", e)),
     }
@@ -134,9 +160,30 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
     })
     .map_err(|e| err("bind", e))?;
-    socket::listen(&fd, socket::Backlog::new(1024).unwrap_or(socket::Backlog::MAXCONN))
-        .map_err(|e| err("listen on", e.into()))?;
+    socket::listen(
+        &fd,
+        socket::Backlog::new(1024).unwrap_or(socket::Backlog::MAXCONN),
+    )
+    .map_err(|e| err("listen on", e.into()))?;
     Ok(std::os::unix::net::UnixListener::from(fd))
+}
+
+/// Whether something listens on the socket at `path`. A refused connect
+/// means stale; EAGAIN means a full backlog, which is live too.
+fn is_live(path: &Path) -> bool {
+    let Ok(fd) = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    ) else {
+        return false;
+    };
+    with_short_path(path, |p| {
+        let addr = UnixAddr::new(p).map_err(io::Error::from)?;
+        socket::connect(fd.as_raw_fd(), &addr).map_err(io::Error::from)
+    })
+    .map_or_else(|e| e.raw_os_error() == Some(nix::libc::EAGAIN), |_| true)
 }
 
 /// What the server needs from the daemon.
@@ -172,7 +219,11 @@ impl ServerState {
 
 /// Accepts and serves connections until `stop` turns true. Must run inside
 /// a `LocalSet` (connections are local tasks: one thread).
-pub async fn serve(listener: UnixListener, state: Rc<ServerState>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: UnixListener,
+    state: Rc<ServerState>,
+    mut stop: watch::Receiver<bool>,
+) {
     let live = Rc::new(Cell::new(0usize));
     let our_uid = nix::unistd::geteuid().as_raw();
     loop {
@@ -190,7 +241,17 @@ pub async fn serve(listener: UnixListener, state: Rc<ServerState>, mut stop: wat
             }
         };
         if live.get() >= MAX_CONNECTIONS {
-            tracing::warn!("too many control connections; closing a new one");
+            tracing::warn!("too many control connections; refusing a new one");
+            // Best effort, never blocking: the socket buffer of a fresh
+            // connection has room for this small frame.
+            let refusal = Response::Refused {
+                reason: BUSY.into(),
+            };
+            if let Ok(payload) = protocol::encode(&refusal) {
+                let mut frame = (payload.len() as u32).to_be_bytes().to_vec();
+                frame.extend_from_slice(&payload);
+                let _ = stream.try_write(&frame);
+            }
             continue;
         }
         live.set(live.get() + 1);
@@ -204,7 +265,10 @@ pub async fn serve(listener: UnixListener, state: Rc<ServerState>, mut stop: wat
     }
 }
 
-async fn send(framed: &mut Framed<UnixStream, tokio_util::codec::LengthDelimitedCodec>, msg: &Response) -> io::Result<()> {
+async fn send(
+    framed: &mut Framed<UnixStream, tokio_util::codec::LengthDelimitedCodec>,
+    msg: &Response,
+) -> io::Result<()> {
     let payload = protocol::encode(msg).map_err(io::Error::other)?;
     framed.send(bytes::Bytes::from(payload)).await
 }
@@ -240,7 +304,8 @@ async fn handle(stream: UnixStream, state: &ServerState, our_uid: u32) -> io::Re
         Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
     }
     while let Some(frame) = framed.next().await {
-        let req = protocol::decode::<Request>(&frame?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let req = protocol::decode::<Request>(&frame?)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let resp = match req {
             Request::Stats => Response::Stats(state.stats()),
             Request::Ping => Response::Pong,

@@ -4,7 +4,10 @@ use crate::client::{self, Handle, Program};
 use crate::daemon::{self, Ready};
 use crate::hook::{self, Hook, HookError, Policy};
 
-use super::{CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
+use super::{
+    CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE, EXIT_TEMPFAIL,
+    EXIT_USAGE,
+};
 
 /// `logmon run`.
 pub fn run(a: &RunArgs) -> CliResult {
@@ -16,25 +19,18 @@ pub fn run(a: &RunArgs) -> CliResult {
 /// `logmon launch`.
 pub fn launch(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
-    if !cfg.log_dir.is_dir() {
-        return Err(CliError::new(
-            EXIT_USAGE,
-            format!("log directory {} does not exist or is not a directory: create it first", cfg.log_dir.display()),
-        ));
-    }
-    let rc = client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    super::check_log_dir(&cfg)?;
+    super::check_fifos(&cfg)?;
+    let rc =
+        client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
     print_json(&rc)
 }
 
 /// `logmon ensure`.
 pub fn ensure(a: &EnsureArgs) -> CliResult {
     let cfg = a.run.to_config()?;
-    if !cfg.log_dir.is_dir() {
-        return Err(CliError::new(
-            EXIT_USAGE,
-            format!("log directory {} does not exist or is not a directory: create it first", cfg.log_dir.display()),
-        ));
-    }
+    super::check_log_dir(&cfg)?;
+    super::check_fifos(&cfg)?;
     let previous = hook::load_state(&a.state);
     let mut h = Hook::new(cfg);
     if a.conservative {
@@ -46,7 +42,10 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
     })?;
     if previous.as_ref() != Some(&outcome.config) {
         hook::persist_state(&a.state, &outcome.config).map_err(|e| {
-            CliError::new(EXIT_FAILURE, format!("cannot write state file {}: {e}", a.state.display()))
+            CliError::new(
+                EXIT_FAILURE,
+                format!("cannot write state file {}: {e}", a.state.display()),
+            )
         })?;
     }
     print_json(&outcome)
@@ -54,26 +53,41 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
 
 /// `logmon reattach`.
 pub fn reattach(a: &StateArgs) -> CliResult {
-    let state = client::read_state(&a.state).map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-    let h = client::reattach(&state).map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-    println!("reattached: logmon pid {} instance {} (task {})", h.welcome().pid, h.welcome().instance, h.welcome().task);
+    let state = client::read_state(&a.state)
+        .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
+    let h = client::reattach(&state)
+        .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
+    println!(
+        "reattached: logmon pid {} instance {} (task {})",
+        h.welcome().pid,
+        h.welcome().instance,
+        h.welcome().task
+    );
     Ok(0)
 }
 
 fn connect(a: &TargetArgs) -> Result<Handle, CliError> {
     match (&a.state, &a.socket) {
         (Some(state), _) => {
-            let state = client::read_state(state).map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-            client::reattach(&state).map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))
+            let state = client::read_state(state)
+                .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
+            client::reattach(&state)
+                .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))
         }
-        (None, Some(sock)) => Handle::connect_socket(sock, client::DEFAULT_TIMEOUT).map_err(|e| CliError::new(EXIT_FAILURE, e)),
-        (None, None) => Err(CliError::new(EXIT_USAGE, "pass --state FILE or --socket PATH")),
+        (None, Some(sock)) => Handle::connect_socket(sock, client::DEFAULT_TIMEOUT)
+            .map_err(|e| CliError::new(EXIT_FAILURE, e)),
+        (None, None) => Err(CliError::new(
+            EXIT_USAGE,
+            "pass --state FILE or --socket PATH",
+        )),
     }
 }
 
 /// `logmon status`.
 pub fn status(a: &TargetArgs) -> CliResult {
-    let stats = connect(a)?.stats().map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    let stats = connect(a)?
+        .stats()
+        .map_err(|e| CliError::new(EXIT_FAILURE, e))?;
     print_json(&stats)
 }
 
@@ -81,7 +95,8 @@ pub fn status(a: &TargetArgs) -> CliResult {
 pub fn stop(a: &TargetArgs) -> CliResult {
     let h = connect(a)?;
     let pid = h.welcome().pid;
-    h.stop(client::STOP_TIMEOUT).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    h.stop(client::STOP_TIMEOUT)
+        .map_err(|e| CliError::new(EXIT_FAILURE, e))?;
     println!("stopped logmon pid {pid}");
     Ok(0)
 }

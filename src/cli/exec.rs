@@ -6,7 +6,7 @@
 //! — which drains every byte — before `exec` exits with the command's
 //! status (128+N if it was killed by signal N).
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 
 use nix::sys::signal::{SigSet, Signal};
@@ -14,23 +14,24 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::client::{self, Program};
 use crate::fifo;
 
-use super::{CliError, CliResult, ExecArgs, EXIT_FAILURE, EXIT_USAGE};
+use super::{CliError, CliResult, ExecArgs, EXIT_FAILURE};
 
 /// `logmon exec`.
 pub fn run(a: &ExecArgs) -> CliResult {
     let cfg = a.run.to_config()?;
-    if !cfg.log_dir.is_dir() {
-        return Err(CliError::new(
-            EXIT_USAGE,
-            format!("log directory {} does not exist or is not a directory: create it first", cfg.log_dir.display()),
-        ));
-    }
-    let state = client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    super::check_log_dir(&cfg)?;
+    super::check_fifos(&cfg)?;
+    let state =
+        client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
     let stop_logmon = || -> Result<(), CliError> {
-        let h = client::reattach(&state).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}")))?;
-        h.stop(client::STOP_TIMEOUT).map_err(|e| CliError::new(EXIT_FAILURE, e))
+        let h = client::reattach(&state).map_err(|e| {
+            CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}"))
+        })?;
+        h.stop(client::STOP_TIMEOUT)
+            .map_err(|e| CliError::new(EXIT_FAILURE, e))
     };
-    let ends = fifo::open_task_end(&cfg.stdout_fifo).and_then(|o| Ok((o, fifo::open_task_end(&cfg.stderr_fifo)?)));
+    let ends = fifo::open_task_end(&cfg.stdout_fifo)
+        .and_then(|o| Ok((o, fifo::open_task_end(&cfg.stderr_fifo)?)));
     let (out, err) = match ends {
         Ok(e) => e,
         Err(e) => {
@@ -39,26 +40,56 @@ pub fn run(a: &ExecArgs) -> CliResult {
         }
     };
     // Block the signals we handle before the child exists, so none is
-    // missed; std resets the mask in the child.
+    // missed; the child gets an empty mask back before it execs.
     let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+    ] {
         set.add(s);
     }
-    set.thread_block().map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot block signals: {e}")))?;
-    let mut child = match Command::new(&a.command[0]).args(&a.command[1..]).stdout(out).stderr(err).spawn() {
+    set.thread_block()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot block signals: {e}")))?;
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).stdout(out).stderr(err);
+    // SAFETY: pthread_sigmask is async-signal-safe and allocates nothing;
+    // std keeps the parent's signal mask in the child, so it is cleared here.
+    unsafe {
+        cmd.pre_exec(|| {
+            SigSet::empty()
+                .thread_set_mask()
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let _ = set.thread_unblock();
             stop_logmon()?;
-            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            return Err(CliError::new(code, format!("cannot run {}: {e}", a.command[0].to_string_lossy())));
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(CliError::new(
+                code,
+                format!("cannot run {}: {e}", a.command[0].to_string_lossy()),
+            ));
         }
     };
     let status = loop {
         match child.try_wait() {
             Ok(Some(st)) => break st,
             Ok(None) => {}
-            Err(e) => return Err(CliError::new(EXIT_FAILURE, format!("cannot wait for the command: {e}"))),
+            Err(e) => {
+                return Err(CliError::new(
+                    EXIT_FAILURE,
+                    format!("cannot wait for the command: {e}"),
+                ))
+            }
         }
         match set.wait() {
             // The terminal already sent SIGINT/SIGQUIT to the command (same

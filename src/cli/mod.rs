@@ -218,6 +218,36 @@ pub struct ExecArgs {
     pub command: Vec<std::ffi::OsString>,
 }
 
+/// Refuses a missing log directory before anything is launched (exit 2).
+fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
+    if cfg.log_dir.is_dir() {
+        return Ok(());
+    }
+    Err(CliError::new(
+        EXIT_USAGE,
+        format!(
+            "log directory {} does not exist or is not a directory: create it first",
+            cfg.log_dir.display()
+        ),
+    ))
+}
+
+/// Creates the FIFOs, or refuses a path that is not one (exit 2), before a
+/// daemon is launched, so the user gets the daemon's error directly.
+fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
+    use crate::fifo::{ensure_fifo, FifoError};
+    for p in [&cfg.stdout_fifo, &cfg.stderr_fifo] {
+        ensure_fifo(p).map_err(|e| {
+            let code = match e {
+                FifoError::NotFifo { .. } | FifoError::Symlink(_) => EXIT_USAGE,
+                _ => EXIT_FAILURE,
+            };
+            CliError::new(code, e)
+        })?;
+    }
+    Ok(())
+}
+
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
     let result = match cli.command {

@@ -62,9 +62,11 @@ impl Daemon {
             .spawn()
             .expect("spawn logmon run");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let ready: ReattachConfig = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ready: ReattachConfig =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
         Daemon { child, ready }
     }
 
@@ -125,13 +127,21 @@ pub fn indices(dir: &Path, task: &str, stream: Stream) -> Vec<u64> {
 pub fn files(dir: &Path, task: &str, stream: Stream) -> Vec<(u64, Vec<u8>)> {
     indices(dir, task, stream)
         .into_iter()
-        .map(|n| (n, std::fs::read(dir.join(format!("{task}.{stream}.{n}"))).unwrap()))
+        .map(|n| {
+            (
+                n,
+                std::fs::read(dir.join(format!("{task}.{stream}.{n}"))).unwrap(),
+            )
+        })
         .collect()
 }
 
 /// The stream's files concatenated in index order.
 pub fn read_stream(dir: &Path, task: &str, stream: Stream) -> Vec<u8> {
-    files(dir, task, stream).into_iter().flat_map(|(_, b)| b).collect()
+    files(dir, task, stream)
+        .into_iter()
+        .flat_map(|(_, b)| b)
+        .collect()
 }
 
 /// Line `i` of a numbered stream: fixed-width so sizes are predictable.
@@ -141,7 +151,8 @@ pub fn numbered_line(i: u64) -> String {
 
 /// Writes numbered lines `from..to` into the FIFO's task end.
 pub fn write_numbered(fifo: &Path, from: u64, to: u64) {
-    let mut w = std::io::BufWriter::with_capacity(64 * 1024, logmon::fifo::open_task_end(fifo).unwrap());
+    let mut w =
+        std::io::BufWriter::with_capacity(64 * 1024, logmon::fifo::open_task_end(fifo).unwrap());
     for i in from..to {
         w.write_all(numbered_line(i).as_bytes()).unwrap();
     }
@@ -154,8 +165,15 @@ pub fn assert_numbered(bytes: &[u8], from: u64, to: u64) {
     let text = std::str::from_utf8(bytes).expect("utf8");
     let mut expect = from;
     for (n, line) in text.split_inclusive('\n').enumerate() {
-        assert_eq!(line, numbered_line(expect), "line {n} of the output: expected number {expect}");
+        assert_eq!(
+            line,
+            numbered_line(expect),
+            "line {n} of the output: expected number {expect}"
+        );
         expect += 1;
     }
-    assert_eq!(expect, to, "output ends at line {expect}, expected {to} lines");
+    assert_eq!(
+        expect, to,
+        "output ends at line {expect}, expected {to} lines"
+    );
 }

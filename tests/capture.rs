@@ -1,0 +1,777 @@
+//! Capture with the real binary against real FIFOs (DESIGN.md §1, §2, §6):
+//! the reference rotator's behaviours as a checklist, then the stream
+//! guarantees — every line once and in order through a FIFO, across writer
+//! reopens, restarts, kill -9 and stop signals — and `exec`.
+
+mod common;
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{
+    assert_numbered, fifo, files, indices, numbered_line, read_stream, wait_until, write_numbered,
+    Daemon,
+};
+use logmon::config::Stream;
+use nix::sys::signal::Signal;
+
+/// Bytes of one `numbered_line`.
+const LINE: u64 = 56;
+/// Generous bound for anything that should happen "soon".
+const SOON: Duration = Duration::from_secs(30);
+/// Bound for the bulk transfers (debug build, 2 cores, tests in parallel).
+const BULK: Duration = Duration::from_secs(180);
+
+fn dir_str(dir: &Path) -> &str {
+    dir.to_str().unwrap()
+}
+
+/// Sum of the sizes of a stream's files (a file purged meanwhile counts 0).
+fn total_size(dir: &Path, task: &str, stream: Stream) -> u64 {
+    indices(dir, task, stream)
+        .into_iter()
+        .map(|n| std::fs::metadata(dir.join(format!("{task}.{stream}.{n}"))).map_or(0, |m| m.len()))
+        .sum()
+}
+
+/// Waits until a stream's files hold `bytes` bytes.
+fn wait_for_size(dir: &Path, task: &str, stream: Stream, bytes: u64, timeout: Duration) {
+    let ok = wait_until(timeout, || total_size(dir, task, stream) >= bytes);
+    assert!(
+        ok,
+        "{stream} reached only {} of {bytes} bytes",
+        total_size(dir, task, stream)
+    );
+}
+
+/// Writes `bytes` into the FIFO through a task end (O_RDWR, as the task gets it).
+fn write_task(dir: &Path, task: &str, stream: Stream, bytes: &[u8]) -> File {
+    let mut w = logmon::fifo::open_task_end(&fifo(dir, task, stream)).unwrap();
+    w.write_all(bytes).unwrap();
+    w
+}
+
+/// SIGTERMs the daemon and checks it exits 0.
+fn stop(d: Daemon) {
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait(), Some(0), "logmon run must exit 0 on SIGTERM");
+}
+
+fn numbered(from: u64, to: u64) -> Vec<u8> {
+    (from..to)
+        .flat_map(|i| numbered_line(i).into_bytes())
+        .collect()
+}
+
+/// Every file at most `limit` bytes, none empty.
+fn assert_sizes(dir: &Path, task: &str, stream: Stream, limit: u64) {
+    for (n, b) in files(dir, task, stream) {
+        assert!(!b.is_empty(), "{task}.{stream}.{n} is empty");
+        assert!(
+            b.len() as u64 <= limit,
+            "{task}.{stream}.{n} has {} bytes > {limit}",
+            b.len()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reference rotator's behaviours, as a checklist.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn missing_log_dir_is_refused_and_not_created() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("nope");
+    let out = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(&missing)])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(dir_str(&missing)),
+        "error must name the directory: {err}"
+    );
+    assert!(out.stdout.is_empty(), "no ready line on failure");
+    assert!(!missing.exists(), "the missing directory was created");
+}
+
+#[test]
+fn a_new_dir_gets_index_0_created_at_the_first_byte() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    assert!(
+        indices(d.path(), "t", Stream::Stdout).is_empty(),
+        "a log file exists before any byte"
+    );
+    assert!(
+        indices(d.path(), "t", Stream::Stderr).is_empty(),
+        "a log file exists before any byte"
+    );
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"hello\n");
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"hello\n"));
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0]);
+    assert!(
+        indices(d.path(), "t", Stream::Stderr).is_empty(),
+        "stderr got a file without a byte"
+    );
+    stop(dm);
+}
+
+#[test]
+fn with_0_and_2_present_the_active_file_is_2() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("t.stdout.0"), b"zero\n").unwrap();
+    std::fs::write(d.path().join("t.stdout.2"), b"two\n").unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"more\n");
+    assert!(wait_until(SOON, || std::fs::read(
+        d.path().join("t.stdout.2")
+    )
+    .unwrap()
+        == b"two\nmore\n"));
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0, 2]);
+    assert_eq!(
+        std::fs::read(d.path().join("t.stdout.0")).unwrap(),
+        b"zero\n"
+    );
+}
+
+#[test]
+fn writes_below_the_limit_stay_in_one_file() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "1KiB"]);
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, 18); // 1008 bytes
+    wait_for_size(d.path(), "t", Stream::Stdout, 18 * LINE, SOON);
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0]);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 18);
+}
+
+#[test]
+fn rotation_at_the_limit_ends_a_file_at_the_last_line_that_fits() {
+    let d = tempfile::tempdir().unwrap();
+    // 600 bytes hold 10 lines of 56 (560); the 11th does not fit.
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "600"]);
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, 25);
+    wait_for_size(d.path(), "t", Stream::Stdout, 25 * LINE, SOON);
+    stop(dm);
+    let got = files(d.path(), "t", Stream::Stdout);
+    let sizes: Vec<(u64, usize)> = got.iter().map(|(n, b)| (*n, b.len())).collect();
+    assert_eq!(sizes, vec![(0, 560), (1, 560), (2, 280)]);
+    assert_eq!(got[0].1, numbered(0, 10));
+    assert_eq!(got[1].1, numbered(10, 20));
+    assert_eq!(got[2].1, numbered(20, 25));
+}
+
+#[test]
+fn rotation_exactly_at_the_limit_fills_files_completely() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "560"]);
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, 30);
+    wait_for_size(d.path(), "t", Stream::Stdout, 30 * LINE, SOON);
+    stop(dm);
+    let sizes: Vec<(u64, usize)> = files(d.path(), "t", Stream::Stdout)
+        .iter()
+        .map(|(n, b)| (*n, b.len()))
+        .collect();
+    assert_eq!(sizes, vec![(0, 560), (1, 560), (2, 560)]);
+}
+
+#[test]
+fn a_line_longer_than_the_limit_starts_a_new_file_and_is_cut_at_exactly_the_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "100"]);
+    let long: Vec<u8> = std::iter::repeat_n(b'x', 250).chain([b'\n']).collect();
+    let mut input = b"short\n".to_vec();
+    input.extend_from_slice(&long);
+    input.extend_from_slice(b"after\n");
+    let _w = write_task(d.path(), "t", Stream::Stdout, &input);
+    wait_for_size(d.path(), "t", Stream::Stdout, input.len() as u64, SOON);
+    stop(dm);
+    let got = files(d.path(), "t", Stream::Stdout);
+    let want: Vec<(u64, Vec<u8>)> = vec![
+        (0, b"short\n".to_vec()),
+        (1, vec![b'x'; 100]),
+        (2, vec![b'x'; 100]),
+        (3, [vec![b'x'; 50], b"\nafter\n".to_vec()].concat()),
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn appending_to_a_partly_filled_file_is_byte_exact() {
+    let d = tempfile::tempdir().unwrap();
+    // 4 bytes already there; 4 + 56 = 60 fits, the next line does not.
+    std::fs::write(d.path().join("t.stdout.0"), b"old\n").unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "60"]);
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, 2);
+    wait_for_size(d.path(), "t", Stream::Stdout, 4 + 2 * LINE, SOON);
+    stop(dm);
+    let got = files(d.path(), "t", Stream::Stdout);
+    assert_eq!(
+        got.len(),
+        2,
+        "{:?}",
+        got.iter().map(|f| f.0).collect::<Vec<_>>()
+    );
+    assert_eq!(got[0], (0, [b"old\n".to_vec(), numbered(0, 1)].concat()));
+    assert_eq!(got[1], (1, numbered(1, 2)));
+}
+
+#[test]
+fn a_full_active_file_is_not_appended_to_after_restart() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("t.stdout.0"),
+        vec![b'a'; 59]
+            .into_iter()
+            .chain([b'\n'])
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "60"]);
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"next\n");
+    assert!(wait_until(SOON, || d.path().join("t.stdout.1").exists()
+        && std::fs::read(d.path().join("t.stdout.1")).unwrap()
+            == b"next\n"));
+    stop(dm);
+    assert_eq!(
+        std::fs::metadata(d.path().join("t.stdout.0"))
+            .unwrap()
+            .len(),
+        60
+    );
+}
+
+#[test]
+fn purge_keeps_exactly_max_files_of_this_stream_and_nothing_else() {
+    let d = tempfile::tempdir().unwrap();
+    let bystanders = [
+        "t.stderr.0",
+        "other.stdout.0",
+        "t.stdout.007",
+        "t.stdout.old",
+        "t.stdout.1.gz",
+        "tt.stdout.0",
+    ];
+    for b in bystanders {
+        std::fs::write(d.path().join(b), b"keep me\n").unwrap();
+    }
+    let dm = Daemon::start(
+        d.path(),
+        "t",
+        &["--max-file-size", "560", "--max-files", "3"],
+    );
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, 100);
+    assert!(
+        wait_until(SOON, || indices(d.path(), "t", Stream::Stdout).last()
+            == Some(&9)
+            && std::fs::metadata(d.path().join("t.stdout.9"))
+                .unwrap()
+                .len()
+                == 560),
+        "did not reach t.stdout.9: {:?}",
+        indices(d.path(), "t", Stream::Stdout)
+    );
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![7, 8, 9]);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 70, 100);
+    for b in bystanders {
+        assert_eq!(
+            std::fs::read(d.path().join(b)).unwrap(),
+            b"keep me\n",
+            "{b} was touched"
+        );
+    }
+}
+
+#[test]
+fn purge_at_start_brings_old_files_down_to_max_files() {
+    let d = tempfile::tempdir().unwrap();
+    for n in 0..6 {
+        std::fs::write(
+            d.path().join(format!("t.stdout.{n}")),
+            format!("file {n}\n"),
+        )
+        .unwrap();
+    }
+    let dm = Daemon::start(d.path(), "t", &["--max-files", "2"]);
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"new\n");
+    assert!(wait_until(SOON, || std::fs::read(
+        d.path().join("t.stdout.5")
+    )
+    .unwrap()
+        == b"file 5\nnew\n"));
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![4, 5]);
+}
+
+// ---------------------------------------------------------------------------
+// Streams through a FIFO.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn one_million_numbered_lines_arrive_once_and_in_order() {
+    const N: u64 = 1_000_000;
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-files", "100"]);
+    write_numbered(&fifo(d.path(), "t", Stream::Stdout), 0, N);
+    wait_for_size(d.path(), "t", Stream::Stdout, N * LINE, BULK);
+    stop(dm);
+    assert_sizes(d.path(), "t", Stream::Stdout, 10 * 1024 * 1024);
+    let got = files(d.path(), "t", Stream::Stdout);
+    assert_eq!(got.first().map(|f| f.0), Some(0));
+    for (n, b) in &got[..got.len() - 1] {
+        assert!(b.ends_with(b"\n"), "t.stdout.{n} ends mid-line");
+    }
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, N);
+}
+
+#[test]
+fn a_writer_that_closes_and_writers_that_reopen_are_all_captured_by_the_same_process() {
+    let d = tempfile::tempdir().unwrap();
+    let mut dm = Daemon::start(d.path(), "t", &[]);
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    // Writer 1: a plain O_WRONLY open (like `> fifo` in a shell), then close.
+    {
+        let mut w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        w.write_all(&numbered(0, 5000)).unwrap();
+    }
+    wait_for_size(d.path(), "t", Stream::Stdout, 5000 * LINE, SOON);
+    // Writer 2: another process, which exits.
+    let mut child = Command::new("sh")
+        .args(["-c", "exec cat > \"$1\"", "sh", path.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&numbered(5000, 10000))
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    // Writer 3: the task end the library hands out.
+    write_numbered(&path, 10000, 15000);
+    wait_for_size(d.path(), "t", Stream::Stdout, 15000 * LINE, SOON);
+    assert!(
+        dm.child.try_wait().unwrap().is_none(),
+        "logmon exited when a writer closed"
+    );
+    let pid = dm.pid();
+    assert_eq!(dm.ready.pid as i32, pid);
+    stop(dm);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 15000);
+}
+
+#[test]
+fn restart_of_run_resumes_numbering_byte_exact() {
+    let d = tempfile::tempdir().unwrap();
+    // 1000 bytes hold 17 lines (952); files are only ever full of whole lines.
+    let args = ["--max-file-size", "1000"];
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    let dm = Daemon::start(d.path(), "t", &args);
+    write_numbered(&path, 0, 50);
+    wait_for_size(d.path(), "t", Stream::Stdout, 50 * LINE, SOON);
+    stop(dm);
+    let dm = Daemon::start(d.path(), "t", &args);
+    write_numbered(&path, 50, 120);
+    wait_for_size(d.path(), "t", Stream::Stdout, 120 * LINE, SOON);
+    stop(dm);
+    let got = files(d.path(), "t", Stream::Stdout);
+    // Resuming appended to the partly filled file instead of starting a new one.
+    for (n, b) in &got[..got.len() - 1] {
+        assert_eq!(b.len(), 952, "t.stdout.{n}");
+    }
+    assert_eq!(got.len(), 120usize.div_ceil(17));
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 120);
+}
+
+#[test]
+fn restart_completes_a_half_written_line_byte_exact() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"first\nhalf a li");
+    // Stopping writes the held partial line as it is.
+    stop(dm);
+    assert_eq!(
+        read_stream(d.path(), "t", Stream::Stdout),
+        b"first\nhalf a li"
+    );
+    let dm = Daemon::start(d.path(), "t", &[]);
+    w.write_all(b"ne\nlast\n").unwrap();
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"first\nhalf a line\nlast\n"));
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0]);
+}
+
+#[test]
+fn kill_9_mid_stream_loses_no_line() {
+    const N: u64 = 300_000; // 16.8 MB
+    let d = tempfile::tempdir().unwrap();
+    let args = ["--max-file-size", "1MiB", "--max-files", "1000"];
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    let dm = Daemon::start(d.path(), "t", &args);
+    // The task end is O_RDWR: the writer never gets EPIPE/SIGPIPE while no
+    // logmon reads; it blocks on the full pipe and goes on later (a write
+    // error would panic this thread and fail the join below).
+    let writer = std::thread::spawn(move || write_numbered(&path, 0, N));
+    let mut dm = Some(dm);
+    for at in [2_000_000u64, 8_000_000] {
+        wait_for_size(d.path(), "t", Stream::Stdout, at, BULK);
+        let mut old = dm.take().unwrap();
+        old.child.kill().unwrap(); // SIGKILL
+        old.child.wait().unwrap();
+        dm = Some(Daemon::start(d.path(), "t", &args));
+    }
+    writer
+        .join()
+        .expect("the task's writes failed while logmon was down");
+    wait_for_size(d.path(), "t", Stream::Stdout, N * LINE, BULK);
+    stop(dm.take().unwrap());
+    assert_sizes(d.path(), "t", Stream::Stdout, 1024 * 1024);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout).first(), Some(&0));
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, N);
+}
+
+#[test]
+fn bytes_written_while_no_logmon_runs_are_captured_by_the_next_one() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, &numbered(0, 10));
+    wait_for_size(d.path(), "t", Stream::Stdout, 10 * LINE, SOON);
+    let mut dm = dm;
+    dm.child.kill().unwrap();
+    dm.child.wait().unwrap();
+    // No reader but the task's own O_RDWR end: the write succeeds, no EPIPE.
+    w.write_all(&numbered(10, 1000))
+        .expect("write into the FIFO while logmon is down");
+    let dm = Daemon::start(d.path(), "t", &[]);
+    wait_for_size(d.path(), "t", Stream::Stdout, 1000 * LINE, SOON);
+    stop(dm);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 1000);
+}
+
+#[test]
+fn sigterm_drains_the_pipes_and_a_held_partial_line_then_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut out = numbered(0, 20000);
+    out.extend_from_slice(b"prompt> ");
+    let _o = write_task(d.path(), "t", Stream::Stdout, &out);
+    let _e = write_task(d.path(), "t", Stream::Stderr, b"warning: half");
+    // Signal at once: whatever logmon has not taken yet is still in the pipes.
+    stop(dm);
+    assert!(
+        read_stream(d.path(), "t", Stream::Stdout) == out,
+        "stdout not drained exactly"
+    );
+    assert_eq!(read_stream(d.path(), "t", Stream::Stderr), b"warning: half");
+}
+
+#[test]
+fn sigint_drains_both_streams_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let _o = write_task(
+        d.path(),
+        "t",
+        Stream::Stdout,
+        b"out 1\nout 2\nout 3 no newline",
+    );
+    let _e = write_task(d.path(), "t", Stream::Stderr, b"err 1\n");
+    dm.signal(Signal::SIGINT);
+    assert_eq!(dm.wait(), Some(0));
+    assert_eq!(
+        read_stream(d.path(), "t", Stream::Stdout),
+        b"out 1\nout 2\nout 3 no newline"
+    );
+    assert_eq!(read_stream(d.path(), "t", Stream::Stderr), b"err 1\n");
+    assert!(
+        !d.path().join(".t.logmon.sock").exists(),
+        "socket left behind after stop"
+    );
+}
+
+#[test]
+fn a_partial_line_is_written_as_it_is_after_waiting_for_its_newline() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    // The writer stays open: the line's newline could still come.
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"progress 50%");
+    assert!(
+        wait_until(SOON, || read_stream(d.path(), "t", Stream::Stdout)
+            == b"progress 50%"),
+        "the partial line never showed up: {:?}",
+        String::from_utf8_lossy(&read_stream(d.path(), "t", Stream::Stdout))
+    );
+    w.write_all(b" 100%\ndone\n").unwrap();
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"progress 50% 100%\ndone\n"));
+    stop(dm);
+}
+
+#[test]
+fn second_run_for_the_same_task_is_refused_naming_the_pid() {
+    let d = tempfile::tempdir().unwrap();
+    let mut first = Daemon::start(d.path(), "t", &[]);
+    let mut second = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = wait_until(SOON, || second.try_wait().unwrap().is_some());
+    if !exited {
+        let _ = second.kill();
+    }
+    let out = second.wait_with_output().unwrap();
+    assert!(exited, "the second run did not exit");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        out.status.code().is_some(),
+        "killed by a signal: {:?}",
+        out.status
+    );
+    assert!(out.stdout.is_empty(), "the second run printed a ready line");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {}", first.pid())),
+        "must name the holder's pid: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // The first one is untouched and still capturing.
+    assert!(first.child.try_wait().unwrap().is_none());
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"still here\n");
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"still here\n"));
+    stop(first);
+}
+
+// ---------------------------------------------------------------------------
+// exec
+// ---------------------------------------------------------------------------
+
+/// Runs `logmon exec` for task `t` in `dir` with `cmd`; returns its exit
+/// code and stderr. Checks no logmon was left running for the task.
+fn exec(dir: &Path, extra: &[&str], cmd: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec!["exec", "--log-dir", dir_str(dir), "--task", "t"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    let out = common::logmon(&args).stdin(Stdio::null()).output().unwrap();
+    assert_no_daemon_left(dir, "t");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Fails (after killing it) if a logmon still holds the task lock.
+fn assert_no_daemon_left(dir: &Path, task: &str) {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock = dir.join(format!(".{task}.logmon.lock"));
+    let Ok(f) = File::options().read(true).write(true).open(&lock) else {
+        return;
+    };
+    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+        Ok(_) => {}
+        Err((f, _)) => {
+            let pid: Option<i32> = std::io::read_to_string(&f)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            panic!("a logmon (pid {pid:?}) is still running for task {task} after exec returned");
+        }
+    }
+}
+
+#[test]
+fn exec_exits_with_the_command_status() {
+    let d = tempfile::tempdir().unwrap();
+    assert_eq!(exec(d.path(), &[], &["sh", "-c", "exit 0"]).0, Some(0));
+    assert_eq!(exec(d.path(), &[], &["sh", "-c", "exit 3"]).0, Some(3));
+    assert_eq!(exec(d.path(), &[], &["sh", "-c", "exit 255"]).0, Some(255));
+}
+
+#[test]
+fn exec_exits_128_plus_the_signal_that_killed_the_command() {
+    let d = tempfile::tempdir().unwrap();
+    assert_eq!(
+        exec(d.path(), &[], &["sh", "-c", "kill -TERM $$"]).0,
+        Some(128 + 15)
+    );
+    assert_eq!(
+        exec(d.path(), &[], &["sh", "-c", "kill -KILL $$"]).0,
+        Some(128 + 9)
+    );
+}
+
+#[test]
+fn exec_of_a_missing_command_exits_127_with_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, err) = exec(d.path(), &[], &["/nonexistent/cmd"]);
+    assert_eq!(code, Some(127));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/cmd"), "{err}");
+}
+
+#[test]
+fn exec_captures_both_streams() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, _) = exec(
+        d.path(),
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo out1; echo err1 >&2; echo out2; printf 'err2 no newline' >&2; exit 7",
+        ],
+    );
+    assert_eq!(code, Some(7));
+    assert_eq!(read_stream(d.path(), "t", Stream::Stdout), b"out1\nout2\n");
+    assert_eq!(
+        read_stream(d.path(), "t", Stream::Stderr),
+        b"err1\nerr2 no newline"
+    );
+}
+
+#[test]
+fn exec_has_captured_every_byte_when_it_returns() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, _) = exec(
+        d.path(),
+        &["--max-file-size", "64KiB", "--max-files", "1000"],
+        &["seq", "1", "200000"],
+    );
+    assert_eq!(code, Some(0));
+    let want: Vec<u8> = (1..=200000)
+        .flat_map(|i: u32| format!("{i}\n").into_bytes())
+        .collect();
+    assert!(
+        read_stream(d.path(), "t", Stream::Stdout) == want,
+        "exec's output differs from seq's"
+    );
+    assert_sizes(d.path(), "t", Stream::Stdout, 64 * 1024);
+}
+
+/// The children of `pid` whose command name is `comm`.
+fn children_named(pid: u32, comm: &str) -> Vec<i32> {
+    let list =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    list.split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+#[test]
+fn exec_forwards_sigterm_to_the_command_and_exits_128_plus_15() {
+    let d = tempfile::tempdir().unwrap();
+    let mut child = common::logmon(&[
+        "exec",
+        "--log-dir",
+        dir_str(d.path()),
+        "--task",
+        "t",
+        "--",
+        "sleep",
+        "120",
+    ])
+    .stdin(Stdio::null())
+    .spawn()
+    .unwrap();
+    let exec_pid = child.id();
+    let mut sleeper = Vec::new();
+    assert!(wait_until(SOON, || {
+        sleeper = children_named(exec_pid, "sleep");
+        !sleeper.is_empty()
+    }));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(exec_pid as i32), Signal::SIGTERM).unwrap();
+    let exited = wait_until(SOON, || child.try_wait().unwrap().is_some());
+    // Clean up whatever is left before asserting.
+    for p in &sleeper {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    let status = child.wait().unwrap();
+    assert_no_daemon_left(d.path(), "t");
+    assert!(
+        exited,
+        "exec did not exit after SIGTERM: the command did not die of the forwarded signal"
+    );
+    assert_eq!(status.code(), Some(128 + 15));
+}
+
+#[test]
+fn kill_9_after_a_flushed_partial_line_lets_the_next_run_complete_it_byte_exact() {
+    let d = tempfile::tempdir().unwrap();
+    let mut dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"one\nhalf a li");
+    // The partial line is written as it is once it has waited for its newline.
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"one\nhalf a li"));
+    dm.child.kill().unwrap();
+    dm.child.wait().unwrap();
+    w.write_all(b"ne\ntwo\n").unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    assert!(wait_until(SOON, || read_stream(
+        d.path(),
+        "t",
+        Stream::Stdout
+    ) == b"one\nhalf a line\ntwo\n"));
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0]);
+}
+
+#[test]
+fn a_line_larger_than_the_pipe_is_captured_whole_without_its_newline() {
+    const LEN: usize = 300_000;
+    let d = tempfile::tempdir().unwrap();
+    // Default-sized pipe (64 KiB): the line cannot wait in it for its newline.
+    let dm = Daemon::start(d.path(), "t", &["--pipe-size", "64KiB"]);
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    let writer = std::thread::spawn(move || {
+        let mut w = logmon::fifo::open_task_end(&path).unwrap();
+        w.write_all(&vec![b'x'; LEN]).unwrap();
+        w
+    });
+    // The writer gets through although no newline ever came.
+    let mut w = writer.join().unwrap();
+    wait_for_size(d.path(), "t", Stream::Stdout, LEN as u64, SOON);
+    w.write_all(b"\nnext\n").unwrap();
+    wait_for_size(d.path(), "t", Stream::Stdout, LEN as u64 + 6, SOON);
+    stop(dm);
+    let want = [vec![b'x'; LEN], b"\nnext\n".to_vec()].concat();
+    assert!(
+        read_stream(d.path(), "t", Stream::Stdout) == want,
+        "the long line was not captured exactly"
+    );
+    assert_sizes(d.path(), "t", Stream::Stdout, 10 * 1024 * 1024);
+}

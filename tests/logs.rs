@@ -1,0 +1,540 @@
+//! `logmon logs` (issue #7), run as the real binary: reading a stream across
+//! its rotated files, `-n`/`-c` from the end, and `-f` following a live
+//! writer through rotation, index gaps, purge and truncation. Every test
+//! checks what a user would: the bytes printed, the notices on stderr, the
+//! exit code. Every process started is killed on drop.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStderr, ChildStdout, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::{logmon, wait_until, Daemon};
+use logmon::config::Stream;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Writes `<task>.stdout.<index>` (or another stream) with `bytes`.
+fn put(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn append(dir: &Path, name: &str, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join(name))
+        .unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// `logmon logs --log-dir DIR --task web EXTRA…`, to completion.
+fn logs(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["logs", "--log-dir", dir.to_str().unwrap(), "--task", "web"];
+    args.extend_from_slice(extra);
+    logmon(&args).stdin(Stdio::null()).output().unwrap()
+}
+
+/// Spawns `logmon logs … EXTRA…` with piped stdout and stderr.
+fn spawn_logs(dir: &Path, extra: &[&str]) -> Child {
+    let mut args = vec!["logs", "--log-dir", dir.to_str().unwrap(), "--task", "web"];
+    args.extend_from_slice(extra);
+    logmon(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Collects everything a pipe delivers, in a thread.
+struct Collector {
+    buf: Arc<Mutex<Vec<u8>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Collector {
+    fn new(mut r: impl Read + Send + 'static) -> Collector {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let b = Arc::clone(&buf);
+        let thread = std::thread::spawn(move || {
+            let mut chunk = [0u8; 65536];
+            loop {
+                match r.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
+                }
+            }
+        });
+        Collector {
+            buf,
+            thread: Some(thread),
+        }
+    }
+
+    fn get(&self) -> Vec<u8> {
+        self.buf.lock().unwrap().clone()
+    }
+
+    fn len(&self) -> usize {
+        self.buf.lock().unwrap().len()
+    }
+
+    /// Waits for the writer to close the pipe and returns everything.
+    fn finish(mut self) -> Vec<u8> {
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.get()
+    }
+}
+
+/// A running `logmon logs -f` whose stdout and stderr are collected.
+struct Follow {
+    child: Child,
+    out: Option<Collector>,
+    err: Option<Collector>,
+}
+
+impl Follow {
+    fn start(dir: &Path, extra: &[&str]) -> Follow {
+        let mut child = spawn_logs(dir, extra);
+        let out = Collector::new(child.stdout.take().unwrap());
+        let err = Collector::new(child.stderr.take().unwrap());
+        Follow {
+            child,
+            out: Some(out),
+            err: Some(err),
+        }
+    }
+
+    /// Wraps a child whose stdout the test has read from itself.
+    fn adopt(
+        mut child: Child,
+        stdout: ChildStdout,
+        stderr: ChildStderr,
+        already: Vec<u8>,
+    ) -> Follow {
+        let out = Collector::new(std::io::Cursor::new(already).chain(stdout));
+        let _ = child.stdin.take();
+        Follow {
+            child,
+            out: Some(out),
+            err: Some(Collector::new(stderr)),
+        }
+    }
+
+    fn out(&self) -> Vec<u8> {
+        self.out.as_ref().unwrap().get()
+    }
+
+    fn err(&self) -> String {
+        String::from_utf8_lossy(&self.err.as_ref().unwrap().get()).into_owned()
+    }
+
+    /// Waits until the output is exactly `want` (fails on timeout, showing
+    /// the difference in length).
+    fn expect_output(&self, want: &[u8]) {
+        let ok = wait_until(TIMEOUT, || self.out.as_ref().unwrap().len() >= want.len());
+        let got = self.out();
+        assert!(
+            ok,
+            "timed out: {} of {} bytes; stderr: {}",
+            got.len(),
+            want.len(),
+            self.err()
+        );
+        assert!(
+            got == want,
+            "output differs from the expected {} bytes (got {}); stderr: {}",
+            want.len(),
+            got.len(),
+            self.err()
+        );
+    }
+
+    /// Ctrl-C: returns (exit code, all of stdout, all of stderr).
+    fn interrupt(mut self) -> (Option<i32>, Vec<u8>, String) {
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT).unwrap();
+        let status = self.child.wait().unwrap();
+        let out = self.out.take().unwrap().finish();
+        let err = String::from_utf8_lossy(&self.err.take().unwrap().finish()).into_owned();
+        (status.code(), out, err)
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tail -n n` of `all`: a final line without a newline counts.
+fn reference_tail_lines(all: &[u8], n: usize) -> &[u8] {
+    if n == 0 {
+        return &[];
+    }
+    let body = all.strip_suffix(b"\n").unwrap_or(all);
+    let newlines: Vec<usize> = body
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .map(|(i, _)| i)
+        .collect();
+    if newlines.len() < n {
+        all
+    } else {
+        &all[newlines[newlines.len() - n] + 1..]
+    }
+}
+
+#[test]
+fn follower_started_before_the_writer_outputs_every_byte() {
+    let d = tempfile::tempdir().unwrap();
+    // The follower starts on an empty directory: no file exists yet.
+    let follow = Follow::start(d.path(), &["-f"]);
+    let daemon = Daemon::start(
+        d.path(),
+        "web",
+        &["--max-file-size", "4KiB", "--max-files", "100000"],
+    );
+    let lines = 6000;
+    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 0, lines);
+    let input: Vec<u8> = (0..lines)
+        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .collect();
+    follow.expect_output(&input);
+    daemon.signal(Signal::SIGTERM);
+    assert_eq!(daemon.wait(), Some(0));
+    // The writer really rotated every 4 KiB, and the files hold the input.
+    let files = common::files(d.path(), "web", Stream::Stdout);
+    assert!(files.len() > 50, "only {} files", files.len());
+    assert!(files.iter().all(|(_, b)| b.len() <= 4096));
+    assert_eq!(common::read_stream(d.path(), "web", Stream::Stdout), input);
+    let (code, out, err) = follow.interrupt();
+    assert_eq!(code, Some(0), "Ctrl-C exits 0");
+    assert!(out == input, "output differs from input");
+    common::assert_numbered(&out, 0, lines);
+    assert_eq!(err, "");
+}
+
+#[test]
+fn lines_and_bytes_from_the_end_span_files() {
+    let d = tempfile::tempdir().unwrap();
+    let parts: [&[u8]; 4] = [b"one\ntw", b"o\nthree\n", b"\nfive\nsix\nseven", b"\neight"];
+    for (i, p) in parts.iter().enumerate() {
+        put(d.path(), &format!("web.stdout.{i}"), p);
+    }
+    let all: Vec<u8> = parts.concat();
+    assert_eq!(logs(d.path(), &[]).stdout, all);
+    for n in 0..=10 {
+        let o = logs(d.path(), &["-n", &n.to_string()]);
+        assert_eq!(o.status.code(), Some(0));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(reference_tail_lines(&all, n)),
+            "-n {n}"
+        );
+    }
+    // Exactly two lines, the older of which starts in another file.
+    assert_eq!(logs(d.path(), &["-n", "2"]).stdout, b"seven\neight");
+    assert_eq!(
+        logs(d.path(), &["-n", "5"]).stdout,
+        b"\nfive\nsix\nseven\neight"
+    );
+    for c in 0..=all.len() + 2 {
+        let o = logs(d.path(), &["-c", &c.to_string()]);
+        assert_eq!(o.stdout, &all[all.len().saturating_sub(c)..], "-c {c}");
+    }
+    assert_eq!(logs(d.path(), &["-c", "1KiB"]).stdout, all);
+}
+
+#[test]
+fn an_empty_log_prints_nothing_and_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    // Other tasks' and the other stream's files are not ours.
+    put(d.path(), "web.stderr.0", b"err\n");
+    put(d.path(), "other.stdout.0", b"other\n");
+    for extra in [&[][..], &["-n", "3"], &["-c", "10"], &["--lines", "0"]] {
+        let o = logs(d.path(), extra);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}");
+        assert_eq!(o.stdout, b"", "{extra:?}");
+        assert_eq!(o.stderr, b"", "{extra:?}");
+    }
+    // Following an empty log waits for the first file.
+    let follow = Follow::start(d.path(), &["-f", "-n", "10"]);
+    put(d.path(), "web.stdout.0", b"first\n");
+    follow.expect_output(b"first\n");
+    let (code, _, err) = follow.interrupt();
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+}
+
+#[test]
+fn a_missing_log_dir_exits_2_with_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let o = logs(&d.path().join("nope"), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("nope") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert_eq!(o.stdout, b"");
+}
+
+#[test]
+fn stderr_flag_reads_the_stderr_stream() {
+    let d = tempfile::tempdir().unwrap();
+    put(d.path(), "web.stdout.0", b"out\n");
+    put(d.path(), "web.stderr.0", b"err 0\n");
+    put(d.path(), "web.stderr.1", b"err 1\n");
+    assert_eq!(logs(d.path(), &["--stderr"]).stdout, b"err 0\nerr 1\n");
+    assert_eq!(logs(d.path(), &["--stderr", "-n", "1"]).stdout, b"err 1\n");
+    assert_eq!(logs(d.path(), &[]).stdout, b"out\n");
+}
+
+#[test]
+fn index_gaps_are_skipped() {
+    let d = tempfile::tempdir().unwrap();
+    put(d.path(), "web.stdout.0", b"zero\n");
+    put(d.path(), "web.stdout.3", b"three\n");
+    put(d.path(), "web.stdout.7", b"seven\n");
+    // Names that are not <task>.<stream>.<integer> are ignored.
+    for other in [
+        "web.stdout.007",
+        "web.stdout.old",
+        "web.stdout.",
+        "webx.stdout.1",
+    ] {
+        put(d.path(), other, b"NOT OURS\n");
+    }
+    let o = logs(d.path(), &[]);
+    assert_eq!(
+        (o.stdout.as_slice(), o.stderr.as_slice()),
+        (&b"zero\nthree\nseven\n"[..], &b""[..])
+    );
+    assert_eq!(logs(d.path(), &["-n", "2"]).stdout, b"three\nseven\n");
+
+    // Following: the next index may skip too.
+    let follow = Follow::start(d.path(), &["-f"]);
+    follow.expect_output(b"zero\nthree\nseven\n");
+    append(d.path(), "web.stdout.7", b"seven more\n");
+    follow.expect_output(b"zero\nthree\nseven\nseven more\n");
+    put(d.path(), "web.stdout.12", b"twelve\n");
+    follow.expect_output(b"zero\nthree\nseven\nseven more\ntwelve\n");
+    append(d.path(), "web.stdout.12", b"partial");
+    follow.expect_output(b"zero\nthree\nseven\nseven more\ntwelve\npartial");
+    let (code, _, err) = follow.interrupt();
+    assert_eq!((code, err.as_str()), (Some(0), ""), "a gap is not a loss");
+}
+
+#[test]
+fn purged_file_mid_follow_reports_the_skipped_bytes() {
+    let d = tempfile::tempdir().unwrap();
+    // File 0 is far larger than what the stdout pipe can hold, so the
+    // follower is stuck in file 0 until the test reads its output.
+    let zero: Vec<u8> = (0..20_000u64)
+        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .collect();
+    let one = vec![b'1'; 12_345];
+    put(d.path(), "web.stdout.0", &zero);
+    put(d.path(), "web.stdout.1", &one);
+    put(d.path(), "web.stdout.2", b"two\n");
+    let mut child = spawn_logs(d.path(), &["-f"]);
+    let mut stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut first = vec![0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // The follower is inside file 0. Purge 0 (being read) and 1 (not read).
+    std::fs::remove_file(d.path().join("web.stdout.0")).unwrap();
+    std::fs::remove_file(d.path().join("web.stdout.1")).unwrap();
+    let follow = Follow::adopt(child, stdout, stderr, first);
+    let mut want = [zero.as_slice(), b"two\n"].concat();
+    follow.expect_output(&want);
+    // And it carries on following.
+    append(d.path(), "web.stdout.2", b"two more\n");
+    put(d.path(), "web.stdout.3", b"three\n");
+    want.extend_from_slice(b"two more\nthree\n");
+    follow.expect_output(&want);
+    let (code, out, err) = follow.interrupt();
+    assert_eq!(code, Some(0));
+    assert!(out == want);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("skipped 12345 bytes") && err.contains("web.stdout.1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn falling_behind_a_purging_daemon_loses_only_whole_reported_files() {
+    let d = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(
+        d.path(),
+        "web",
+        &["--max-file-size", "4KiB", "--max-files", "3"],
+    );
+    let line_len = common::numbered_line(0).len();
+    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 0, 100);
+    assert!(wait_until(TIMEOUT, || common::read_stream(
+        d.path(),
+        "web",
+        Stream::Stdout
+    )
+    .len()
+        == 100 * line_len));
+    let mut child = spawn_logs(d.path(), &["-f"]);
+    let mut stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut first = vec![0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // While the follower's output is not read, the daemon rotates far past
+    // it and purges everything it has not opened yet.
+    let lines = 40_000u64;
+    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 100, lines);
+    let total = lines as usize * line_len;
+    // The last line is on disk: nothing more will be written.
+    let last_line = common::numbered_line(lines - 1);
+    assert!(wait_until(TIMEOUT, || {
+        // Files may be purged while listed: read the newest, tolerantly.
+        let top = common::indices(d.path(), "web", Stream::Stdout).pop();
+        top.and_then(|n| std::fs::read(d.path().join(format!("web.stdout.{n}"))).ok())
+            .is_some_and(|b| b.ends_with(last_line.as_bytes()))
+    }));
+    let follow = Follow::adopt(child, stdout, stderr, first);
+    let tail = common::read_stream(d.path(), "web", Stream::Stdout);
+    // Wait until the output ends with everything still on disk.
+    assert!(
+        wait_until(TIMEOUT, || follow.out().ends_with(&tail)),
+        "stderr: {}",
+        follow.err()
+    );
+    daemon.signal(Signal::SIGTERM);
+    assert_eq!(daemon.wait(), Some(0));
+    let (code, out, err) = follow.interrupt();
+    assert_eq!(code, Some(0));
+    // The output is the input with whole lines missing: a prefix, then
+    // (after each reported skip) a later stretch, in order.
+    let text = String::from_utf8(out.clone()).unwrap();
+    let mut next = 0u64;
+    let mut gaps = 0;
+    for line in text.split_inclusive('\n') {
+        let n: u64 = line[5..14].parse().unwrap();
+        assert_eq!(line, common::numbered_line(n));
+        assert!(n >= next, "line {n} after {next}: out of order or repeated");
+        if n > next {
+            gaps += 1;
+        }
+        next = n + 1;
+    }
+    assert_eq!(next, lines, "the output ends with the last line");
+    // Each gap is reported; the bytes reported match the bytes missing
+    // (exactly, unless the notice says "at least").
+    let notices: Vec<&str> = err.lines().collect();
+    assert!(gaps >= 1, "the follower never fell behind");
+    assert_eq!(notices.len(), gaps, "{err}");
+    let mut reported = 0usize;
+    let mut exact = true;
+    for n in &notices {
+        let amount = n.split("skipped ").nth(1).unwrap_or_else(|| panic!("{n}"));
+        if amount.starts_with("an unknown number") {
+            exact = false;
+            continue;
+        }
+        let amount = match amount.strip_prefix("at least ") {
+            Some(rest) => {
+                exact = false;
+                rest
+            }
+            None => amount,
+        };
+        reported += amount.split(' ').next().unwrap().parse::<usize>().unwrap();
+    }
+    let missing = total - out.len();
+    if exact {
+        assert_eq!(reported, missing, "{err}");
+    } else {
+        assert!(reported <= missing, "{err}");
+    }
+    eprintln!(
+        "fell behind: {gaps} gap(s), {missing} bytes missing, reported {reported} (exact: {exact})"
+    );
+}
+
+#[test]
+fn truncated_file_is_read_again_from_the_start() {
+    let d = tempfile::tempdir().unwrap();
+    let old = "old line\n".repeat(100).into_bytes();
+    put(d.path(), "web.stdout.0", &old);
+    let follow = Follow::start(d.path(), &["-f"]);
+    follow.expect_output(&old);
+    // Truncated underneath, then written again (shorter than before).
+    put(d.path(), "web.stdout.0", b"new\n");
+    let want = [old.as_slice(), b"new\n"].concat();
+    follow.expect_output(&want);
+    append(d.path(), "web.stdout.0", b"newer\n");
+    let want = [want.as_slice(), b"newer\n"].concat();
+    follow.expect_output(&want);
+    let (code, out, err) = follow.interrupt();
+    assert_eq!(code, Some(0));
+    assert!(out == want);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("web.stdout.0 was truncated"), "{err}");
+}
+
+#[test]
+fn a_closed_stdout_ends_logs_cleanly() {
+    let d = tempfile::tempdir().unwrap();
+    // `logmon logs | head`: the reader goes away mid-output.
+    let big: Vec<u8> = (0..100_000u64)
+        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .collect();
+    put(d.path(), "web.stdout.0", &big);
+    put(d.path(), "web.stdout.1", &big);
+    let mut child = spawn_logs(d.path(), &[]);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut head = vec![0u8; 100];
+    stdout.read_exact(&mut head).unwrap();
+    assert_eq!(head, &big[..100]);
+    drop(stdout);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!((status.code(), err.as_str()), (Some(0), ""));
+
+    // `logmon logs -f | head -1` on an idle log ends too, without new data.
+    let mut child = spawn_logs(d.path(), &["-f", "-n", "1"]);
+    let guard = KillOnDrop(&mut child);
+    let mut stdout = guard.0.stdout.take().unwrap();
+    let mut line = vec![0u8; common::numbered_line(0).len()];
+    stdout.read_exact(&mut line).unwrap();
+    assert_eq!(line, common::numbered_line(99_999).as_bytes());
+    drop(stdout);
+    assert!(
+        wait_until(TIMEOUT, || matches!(guard.0.try_wait(), Ok(Some(_)))),
+        "still running"
+    );
+    assert_eq!(guard.0.wait().unwrap().code(), Some(0));
+}
+
+struct KillOnDrop<'a>(&'a mut Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -129,7 +129,12 @@ impl Hook {
                 }
                 Err(e) => {
                     tracing::info!(reason = e.name(), error = %e, "cannot reattach; launching a fresh logmon");
-                    retire(prev)?;
+                    match e {
+                        // It already failed to answer: asking it to stop
+                        // through the socket would only wait again.
+                        ReattachError::Unresponsive { .. } => kill_checked(prev)?,
+                        _ => retire(prev)?,
+                    }
                     format!("{}: {e}", e.name())
                 }
             },

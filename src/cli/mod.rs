@@ -269,6 +269,52 @@ pub fn dispatch(cli: Cli) -> i32 {
     }
 }
 
+/// The whole `logmon` program: parses `std::env::args`, runs the command
+/// and exits with its code. Clap's errors become one line and exit 2.
+///
+/// An agent that launches logmon from its own executable
+/// ([`crate::client::Program::CurrentExe`]) calls this when its first
+/// argument is `run`.
+pub fn main() -> ! {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    std::process::exit(0);
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    std::process::exit(EXIT_USAGE);
+                }
+                _ => {}
+            }
+            let text = e.render().to_string();
+            let mut lines = text.lines();
+            let first = lines
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            // Clap lists missing arguments on indented lines below the first.
+            let more: Vec<&str> = lines
+                .take_while(|l| l.starts_with("  "))
+                .map(str::trim)
+                .collect();
+            let sep = if more.is_empty() { "" } else { " " };
+            eprintln!(
+                "logmon: error: {first}{sep}{} (see 'logmon --help')",
+                more.join(", ")
+            );
+            std::process::exit(EXIT_USAGE);
+        }
+    };
+    let daemon = matches!(cli.command, Command::Run(_));
+    init_tracing(if daemon { "info" } else { "warn" });
+    std::process::exit(dispatch(cli));
+}
+
 /// Sets up the daemon's own diagnostics: `LOGMON_LOG` (an env-filter, e.g.
 /// `debug`) with `default` otherwise; to the journal under journald, else to
 /// stderr. Never to stdout, never into the captured logs.

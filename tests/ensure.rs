@@ -1,0 +1,499 @@
+//! The agent-side lifecycle (DESIGN.md §5): `ensure` keeps the running
+//! logmon or replaces it, and a task streaming through its task end loses
+//! no line across agent restarts, SIGKILLed and SIGSTOPped logmons.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::*;
+use logmon::client::{Program, ReattachError};
+use logmon::config::{CaptureConfig, Stream, TaskName};
+use logmon::hook::{self, Action, Hook, HookError, Policy};
+use logmon::protocol::ReattachConfig;
+use nix::sys::signal::Signal;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A task's log dir and state file, with every logmon started for it
+/// killed on drop.
+struct Agent {
+    dir: tempfile::TempDir,
+    state: PathBuf,
+}
+
+impl Agent {
+    fn new() -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        Agent { dir, state }
+    }
+
+    fn logs(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn ensure(&self, extra: &[&str]) -> Output {
+        let mut args = vec![
+            "ensure",
+            "--state",
+            self.state.to_str().unwrap(),
+            "--task",
+            "t",
+            "--log-dir",
+            self.logs().to_str().unwrap(),
+            "--max-file-size",
+            "256KiB",
+            "--max-files",
+            "1000",
+        ];
+        args.extend_from_slice(extra);
+        logmon(&args).output().unwrap()
+    }
+
+    /// Runs `ensure`, expects success, returns (action, reason, config).
+    fn ensure_ok(&self) -> (String, String, ReattachConfig) {
+        let out = self.ensure(&[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "ensure failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let cfg: ReattachConfig = serde_json::from_value(v["config"].clone()).unwrap();
+        (
+            v["action"].as_str().unwrap().to_owned(),
+            v["reason"].as_str().unwrap_or("").to_owned(),
+            cfg,
+        )
+    }
+
+    fn saved(&self) -> ReattachConfig {
+        logmon::client::read_state(&self.state).unwrap()
+    }
+
+    fn stop(&self) {
+        let out = logmon(&["stop", "--state", self.state.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The logmon daemons whose command line names this log dir.
+    fn daemons(&self) -> Vec<u32> {
+        daemons_of(self.logs())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        for pid in self.daemons() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Live (non-zombie) `logmon run` processes whose command line mentions `dir`.
+fn daemons_of(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_str().unwrap();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let alive = logmon::process::start_time(pid)
+            .ok()
+            .flatten()
+            .is_some_and(|t| logmon::process::is_alive_with(pid, t));
+        if alive && cmd.contains(" run ") && cmd.contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A task writing numbered lines `0..n` through its task end, in 64 KiB
+/// writes; the thread panics (failing the join) on any write error, EPIPE
+/// included.
+fn task_writer(logs: &Path, n: u64) -> JoinHandle<()> {
+    let path = fifo(logs, "t", Stream::Stdout);
+    logmon::fifo::ensure_fifo(&path).unwrap();
+    std::thread::spawn(move || write_numbered(&path, 0, n))
+}
+
+fn stream_bytes(logs: &Path) -> u64 {
+    read_stream(logs, "t", Stream::Stdout).len() as u64
+}
+
+fn assert_all_lines(logs: &Path, n: u64) {
+    let idx = indices(logs, "t", Stream::Stdout);
+    assert_eq!(idx.first(), Some(&0), "files start at index 0");
+    assert!(
+        idx.windows(2).all(|w| w[1] == w[0] + 1),
+        "indices are contiguous: {idx:?}"
+    );
+    assert_numbered(&read_stream(logs, "t", Stream::Stdout), 0, n);
+}
+
+const LINE: u64 = 56;
+
+#[test]
+fn agent_restart_reattaches_to_the_same_logmon() {
+    let a = Agent::new();
+    let (action, _, first) = a.ensure_ok();
+    assert_eq!(action, "launched");
+    // The agent process is gone (ensure exited); a new one runs ensure again.
+    let (action, reason, again) = a.ensure_ok();
+    assert_eq!(action, "reattached");
+    assert_eq!(reason, "");
+    assert_eq!(again, first);
+    assert_eq!(a.saved(), first);
+    assert_eq!(
+        a.daemons(),
+        vec![first.pid],
+        "exactly one logmon for the task"
+    );
+    a.stop();
+}
+
+#[test]
+fn sigkill_of_logmon_mid_stream_loses_no_line_and_ensure_launches_fresh() {
+    const N: u64 = 200_000; // 11 MB: several pipe-fulls
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    let writer = task_writer(a.logs(), N);
+    assert!(wait_until(LONG, || stream_bytes(a.logs()) > 1_000_000));
+    kill_checked(&first);
+    // The task keeps running: it blocks on the full pipe, never gets EPIPE.
+    let (action, reason, second) = a.ensure_ok();
+    assert_eq!(action, "launched");
+    assert!(reason.starts_with("ProcessGone"), "{reason}");
+    assert_ne!(second.pid, first.pid);
+    assert_eq!(a.saved(), second);
+    writer
+        .join()
+        .expect("the task got a write error while logmon was down");
+    assert!(wait_until(LONG, || stream_bytes(a.logs()) == N * LINE));
+    a.stop();
+    assert_all_lines(a.logs(), N);
+}
+
+#[test]
+fn sigstopped_logmon_is_replaced_and_no_longer_exists() {
+    const N: u64 = 100_000;
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    let writer = task_writer(a.logs(), N);
+    assert!(wait_until(LONG, || stream_bytes(a.logs()) > 500_000));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.pid as i32),
+        Signal::SIGSTOP,
+    )
+    .unwrap();
+    let (action, reason, second) = a.ensure_ok();
+    assert_eq!(action, "launched");
+    assert!(reason.starts_with("Unresponsive"), "{reason}");
+    assert!(
+        !logmon::process::is_alive_with(first.pid, first.start_time),
+        "the stopped logmon still exists"
+    );
+    assert_eq!(a.daemons(), vec![second.pid], "one reader per FIFO");
+    writer.join().expect("the task got a write error");
+    assert!(wait_until(LONG, || stream_bytes(a.logs()) == N * LINE));
+    a.stop();
+    assert_all_lines(a.logs(), N);
+}
+
+#[test]
+fn conservative_ensure_exits_75_and_launches_nothing() {
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    kill_checked(&first);
+    let out = a.ensure(&["--conservative"]);
+    assert_eq!(out.status.code(), Some(75));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ProcessGone"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        a.daemons().is_empty(),
+        "a conservative ensure launched a logmon"
+    );
+    assert_eq!(a.saved(), first, "the state file was changed");
+}
+
+#[test]
+fn corrupt_state_file_launches_fresh_and_retires_the_old_logmon() {
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    std::fs::write(&a.state, b"{\"protocol\":1,\"pid\":").unwrap();
+    let (action, reason, second) = a.ensure_ok();
+    assert_eq!(action, "launched");
+    assert_eq!(reason, "no previous state");
+    assert_ne!(second.pid, first.pid);
+    assert!(
+        logmon::process::wait_gone(first.pid, first.start_time, LONG).unwrap(),
+        "the old logmon, unknown to the corrupt state, still runs"
+    );
+    assert_eq!(a.daemons(), vec![second.pid]);
+    assert_eq!(a.saved(), second);
+    a.stop();
+}
+
+// Regression tests for the reference orchestrator's four reattach bugs.
+
+/// Bug 1: the reattach state decoded into a nil value, so reattach always
+/// failed. Here the persisted state decodes to exactly what was launched.
+#[test]
+fn persisted_state_decodes_to_the_launched_config() {
+    let a = Agent::new();
+    let (_, _, launched) = a.ensure_ok();
+    assert_eq!(hook::load_state(&a.state), Some(launched.clone()));
+    let h = logmon::client::reattach(&hook::load_state(&a.state).unwrap()).unwrap();
+    assert_eq!(h.welcome().pid, launched.pid);
+    assert_eq!(h.welcome().instance, launched.instance);
+    drop(h);
+    a.stop();
+}
+
+/// Bug 2: the state was saved from the request instead of the response, so
+/// a relaunch was never persisted. Here the file holds the *new* logmon.
+#[test]
+fn ensure_persists_the_new_state_after_a_relaunch() {
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    kill_checked(&first);
+    let (_, _, second) = a.ensure_ok();
+    assert_eq!(a.saved(), second);
+    let out = logmon(&["reattach", "--state", a.state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    a.stop();
+}
+
+/// Bug 3: both "reattach" and "command" were set. Here each call does
+/// exactly one: a successful reattach starts no process, a failed one starts
+/// exactly one; the caller's previous state is left as it was.
+#[test]
+fn each_prestart_does_exactly_one_of_reattach_or_launch() {
+    let a = Agent::new();
+    let mut cfg = CaptureConfig::new(TaskName::new("t").unwrap(), a.logs());
+    cfg.max_files = 1000;
+    let mut h = Hook::new(cfg);
+    h.program = Program::Path(bin());
+    let first = h.prestart(None).unwrap();
+    assert_eq!(first.action, Action::Launched);
+    assert_eq!(a.daemons(), vec![first.config.pid]);
+
+    let previous = first.config.clone();
+    let again = h.prestart(Some(&previous)).unwrap();
+    assert_eq!(again.action, Action::Reattached);
+    assert_eq!(again.config, previous);
+    assert_eq!(
+        a.daemons(),
+        vec![previous.pid],
+        "a reattach launched a process"
+    );
+
+    kill_checked(&previous);
+    let snapshot = previous.clone();
+    let fresh = h.prestart(Some(&previous)).unwrap();
+    assert_eq!(fresh.action, Action::Launched);
+    assert_eq!(previous, snapshot, "prestart changed its input");
+    assert_eq!(
+        a.daemons(),
+        vec![fresh.config.pid],
+        "not exactly one new logmon"
+    );
+    Hook::stop(&fresh.config, LONG).unwrap();
+    assert!(a.daemons().is_empty());
+}
+
+/// Bug 4: the hook was marked done and never ran again after an agent
+/// restart. Here it runs on every call: each restart after a lost logmon
+/// launches a fresh one, and the next one reattaches.
+#[test]
+fn the_hook_runs_again_on_every_agent_restart() {
+    let a = Agent::new();
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let (action, _, cfg) = a.ensure_ok();
+        assert_eq!(action, "launched");
+        let (action, _, same) = a.ensure_ok();
+        assert_eq!(action, "reattached");
+        assert_eq!(same, cfg);
+        pids.push(cfg.pid);
+        kill_checked(&cfg);
+    }
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        3,
+        "every restart launched its own logmon: {pids:?}"
+    );
+}
+
+#[test]
+fn conservative_hook_returns_a_recoverable_error() {
+    let a = Agent::new();
+    let mut h = Hook::new(CaptureConfig::new(TaskName::new("t").unwrap(), a.logs()));
+    h.program = Program::Path(bin());
+    let first = h.prestart(None).unwrap();
+    kill_checked(&first.config);
+    h.policy = Policy::Conservative;
+    match h.prestart(Some(&first.config)) {
+        Err(HookError::Recoverable(ReattachError::ProcessGone { pid })) => {
+            assert_eq!(pid, first.config.pid)
+        }
+        other => panic!("expected a recoverable ProcessGone, got {other:?}"),
+    }
+    assert!(a.daemons().is_empty());
+}
+
+#[test]
+fn stop_from_persisted_state_drains_for_a_terminal_task() {
+    const N: u64 = 30_000;
+    let a = Agent::new();
+    a.ensure_ok();
+    // The task ran and finished while the agent was away.
+    task_writer(a.logs(), N).join().unwrap();
+    // A new agent has nothing but the state file.
+    let state = hook::load_state(&a.state).unwrap();
+    Hook::stop(&state, LONG).unwrap();
+    assert!(a.daemons().is_empty());
+    assert_all_lines(a.logs(), N);
+    // Stopping again (logmon already gone) is not an error.
+    Hook::stop(&state, LONG).unwrap();
+}
+
+#[test]
+fn state_file_is_replaced_atomically_and_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let a = Agent::new();
+    let (_, _, cfg) = a.ensure_ok();
+    let mode = std::fs::metadata(&a.state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let leftovers: Vec<_> = std::fs::read_dir(a.logs())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+    hook::persist_state(&a.state, &cfg).unwrap();
+    assert_eq!(a.saved(), cfg);
+    a.stop();
+}
+
+/// SIGKILLs every process whose command line mentions `dir`.
+fn kill_mentioning(dir: &Path) {
+    let needle = dir.to_str().unwrap();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn example_agent() -> PathBuf {
+    // target/debug/deps/ensure-… → target/debug/examples/agent
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("agent");
+    assert!(
+        p.exists(),
+        "build the example first: cargo build --example agent ({})",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (logs, state) = (dir.path().join("logs"), dir.path().join("state"));
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    let gate = dir.path().join("go");
+    // The task writes 500 lines, then waits for the gate, then 500 more.
+    let script = format!(
+        "i=0; while [ $i -lt 500 ]; do echo \"line $i\"; i=$((i+1)); done; \
+         while [ ! -e {gate} ]; do sleep 0.05; done; \
+         while [ $i -lt 1000 ]; do echo \"line $i\"; i=$((i+1)); done",
+        gate = gate.display()
+    );
+    let agent = |extra: &str| {
+        std::process::Command::new(example_agent())
+            .args([
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--log-dir",
+                logs.to_str().unwrap(),
+                "--task",
+                "t",
+            ])
+            .args(["--", "sh", "-c", extra])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Kills whatever this test started (agent, task, logmon) if it fails.
+    struct Cleanup(PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            kill_mentioning(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir.path().to_owned());
+    let first_half: usize = (0..500).map(|i| format!("line {i}\n").len()).sum();
+    let mut first = agent(&script);
+    assert!(wait_until(LONG, || read_stream(&logs, "t", Stream::Stdout)
+        .len()
+        >= first_half));
+    let launched = hook::load_state(&state.join("t.logmon.json")).unwrap();
+    first.kill().unwrap(); // SIGKILL the agent; task and logmon live on
+    first.wait().unwrap();
+    let second = agent("exit 99"); // not run: the task is adopted
+    std::fs::write(&gate, b"").unwrap();
+    let out = second.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("\"action\":\"reattached\""), "{stdout}");
+    assert!(
+        stdout.contains(&format!("\"pid\":{}", launched.pid)),
+        "{stdout}"
+    );
+    assert!(stdout.contains("adopted running task"), "{stdout}");
+    let text = String::from_utf8(read_stream(&logs, "t", Stream::Stdout)).unwrap();
+    let expected: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text, expected);
+    assert!(daemons_of(&logs).is_empty(), "logmon left running");
+}

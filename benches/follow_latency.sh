@@ -13,12 +13,12 @@
 # own line reading (a few µs).
 #
 # Usage: benches/follow_latency.sh [SAMPLES]   (default 500)
-# The binary is $LOGMON_BIN, else target/release/logmon (built if missing).
+# The binary is $LOGMON_BIN, else the release build (built if missing).
 set -euo pipefail
 
 samples=${1:-500}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin=${LOGMON_BIN:-$root/target/release/logmon}
+bin=${LOGMON_BIN:-$root/target/x86_64-unknown-linux-gnu/release/logmon}
 if [[ -z ${LOGMON_BIN:-} ]]; then
     (cd "$root" && cargo build --release --quiet --bin logmon)
 fi

@@ -129,7 +129,8 @@ fi
 command -v gcc >/dev/null || die "gcc not found (apt-get install gcc)"
 say "building logmon (cargo build --release)"
 (cd "$ROOT" && cargo build --release --quiet --bin logmon) || die "cargo build --release failed"
-LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/release/logmon
+# The build target is pinned in .cargo/config.toml (static link).
+LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
 TMP=$(mktemp -d /tmp/logmon-fp.XXXXXX)
 gcc -O2 -Wall -Wextra -o "$TMP/timecmd" "$ROOT/benches/tools/timecmd.c" || die "compiling timecmd.c failed"

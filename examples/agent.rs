@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo build --example agent
-//! A=target/debug/examples/agent
+//! A=target/x86_64-unknown-linux-gnu/debug/examples/agent
 //! mkdir -p /tmp/demo/logs /tmp/demo/state
 //! $A --state-dir /tmp/demo/state --log-dir /tmp/demo/logs --task ticker -- \
 //!    sh -c 'i=0; while [ $i -lt 30 ]; do echo "tick $i"; i=$((i+1)); sleep 1; done'

@@ -59,6 +59,9 @@ pub struct StreamStats {
     pub write_errors: u64,
     /// The last write error, if any.
     pub last_error: Option<String>,
+    /// Times the active file (or the log directory) had vanished and was
+    /// created again.
+    pub files_recreated: u64,
 }
 
 /// Where bytes come from: a FIFO in production, memory in property tests.
@@ -126,6 +129,9 @@ impl Source for PipeSource<'_> {
 pub enum Drained {
     /// The source is empty.
     Empty,
+    /// Everything that was waiting when the pass began was taken; more may
+    /// have arrived since.
+    More,
     /// Only a partial line is left; it is written at `deadline` at the
     /// latest, unless its newline comes first.
     Held {
@@ -182,6 +188,7 @@ impl StreamCapture {
         s.rotations = self.rotator.rotations();
         s.active_index = self.rotator.index();
         s.active_size = self.rotator.size();
+        s.files_recreated = self.rotator.recreated();
         s
     }
 
@@ -204,11 +211,18 @@ impl StreamCapture {
         now: Instant,
         stopping: bool,
     ) -> io::Result<Drained> {
+        // One pass takes what was waiting when it began (all of it when
+        // stopping): chasing a writer that keeps writing would turn one
+        // drain into many tiny ones and defeat batching.
+        let mut budget = if stopping { usize::MAX } else { src.available()? };
         loop {
             let avail = src.available()?;
             if avail == 0 {
                 self.partial_since = None;
                 return Ok(Drained::Empty);
+            }
+            if budget == 0 {
+                return Ok(Drained::More);
             }
             if let Some(f) = &self.failure {
                 if now < f.next_retry {
@@ -223,7 +237,8 @@ impl StreamCapture {
                             return Ok(Drained::Empty);
                         }
                         WriteErrorPolicy::Drop => {
-                            let n = src.discard(avail)?;
+                            let n = src.discard(avail.min(budget))?;
+                            budget = budget.saturating_sub(n);
                             self.stats.bytes_dropped += n as u64;
                             if let Some(f) = &mut self.failure {
                                 f.dropped_unreported += n as u64;
@@ -267,7 +282,7 @@ impl StreamCapture {
                     let ends_line = last_nl == Some(k - 1);
                     match self.write(src, k, ends_line) {
                         Ok(0) => return Ok(Drained::Empty),
-                        Ok(_) => {}
+                        Ok(n) => budget = budget.saturating_sub(n),
                         Err(e) => self.fail(now, &e),
                     }
                 }
@@ -307,6 +322,24 @@ impl StreamCapture {
         }
     }
 
+    /// Tries once to write the marker for bytes dropped since the last
+    /// one (logmon is stopping, so the count would otherwise be lost).
+    pub fn mark_unreported_drops(&mut self) {
+        let dropped = self.failure.as_ref().map_or(0, |f| f.dropped_unreported);
+        if dropped == 0 {
+            return;
+        }
+        match self.write_marker(dropped) {
+            Ok(()) => {
+                if let Some(f) = &mut self.failure {
+                    f.dropped_unreported = 0;
+                }
+            }
+            Err(e) => tracing::error!(stream = %self.stream, dropped, error = %e,
+                "stopping; cannot write the marker for the dropped bytes"),
+        }
+    }
+
     fn write_marker(&mut self, dropped: u64) -> io::Result<()> {
         let sep = if self.rotator.at_line_start() {
             ""
@@ -331,22 +364,30 @@ impl StreamCapture {
 /// (one thread: a `RefCell` is enough, and it is never held across an await).
 pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 
-/// While data flows, how long the pump lets the pipe fill before draining
-/// again. One drain per burst of small writes instead of one per write cuts
-/// the syscalls (and CPU) per byte about tenfold in line mode, and 1 ms
-/// fills well under a 1 MiB pipe even at the fastest writer measured here
-/// (~250 MB/s), so the writer never blocks on it. Never used when idle: the
-/// first drain after idleness is immediate, and the pump goes back to
-/// sleeping in epoll as soon as a drain finds nothing new.
+/// While data trickles in as many small writes, how long the pump lets the
+/// pipe fill before draining again. One drain per burst instead of one per
+/// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
+/// Never used when idle: the first drain after idleness is immediate, and
+/// the pump goes back to sleeping in epoll as soon as a drain finds nothing.
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// Drives `capture` from the FIFO `fd` until `stop` turns true, then drains
 /// what is left (a held partial line included) and fsyncs.
 ///
-/// Idle, the FIFO is registered with the runtime and the pump sleeps until
-/// a write arrives. While data flows, the FIFO is taken out of epoll and
-/// drained every [`BATCH_WAIT`], so the task's many small writes do not
-/// wake the thread one by one.
+/// Two modes:
+/// - *waiting*: the FIFO is registered with epoll and every write wakes the
+///   pump. This is the idle state (no syscalls until the task writes), and
+///   the state for fast writers: when the pipe would fill more than half
+///   within [`BATCH_WAIT`] at the rate of the last drain, waiting to batch
+///   would block the writer.
+/// - *batching*: the FIFO is taken out of epoll and drained every
+///   [`BATCH_WAIT`], so a stream of small writes does not wake the thread
+///   once per write. It ends when a drain finds nothing new, or the rate
+///   grows too high to batch.
+///
+/// The FIFO is registered once per waiting period: adding a FIFO that holds
+/// a (held-back) partial line to edge-triggered epoll reports it readable at
+/// once, so re-registering on every pass would spin.
 pub async fn pump(
     fd: std::os::fd::OwnedFd,
     capacity: usize,
@@ -355,74 +396,90 @@ pub async fn pump(
 ) -> io::Result<()> {
     let mut peeker = fifo::Peeker::new(capacity)?;
     let devnull = File::options().write(true).open("/dev/null")?;
-    let drain = |fd: BorrowedFd<'_>,
-                 peeker: &mut fifo::Peeker,
-                 stopping: bool|
-     -> io::Result<(Drained, bool)> {
-        let mut src = PipeSource::new(fd, capacity, peeker, &devnull);
+    let mut last_drain = Instant::now();
+    // Drains once; returns the outcome, whether bytes moved, and whether
+    // they came too fast to batch.
+    let mut drain = |fd: BorrowedFd<'_>, stopping: bool| -> io::Result<(Drained, bool, bool)> {
+        let mut src = PipeSource::new(fd, capacity, &mut peeker, &devnull);
         let mut c = capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
-        let d = c.drain(&mut src, Instant::now(), stopping)?;
-        let moved = c.stats.bytes_captured + c.stats.bytes_dropped != before;
-        Ok((d, moved))
+        let now = Instant::now();
+        let d = c.drain(&mut src, now, stopping)?;
+        let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
+        let elapsed = now.duration_since(last_drain).as_nanos().max(1);
+        last_drain = now;
+        // tokio's timer rounds a sleep up to the next millisecond tick, so
+        // a batch lasts up to twice BATCH_WAIT.
+        let fast = u128::from(moved) * 2 * BATCH_WAIT.as_nanos() >= (capacity as u128 / 2) * elapsed;
+        Ok((d, moved > 0, fast))
     };
     let mut timer: Option<Instant> = None;
     let mut fd = fd;
     while !*stop.borrow() {
-        // Idle: sleep in epoll until the task writes (or a timer is due).
-        // The fd was checked to be a FIFO when it was opened or adopted.
+        // Waiting. The fd was checked to be a FIFO when opened or adopted.
         let rx = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-        let mut moved = false;
-        let deadline = timer;
-        tokio::select! {
-            r = rx.readable() => {
-                r?;
-                // Drain inside try_io so tokio clears readiness only when
-                // nothing more can be done until the next write.
-                let mut outcome = None;
-                let res = rx.try_io(|| {
-                    let (d, m) = drain(rx.as_fd(), &mut peeker, false)?;
-                    outcome = Some(d);
-                    moved = m;
-                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                });
-                if let Err(e) = res {
-                    if e.kind() != io::ErrorKind::WouldBlock {
-                        return Err(e);
+        while !*stop.borrow() {
+            let deadline = timer;
+            let mut outcome = None;
+            tokio::select! {
+                r = rx.readable() => {
+                    r?;
+                    // Drain inside try_io, which then clears readiness:
+                    // nothing more can be done until the next write.
+                    let res = rx.try_io(|| {
+                        let o = drain(rx.as_fd(), false)?;
+                        outcome = Some(o);
+                        match o.0 {
+                            // Bytes may be left: stay readable.
+                            Drained::More => Ok(()),
+                            _ => Err(io::ErrorKind::WouldBlock.into()),
+                        }
+                    });
+                    if let Err(e) = res {
+                        if e.kind() != io::ErrorKind::WouldBlock {
+                            return Err(e);
+                        }
                     }
                 }
-                timer = outcome.and_then(deadline_of);
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    outcome = Some(drain(rx.as_fd(), false)?);
+                }
+                _ = stop.changed() => {}
             }
-            _ = sleep_until(deadline), if deadline.is_some() => {
-                let (d, m) = drain(rx.as_fd(), &mut peeker, false)?;
+            if let Some((d, moved, fast)) = outcome {
                 timer = deadline_of(d);
-                moved = m;
+                if moved && !fast {
+                    break;
+                }
             }
-            _ = stop.changed() => {}
         }
         fd = rx.into_nonblocking_fd()?;
-        // Flowing: drain every BATCH_WAIT while drains keep finding data.
-        while moved && !*stop.borrow() {
+        // Batching.
+        while !*stop.borrow() {
             tokio::select! {
                 _ = tokio::time::sleep(BATCH_WAIT) => {}
                 _ = stop.changed() => break,
             }
-            let (d, m) = drain(fd.as_fd(), &mut peeker, false)?;
+            let (d, moved, fast) = drain(fd.as_fd(), false)?;
             timer = deadline_of(d);
-            moved = m;
+            if !moved || fast {
+                break;
+            }
         }
     }
-    let (last, _) = drain(fd.as_fd(), &mut peeker, true)?;
+    let (last, _, _) = drain(fd.as_fd(), true)?;
+    let mut c = capture.borrow_mut();
     if let Drained::Blocked { .. } = last {
-        tracing::warn!(stream = %capture.borrow().stream(), "stopping with unwritable log file; bytes stay in the pipe for the next logmon");
+        tracing::warn!(stream = %c.stream(), "stopping with an unwritable log file; the bytes stay in the pipe for the next logmon");
     }
-    capture.borrow().sync();
+    c.mark_unreported_drops();
+    c.sync();
     Ok(())
 }
 
 fn deadline_of(d: Drained) -> Option<Instant> {
     match d {
-        Drained::Empty => None,
+        Drained::Empty | Drained::More => None,
         Drained::Held { deadline } => Some(deadline),
         Drained::Blocked { retry_at } => Some(retry_at),
     }

@@ -252,10 +252,10 @@ pub struct Peeker {
     buf: Vec<u8>,
 }
 
-/// How much of the peeked bytes is read back at a time, from the end: large
-/// enough to hold many lines (so one read usually finds the last newline),
-/// small enough to keep the daemon's RSS low.
-const PEEK_CHUNK: usize = 64 * 1024;
+/// How much of the peeked bytes is read back at a time, from the end: enough
+/// for many typical lines (so one read usually finds the last newline), and
+/// little to copy and to keep in memory.
+const PEEK_CHUNK: usize = 8 * 1024;
 
 impl Peeker {
     /// A scratch pipe able to hold `capacity` bytes (a FIFO's capacity).

@@ -540,12 +540,11 @@ fn journal_stream_matches(value: &OsStr, dev: u64, ino: u64) -> bool {
 /// Sends the daemon's own diagnostics to the journal when running under
 /// journald (`JOURNAL_STREAM` names our stderr), as structured entries:
 /// event fields become `LOGMON_*` journal fields, the level the priority.
-/// `LOGMON_LOG` (an env-filter) applies, else `default`. Returns whether it
+/// `LOGMON_LOG` applies, else `default` ([`crate::cli::log_filter`]). Returns whether it
 /// did; on `false` the caller logs to stderr.
 pub fn init_journald(default: &str) -> bool {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::EnvFilter;
 
     let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
@@ -562,7 +561,7 @@ pub fn init_journald(default: &str) -> bool {
         Ok(l) => l.with_field_prefix(Some("LOGMON".into())),
         Err(_) => return false,
     };
-    let filter = EnvFilter::try_from_env("LOGMON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = crate::cli::log_filter(default);
     tracing_subscriber::registry()
         .with(filter)
         .with(layer)

@@ -602,7 +602,6 @@ fn stop_while_blocked_leaves_the_bytes_for_the_next_logmon() {
 /// The bound is generous (a quarter of one core over 3 s); a spinning
 /// daemon uses most of a core.
 #[test]
-#[ignore = "bug: capture::pump re-registers the FIFO with epoll on every idle pass; a readable FIFO then wakes it at once, so a blocked logmon (and one holding a partial line) spins at 100% CPU"]
 fn blocked_logmon_sleeps_until_its_retry() {
     let d = tempfile::tempdir().unwrap();
     let lay = Layout::new(d.path());
@@ -658,6 +657,7 @@ fn deleted_active_file_is_recreated_at_the_next_write() {
     let s = wait_accounted(&lay, 200 * LINE);
     assert_eq!(s.bytes_dropped, 0);
     assert_eq!(s.write_errors, 0, "a deleted file is not a write error");
+    assert_eq!(s.files_recreated, 1, "the recreation is counted");
     assert_eq!(s.active_index, 0);
     assert_eq!(
         s.active_size,
@@ -695,6 +695,7 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
     write_numbered(&fifo, 200, 230);
     let s = wait_accounted(&lay, 230 * LINE);
     assert_eq!(s.bytes_dropped, 0, "{s:?}");
+    assert_eq!(s.files_recreated, 1, "the recreation is counted");
     assert!(lay.logs.is_dir(), "the log dir was not recreated");
     let recreated = lay.file(Stream::Stdout, index);
     assert_numbered(

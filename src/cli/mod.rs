@@ -315,18 +315,33 @@ pub fn main() -> ! {
     std::process::exit(dispatch(cli));
 }
 
-/// Sets up the daemon's own diagnostics: `LOGMON_LOG` (an env-filter, e.g.
-/// `debug`) with `default` otherwise; to the journal under journald, else to
-/// stderr. Never to stdout, never into the captured logs.
+/// The filter of logmon's own diagnostics: `LOGMON_LOG` (`debug`, `warn`,
+/// or per-module directives such as `logmon::server=debug,info`), else
+/// `default`. A plain directive parser, not a regex engine: it keeps the
+/// daemon's binary, and so its memory, small.
+pub fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
+    let parse = |s: &str| s.parse::<tracing_subscriber::filter::Targets>().ok();
+    std::env::var("LOGMON_LOG")
+        .ok()
+        .and_then(|v| parse(&v))
+        .or_else(|| parse(default))
+        .unwrap_or_default()
+}
+
+/// Sets up the daemon's own diagnostics ([`log_filter`]): to the journal
+/// under journald, else to stderr. Never to stdout, never into the
+/// captured logs.
 pub fn init_tracing(default: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("LOGMON_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     if crate::systemd::init_journald(default) {
         return;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(false)
+        .with_ansi(false);
+    let _ = tracing_subscriber::registry()
+        .with(log_filter(default))
+        .with(fmt)
         .try_init();
 }

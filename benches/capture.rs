@@ -258,6 +258,8 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
             break;
         }
         let timeout = match outcome {
+            // What arrived during the pass is drained at once.
+            Drained::More => continue,
             Drained::Empty => None,
             Drained::Held { deadline } => {
                 Some(deadline.saturating_duration_since(tokio::time::Instant::now()))

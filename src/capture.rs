@@ -214,7 +214,11 @@ impl StreamCapture {
         // One pass takes what was waiting when it began (all of it when
         // stopping): chasing a writer that keeps writing would turn one
         // drain into many tiny ones and defeat batching.
-        let mut budget = if stopping { usize::MAX } else { src.available()? };
+        let mut budget = if stopping {
+            usize::MAX
+        } else {
+            src.available()?
+        };
         loop {
             let avail = src.available()?;
             if avail == 0 {
@@ -410,7 +414,8 @@ pub async fn pump(
         last_drain = now;
         // tokio's timer rounds a sleep up to the next millisecond tick, so
         // a batch lasts up to twice BATCH_WAIT.
-        let fast = u128::from(moved) * 2 * BATCH_WAIT.as_nanos() >= (capacity as u128 / 2) * elapsed;
+        let fast =
+            u128::from(moved) * 2 * BATCH_WAIT.as_nanos() >= (capacity as u128 / 2) * elapsed;
         Ok((d, moved > 0, fast))
     };
     let mut timer: Option<Instant> = None;

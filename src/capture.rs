@@ -80,6 +80,9 @@ pub trait Source {
     fn capacity(&self) -> usize;
 }
 
+/// Largest single splice(2) from a FIFO into a file (see `move_to`).
+const SPLICE_PIECE: usize = 128 * 1024;
+
 /// A FIFO as a [`Source`].
 #[derive(Debug)]
 pub struct PipeSource<'a> {
@@ -114,7 +117,21 @@ impl Source for PipeSource<'_> {
         self.peeker.last_newline(self.fd, len)
     }
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
-        fifo::splice_to_file(self.fd, file.as_fd(), offset, len)
+        // splice holds the FIFO's mutex while it writes into the file, and
+        // the task cannot write meanwhile: moving big batches in pieces lets
+        // its writes in between.
+        let mut done = 0;
+        while done < len {
+            let piece = (len - done).min(SPLICE_PIECE);
+            match fifo::splice_to_file(self.fd, file.as_fd(), offset + done as u64, piece) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if done == 0 => return Err(e),
+                // What moved is in the file; the error comes back next pass.
+                Err(_) => break,
+            }
+        }
+        Ok(done)
     }
     fn discard(&mut self, len: usize) -> io::Result<usize> {
         fifo::discard(self.fd, self.devnull.as_fd(), len)
@@ -214,19 +231,21 @@ impl StreamCapture {
         // One pass takes what was waiting when it began (all of it when
         // stopping): chasing a writer that keeps writing would turn one
         // drain into many tiny ones and defeat batching.
-        let mut budget = if stopping {
-            usize::MAX
-        } else {
-            src.available()?
-        };
+        // Each FIONREAD takes the pipe's mutex, contended by the writer: the
+        // first one serves as both the budget and the first pass's count.
+        let first = src.available()?;
+        let mut budget = if stopping { usize::MAX } else { first };
+        let mut counted = Some(first);
         loop {
-            let avail = src.available()?;
+            let avail = match counted.take() {
+                Some(n) => n,
+                // All that was waiting is taken: no need to look again.
+                None if budget == 0 => return Ok(Drained::More),
+                None => src.available()?,
+            };
             if avail == 0 {
                 self.partial_since = None;
                 return Ok(Drained::Empty);
-            }
-            if budget == 0 {
-                return Ok(Drained::More);
             }
             if let Some(f) = &self.failure {
                 if now < f.next_retry {

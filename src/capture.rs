@@ -515,3 +515,90 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TaskName;
+
+    /// A pipe in memory: `data` is what is waiting.
+    struct Mem {
+        data: Vec<u8>,
+    }
+
+    impl Source for Mem {
+        fn available(&mut self) -> io::Result<usize> {
+            Ok(self.data.len())
+        }
+        fn last_newline(&mut self, len: usize) -> io::Result<(usize, Option<usize>)> {
+            let n = len.min(self.data.len());
+            Ok((n, memchr::memrchr(b'\n', &self.data[..n])))
+        }
+        fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
+            file.write_all_at(&self.data[..len], offset)?;
+            self.data.drain(..len);
+            Ok(len)
+        }
+        fn discard(&mut self, len: usize) -> io::Result<usize> {
+            self.data.drain(..len);
+            Ok(len)
+        }
+        fn capacity(&self) -> usize {
+            1 << 20
+        }
+    }
+
+    fn capture(dir: &std::path::Path) -> StreamCapture {
+        let task = TaskName::new("t").unwrap();
+        let r = Rotator::open(dir, &task, Stream::Stdout, 10, 1000).unwrap();
+        StreamCapture::new(Stream::Stdout, r, WriteErrorPolicy::Drop)
+    }
+
+    #[test]
+    fn an_empty_pipe_drains_to_empty_never_more() {
+        // `More` keeps the pump readable; on an empty pipe it would spin.
+        let d = tempfile::tempdir().unwrap();
+        let mut c = capture(d.path());
+        let mut src = Mem { data: Vec::new() };
+        assert_eq!(
+            c.drain(&mut src, Instant::now(), false).unwrap(),
+            Drained::Empty
+        );
+        src.data.extend_from_slice(b"a\nb\n");
+        let d1 = c.drain(&mut src, Instant::now(), false).unwrap();
+        assert!(matches!(d1, Drained::More | Drained::Empty));
+        assert_eq!(
+            c.drain(&mut src, Instant::now(), false).unwrap(),
+            Drained::Empty
+        );
+        assert_eq!(c.stats().bytes_captured, 4);
+    }
+
+    #[test]
+    fn a_partial_line_is_held_then_flushed_after_its_wait() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = capture(d.path());
+        let mut src = Mem {
+            data: b"done\nprompt> ".to_vec(),
+        };
+        let t0 = Instant::now();
+        let held = c.drain(&mut src, t0, false).unwrap();
+        assert_eq!(
+            held,
+            Drained::Held {
+                deadline: t0 + PARTIAL_LINE_WAIT
+            }
+        );
+        assert_eq!(src.data, b"prompt> ", "the partial line stays in the pipe");
+        let later = t0 + PARTIAL_LINE_WAIT;
+        assert!(matches!(
+            c.drain(&mut src, later, false).unwrap(),
+            Drained::Empty | Drained::More
+        ));
+        assert!(src.data.is_empty());
+        assert_eq!(
+            std::fs::read(d.path().join("t.stdout.0")).unwrap(),
+            b"done\nprompt> "
+        );
+    }
+}

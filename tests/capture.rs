@@ -775,3 +775,49 @@ fn a_line_larger_than_the_pipe_is_captured_whole_without_its_newline() {
     );
     assert_sizes(d.path(), "t", Stream::Stdout, 10 * 1024 * 1024);
 }
+
+/// Context switches and CPU ticks of `pid` so far.
+fn activity(pid: i32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let switches = status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        .sum();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after the state.
+    let ticks = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    (switches, ticks)
+}
+
+/// An idle logmon sleeps in epoll: no timer, no wakeup, no CPU — after a
+/// fast stream of big writes (drained write by write), a stream of small
+/// writes (drained in batches), and a partial line flushed after its wait.
+#[test]
+fn an_idle_logmon_does_not_wake_up() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-files", "1000"]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"");
+    let bulk = numbered(0, 100_000);
+    for chunk in bulk.chunks(64 * 1024) {
+        w.write_all(chunk).unwrap();
+    }
+    for i in 100_000..102_000 {
+        w.write_all(&numbered(i, i + 1)).unwrap();
+    }
+    w.write_all(b"prompt> ").unwrap();
+    let total = 102_000 * LINE + 8;
+    wait_for_size(d.path(), "t", Stream::Stdout, total, SOON);
+    // The partial line's timer has fired; give the pump time to settle.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = activity(dm.pid());
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = activity(dm.pid());
+    assert_eq!(
+        after, before,
+        "(context switches, CPU ticks) changed while idle"
+    );
+    stop(dm);
+}

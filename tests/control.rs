@@ -43,28 +43,15 @@ fn start_daemon(dir: &Path, extra: &[&str]) -> Daemon {
         .append(true)
         .open(dir.join("daemon.stderr"))
         .unwrap();
-    let mut child = logmon(&args)
+    let child = logmon(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
         .expect("spawn logmon run");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: ReattachConfig = match serde_json::from_str(&line) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "bad ready line {line:?}: {e}; stderr: {}",
-                std::fs::read_to_string(dir.join("daemon.stderr")).unwrap_or_default()
-            );
-        }
-    };
-    Daemon { child, ready }
+    Daemon::from_child(child, || {
+        std::fs::read_to_string(dir.join("daemon.stderr")).unwrap_or_default()
+    })
 }
 
 /// A live daemon with a writer streaming numbered lines into its stdout

@@ -104,25 +104,21 @@ impl Drop for Agent {
 
 /// Live (non-zombie) `logmon run` processes whose command line mentions `dir`.
 fn daemons_of(dir: &Path) -> Vec<u32> {
-    let needle = dir.to_str().unwrap();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let alive = logmon::process::start_time(pid)
-            .ok()
-            .flatten()
-            .is_some_and(|t| logmon::process::is_alive_with(pid, t));
-        if alive && cmd.contains(" run ") && cmd.contains(needle) {
-            out.push(pid);
-        }
-    }
-    out
+    processes_mentioning(dir.to_str().unwrap())
+        .into_iter()
+        .filter_map(|pid| {
+            let pid = pid as u32;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let is_run = String::from_utf8_lossy(&cmd)
+                .replace('\0', " ")
+                .contains(" run ");
+            let alive = logmon::process::start_time(pid)
+                .ok()
+                .flatten()
+                .is_some_and(|t| logmon::process::is_alive_with(pid, t));
+            (is_run && alive).then_some(pid)
+        })
+        .collect()
 }
 
 /// A task writing numbered lines `0..n` through its task end, in 64 KiB
@@ -402,22 +398,6 @@ fn state_file_is_replaced_atomically_and_private() {
     a.stop();
 }
 
-/// SIGKILLs every process whose command line mentions `dir`.
-fn kill_mentioning(dir: &Path) {
-    let needle = dir.to_str().unwrap();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmd).contains(needle) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
-}
-
 fn example_agent() -> PathBuf {
     // target/debug/deps/ensure-… → target/debug/examples/agent
     let exe = std::env::current_exe().unwrap();
@@ -469,7 +449,7 @@ fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
     struct Cleanup(PathBuf);
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            kill_mentioning(&self.0);
+            kill_mentioning(self.0.to_str().unwrap());
         }
     }
     let _cleanup = Cleanup(dir.path().to_owned());

@@ -17,7 +17,7 @@
 mod common;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,7 +28,7 @@ use common::{assert_numbered, numbered_line, read_stream, wait_until, write_numb
 use logmon::capture::{StreamStats, WRITE_RETRY};
 use logmon::client::Handle;
 use logmon::config::Stream;
-use logmon::protocol::{ReattachConfig, Stats};
+use logmon::protocol::Stats;
 use nix::sys::signal::Signal;
 
 /// Bytes of one `numbered_line`.
@@ -122,23 +122,8 @@ fn start(lay: &Layout, extra: &[&str], fsize: Option<u64>) -> Daemon {
             });
         }
     }
-    let mut child = cmd.spawn().expect("spawn logmon run");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: ReattachConfig = match serde_json::from_str(&line) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "bad ready line {line:?}: {e}; daemon log:\n{}",
-                lay.daemon_log_text()
-            );
-        }
-    };
-    Daemon { child, ready }
+    let child = cmd.spawn().expect("spawn logmon run");
+    Daemon::from_child(child, || lay.daemon_log_text())
 }
 
 fn stats(lay: &Layout) -> Stats {

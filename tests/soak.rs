@@ -142,38 +142,13 @@ fn writer(t: usize, out: PathBuf, err: PathBuf, seed: u64, stop: Arc<AtomicBool>
     n
 }
 
-/// Pids of live processes whose command line mentions `needle`.
-fn processes_mentioning(needle: &str) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(needle) {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
-
 /// On drop (a failed run), SIGKILLs every process started for this test:
 /// those whose command line names its temp dir.
 struct KillLeftovers(String);
 
 impl Drop for KillLeftovers {
     fn drop(&mut self) {
-        for pid in processes_mentioning(&self.0) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        common::kill_mentioning(&self.0);
     }
 }
 
@@ -298,7 +273,7 @@ fn soak_kills_and_agent_restarts_lose_and_duplicate_nothing() {
         }
     }
 
-    let left = processes_mentioning(&root_str);
+    let left = common::processes_mentioning(&root_str);
     assert!(
         left.is_empty(),
         "logmon processes left over after stop: {left:?}"

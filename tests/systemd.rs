@@ -8,7 +8,7 @@
 mod common;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixDatagram, UnixListener};
@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use common::{assert_numbered, fifo, numbered_line, read_stream, wait_until, Daemon};
 use logmon::config::Stream;
-use logmon::protocol::ReattachConfig;
 use nix::sys::signal::Signal;
 
 /// Generous bound for anything that should happen at once: a guard against
@@ -292,23 +291,10 @@ impl<'a> Start<'a> {
 
     /// Spawns logmon and waits for its ready line.
     fn start(self, stderr_log: &Path) -> Daemon {
-        let mut child = self.spawn(stderr_log);
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let ready: ReattachConfig = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "no ready line ({e}: {line:?}); logmon said: {}",
-                    std::fs::read_to_string(stderr_log).unwrap_or_default()
-                );
-            }
-        };
-        Daemon { child, ready }
+        let child = self.spawn(stderr_log);
+        Daemon::from_child(child, || {
+            std::fs::read_to_string(stderr_log).unwrap_or_default()
+        })
     }
 }
 

@@ -55,19 +55,34 @@ impl Daemon {
     pub fn start(dir: &Path, task: &str, extra: &[&str]) -> Daemon {
         let mut args = vec!["run", "--task", task, "--log-dir", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let mut child = logmon(&args)
+        let child = logmon(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn logmon run");
+        Daemon::from_child(child, String::new)
+    }
+
+    /// Waits for the ready line of a spawned `logmon run` (stdout piped).
+    /// Without one, kills it and panics with `diagnostics()` (e.g. its
+    /// stderr log).
+    pub fn from_child(mut child: Child, diagnostics: impl FnOnce() -> String) -> Daemon {
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let ready: ReattachConfig =
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
-        Daemon { child, ready }
+        match serde_json::from_str(&line) {
+            Ok(ready) => Daemon { child, ready },
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "bad ready line {line:?}: {e}; logmon said: {}",
+                    diagnostics()
+                );
+            }
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -176,4 +191,34 @@ pub fn assert_numbered(bytes: &[u8], from: u64, to: u64) {
         expect, to,
         "output ends at line {expect}, expected {to} lines"
     );
+}
+
+/// Pids of live processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// SIGKILLs every process whose command line mentions `needle`.
+pub fn kill_mentioning(needle: &str) {
+    for pid in processes_mentioning(needle) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }

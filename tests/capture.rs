@@ -821,3 +821,25 @@ fn an_idle_logmon_does_not_wake_up() {
     );
     stop(dm);
 }
+
+/// `run` enlarges each FIFO to `--pipe-size` (default 1 MiB, capped by
+/// /proc/sys/fs/pipe-max-size), so a task can ride out a logmon restart.
+#[test]
+fn run_enlarges_the_pipes() {
+    use std::os::fd::AsFd;
+    let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20);
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    for stream in [Stream::Stdout, Stream::Stderr] {
+        let end = logmon::fifo::open_task_end(&fifo(d.path(), "t", stream)).unwrap();
+        let size = nix::fcntl::fcntl(end.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+        assert_eq!(size as u64, max.min(1 << 20), "{stream}");
+    }
+    stop(dm);
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--pipe-size", "256KiB"]);
+    let end = logmon::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stdout)).unwrap();
+    let size = nix::fcntl::fcntl(end.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+    assert_eq!(size, 256 * 1024);
+    stop(dm);
+}

@@ -27,7 +27,6 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::net::unix::pipe;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -81,7 +80,7 @@ pub trait Source {
 }
 
 /// Largest single splice(2) from a FIFO into a file (see `move_to`).
-const SPLICE_PIECE: usize = 128 * 1024;
+const SPLICE_PIECE: usize = 1024 * 1024;
 
 /// A FIFO as a [`Source`].
 #[derive(Debug)]
@@ -179,6 +178,7 @@ pub struct StreamCapture {
     stats: StreamStats,
     partial_since: Option<Instant>,
     failure: Option<Failure>,
+    left: usize,
 }
 
 impl StreamCapture {
@@ -191,7 +191,15 @@ impl StreamCapture {
             stats: StreamStats::default(),
             partial_since: None,
             failure: None,
+            left: 0,
         }
+    }
+
+    /// Bytes the last [`drain`](Self::drain) left in the source (a held
+    /// partial line, or bytes it could not write): more than this waiting
+    /// means the task wrote since.
+    pub fn left(&self) -> usize {
+        self.left
     }
 
     /// The stream captured.
@@ -215,7 +223,7 @@ impl StreamCapture {
     }
 
     /// fsyncs the active file.
-    pub fn sync(&self) {
+    pub fn sync(&mut self) {
         self.rotator.sync();
     }
 
@@ -240,9 +248,13 @@ impl StreamCapture {
             let avail = match counted.take() {
                 Some(n) => n,
                 // All that was waiting is taken: no need to look again.
-                None if budget == 0 => return Ok(Drained::More),
+                None if budget == 0 => {
+                    self.left = 0;
+                    return Ok(Drained::More);
+                }
                 None => src.available()?,
             };
+            self.left = avail;
             if avail == 0 {
                 self.partial_since = None;
                 return Ok(Drained::Empty);
@@ -314,7 +326,7 @@ impl StreamCapture {
     }
 
     fn write(&mut self, src: &mut impl Source, k: usize, ends_line: bool) -> io::Result<usize> {
-        let (file, offset) = self.rotator.active_file().map_err(io::Error::other)?;
+        let (file, offset) = self.rotator.active_file(k).map_err(io::Error::other)?;
         let n = src.move_to(file, offset, k)?;
         self.rotator.advance(n, ends_line && n == k);
         self.stats.bytes_captured += n as u64;
@@ -375,7 +387,7 @@ impl StreamCapture {
             self.rotator.rotate();
         }
         let limit = usize::try_from(self.rotator.limit()).unwrap_or(usize::MAX);
-        let (file, offset) = self.rotator.active_file().map_err(io::Error::other)?;
+        let (file, offset) = self.rotator.active_file(0).map_err(io::Error::other)?;
         let bytes = &marker.as_bytes()[..marker.len().min(limit)];
         file.write_all_at(bytes, offset)?;
         self.rotator.advance(bytes.len(), bytes.ends_with(b"\n"));
@@ -391,26 +403,26 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 /// pipe fill before draining again. One drain per burst instead of one per
 /// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
 /// Never used when idle: the first drain after idleness is immediate, and
-/// the pump goes back to sleeping in epoll as soon as a drain finds nothing.
+/// the pump goes back to waiting as soon as a drain finds nothing new.
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// Drives `capture` from the FIFO `fd` until `stop` turns true, then drains
 /// what is left (a held partial line included) and fsyncs.
 ///
-/// Two modes:
-/// - *waiting*: the FIFO is registered with epoll and every write wakes the
-///   pump. This is the idle state (no syscalls until the task writes), and
-///   the state for fast writers: when the pipe would fill more than half
-///   within [`BATCH_WAIT`] at the rate of the last drain, waiting to batch
-///   would block the writer.
-/// - *batching*: the FIFO is taken out of epoll and drained every
-///   [`BATCH_WAIT`], so a stream of small writes does not wake the thread
-///   once per write. It ends when a drain finds nothing new, or the rate
-///   grows too high to batch.
-///
-/// The FIFO is registered once per waiting period: adding a FIFO that holds
-/// a (held-back) partial line to edge-triggered epoll reports it readable at
-/// once, so re-registering on every pass would spin.
+/// Two phases:
+/// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
+///   for SIGIO ([`fifo::DataSignal`]; it is never registered with epoll,
+///   which would make every later write of the task pay for a wakeup) and
+///   the pump sleeps until a signal, its partial-line or retry deadline, or
+///   stop.
+/// - *draining*: the FIFO is disarmed, so the task's writes cost it
+///   nothing extra, and it is drained every [`BATCH_WAIT`]: a stream of
+///   small writes is taken in one splice per millisecond or so instead of
+///   one wakeup per write. When bytes come so fast that the pipe would be
+///   three quarters full before the next drain (tokio's timer rounds a
+///   sleep up to the next millisecond tick, so a wait lasts up to twice
+///   `BATCH_WAIT`), the pump drains again at once, only yielding to the
+///   other tasks. A drain that finds nothing new ends the phase.
 pub async fn pump(
     fd: std::os::fd::OwnedFd,
     capacity: usize,
@@ -419,79 +431,64 @@ pub async fn pump(
 ) -> io::Result<()> {
     let mut peeker = fifo::Peeker::new(capacity)?;
     let devnull = File::options().write(true).open("/dev/null")?;
+    let mut data = fifo::DataSignal::new(fd.as_fd())?;
     let mut last_drain = Instant::now();
-    // Drains once; returns the outcome, whether bytes moved, and whether
-    // they came too fast to batch.
-    let mut drain = |fd: BorrowedFd<'_>, stopping: bool| -> io::Result<(Drained, bool, bool)> {
+    // Drains once; returns the outcome, whether bytes moved, whether they
+    // came too fast to wait, and how many were left in the pipe.
+    let mut drain = |fd: BorrowedFd<'_>, stopping: bool| -> io::Result<Pass> {
         let mut src = PipeSource::new(fd, capacity, &mut peeker, &devnull);
         let mut c = capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let now = Instant::now();
-        let d = c.drain(&mut src, now, stopping)?;
+        let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
         let elapsed = now.duration_since(last_drain).as_nanos().max(1);
         last_drain = now;
-        // tokio's timer rounds a sleep up to the next millisecond tick, so
-        // a batch lasts up to twice BATCH_WAIT.
-        let fast =
-            u128::from(moved) * 2 * BATCH_WAIT.as_nanos() >= (capacity as u128 / 2) * elapsed;
-        Ok((d, moved > 0, fast))
+        let longest_wait = 2 * BATCH_WAIT.as_nanos();
+        let fast = u128::from(moved) * longest_wait * 4 >= capacity as u128 * 3 * elapsed;
+        Ok(Pass {
+            outcome,
+            moved: moved > 0,
+            fast,
+            left: c.left(),
+        })
     };
     let mut timer: Option<Instant> = None;
-    let mut fd = fd;
-    while !*stop.borrow() {
-        // Waiting. The fd was checked to be a FIFO when opened or adopted.
-        let rx = pipe::Receiver::from_owned_fd_unchecked(fd)?;
-        while !*stop.borrow() {
+    let mut left = 0;
+    'run: while !*stop.borrow() {
+        // Waiting. Bytes written before the FIFO was armed sent no signal.
+        data.arm(fd.as_fd())?;
+        if fifo::bytes_waiting(fd.as_fd())? <= left {
             let deadline = timer;
-            let mut outcome = None;
             tokio::select! {
-                r = rx.readable() => {
-                    r?;
-                    // Drain inside try_io, which then clears readiness:
-                    // nothing more can be done until the next write.
-                    let res = rx.try_io(|| {
-                        let o = drain(rx.as_fd(), false)?;
-                        outcome = Some(o);
-                        match o.0 {
-                            // Bytes may be left: stay readable.
-                            Drained::More => Ok(()),
-                            _ => Err(io::ErrorKind::WouldBlock.into()),
-                        }
-                    });
-                    if let Err(e) = res {
-                        if e.kind() != io::ErrorKind::WouldBlock {
-                            return Err(e);
-                        }
-                    }
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {
-                    outcome = Some(drain(rx.as_fd(), false)?);
-                }
+                _ = data.wait() => {}
+                _ = sleep_until(deadline), if deadline.is_some() => {}
                 _ = stop.changed() => {}
             }
-            if let Some((d, moved, fast)) = outcome {
-                timer = deadline_of(d);
-                if moved && !fast {
-                    break;
-                }
-            }
         }
-        fd = rx.into_nonblocking_fd()?;
-        // Batching.
-        while !*stop.borrow() {
-            tokio::select! {
-                _ = tokio::time::sleep(BATCH_WAIT) => {}
-                _ = stop.changed() => break,
+        data.disarm(fd.as_fd())?;
+        // Draining.
+        loop {
+            if *stop.borrow() {
+                break 'run;
             }
-            let (d, moved, fast) = drain(fd.as_fd(), false)?;
-            timer = deadline_of(d);
-            if !moved || fast {
+            let pass = drain(fd.as_fd(), false)?;
+            timer = deadline_of(pass.outcome);
+            left = pass.left;
+            if !pass.moved {
                 break;
+            }
+            if pass.fast {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::select! {
+                    _ = tokio::time::sleep(BATCH_WAIT) => {}
+                    _ = stop.changed() => {}
+                }
             }
         }
     }
-    let (last, _, _) = drain(fd.as_fd(), true)?;
+    let last = drain(fd.as_fd(), true)?.outcome;
     let mut c = capture.borrow_mut();
     if let Drained::Blocked { .. } = last {
         tracing::warn!(stream = %c.stream(), "stopping with an unwritable log file; the bytes stay in the pipe for the next logmon");
@@ -499,6 +496,15 @@ pub async fn pump(
     c.mark_unreported_drops();
     c.sync();
     Ok(())
+}
+
+/// One drain as the pump sees it.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    outcome: Drained,
+    moved: bool,
+    fast: bool,
+    left: usize,
 }
 
 fn deadline_of(d: Drained) -> Option<Instant> {

@@ -240,6 +240,76 @@ pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// Tells the pump that a task wrote into its FIFO, without polling the FIFO.
+///
+/// Why not epoll: once a pipe has been polled, the kernel wakes its read
+/// wait queue on *every* write for the rest of the pipe's life
+/// (`pipe->poll_usage`, "epoll nonsensically wants a wakeup whether the
+/// pipe was already empty or not"), even while nobody is registered. For a
+/// task writing one line per write(2) that costs it about 10% of its
+/// throughput here (`benches/peers.sh`, line mode). Instead the FIFO is put
+/// in `O_ASYNC` mode only while logmon waits for data: the kernel then sends
+/// SIGIO to logmon on a write, and nothing at all while logmon is batching,
+/// so a busy task's writes carry no wakeup cost.
+///
+/// SIGIO is per process, not per FIFO: a wakeup says "some FIFO may have
+/// data", and each waiting pump looks at its own (one FIONREAD).
+#[derive(Debug)]
+pub struct DataSignal {
+    signal: tokio::signal::unix::Signal,
+    flags: OFlag,
+}
+
+impl DataSignal {
+    /// Directs the SIGIO of `fifo` to this process and leaves it disarmed.
+    /// Must run inside the tokio runtime: the SIGIO handler is installed
+    /// here, before the FIFO can ever send one (SIGIO's default action
+    /// kills the process).
+    pub fn new(fifo: BorrowedFd<'_>) -> io::Result<Self> {
+        let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::io())?;
+        // SAFETY: F_SETOWN takes an int argument and touches no memory of
+        // ours; the fd is borrowed, so it is open for the call.
+        let r = unsafe {
+            nix::libc::fcntl(
+                fifo.as_raw_fd(),
+                nix::libc::F_SETOWN,
+                nix::unistd::getpid().as_raw(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = OFlag::from_bits_truncate(fcntl(fifo, FcntlArg::F_GETFL)?) - OFlag::O_ASYNC;
+        let s = DataSignal { signal, flags };
+        // A logmon killed while waiting leaves an inherited (fd store)
+        // description armed.
+        s.disarm(fifo)?;
+        Ok(s)
+    }
+
+    /// Asks for SIGIO on the next write into `fifo`. A write that came
+    /// before this sent none: look at the FIFO after arming.
+    pub fn arm(&self, fifo: BorrowedFd<'_>) -> io::Result<()> {
+        fcntl(fifo, FcntlArg::F_SETFL(self.flags | OFlag::O_ASYNC))?;
+        Ok(())
+    }
+
+    /// Stops the SIGIO of `fifo`: writes cost the task nothing extra.
+    pub fn disarm(&self, fifo: BorrowedFd<'_>) -> io::Result<()> {
+        fcntl(fifo, FcntlArg::F_SETFL(self.flags))?;
+        Ok(())
+    }
+
+    /// Waits for a SIGIO (from any armed FIFO of this process; one may be
+    /// left over from an earlier arming, so the caller must check).
+    pub async fn wait(&mut self) {
+        // None only when the signal driver is gone (runtime shutting down).
+        if self.signal.recv().await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// A private pipe used to peek at a FIFO's contents without consuming them:
 /// tee(2) duplicates the FIFO's buffers into it (page references, no copy),
 /// and only the tail that can hold the last newline is read back; the FIFO

@@ -19,7 +19,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use nix::fcntl::{fallocate, FallocateFlags};
 use std::path::{Path, PathBuf};
 
 use crate::config::{Stream, TaskName};
@@ -154,10 +157,21 @@ pub struct Rotator {
     index: u64,
     size: u64,
     file: Option<File>,
+    /// End of the space preallocated past EOF in the active file.
+    reserved: u64,
     at_line_start: bool,
     rotations: u64,
     recreated: u64,
 }
+
+/// A write at least this large preallocates ([`Rotator::active_file`]):
+/// the task is writing fast enough for the saving to matter.
+const RESERVE_MIN_WRITE: usize = 64 * 1024;
+
+/// How far past EOF the active file is preallocated at a time (at most up
+/// to its size limit). Also the most a killed logmon can leave allocated
+/// past EOF, until its successor rotates or stops.
+const RESERVE_AHEAD: u64 = 4 * 1024 * 1024;
 
 impl Rotator {
     /// Resumes `stream` of `task` in `dir`: the highest existing index is
@@ -190,6 +204,7 @@ impl Rotator {
             index: 0,
             size: 0,
             file: None,
+            reserved: 0,
             at_line_start: true,
             rotations: 0,
             recreated: 0,
@@ -252,10 +267,20 @@ impl Rotator {
             .join(file_name(&self.task, self.stream, self.index))
     }
 
-    /// The active file, created (and older files purged) if this is the first
-    /// byte going into it. Reopens the file if it was deleted underneath
-    /// (link count 0), and follows a truncation, so capture goes on.
-    pub fn active_file(&mut self) -> Result<(&File, u64), RotateError> {
+    /// The active file and the offset to write at, for a write of `len`
+    /// bytes. Creates the file (and purges older ones) if this is its first
+    /// byte. Reopens the file if it was deleted underneath (link count 0),
+    /// and follows a truncation, so capture goes on.
+    ///
+    /// A large write preallocates the file ahead of it (fallocate with
+    /// KEEP_SIZE: readers see no change). capture writes by splice(2), which
+    /// holds the FIFO's lock for the whole file write, so the task cannot
+    /// write meanwhile; into preallocated blocks ext4 skips the per-block
+    /// delayed-allocation work, which cut that time by about a quarter here
+    /// (and a task writing one line per write(2) runs correspondingly
+    /// faster). The space past EOF is given back when the file is rotated
+    /// or logmon stops.
+    pub fn active_file(&mut self, len: usize) -> Result<(&File, u64), RotateError> {
         if let Some(f) = &self.file {
             match f.metadata() {
                 Ok(m) if m.nlink() > 0 => {
@@ -270,6 +295,7 @@ impl Rotator {
                     tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was deleted; recreating it");
                     self.recreated += 1;
                     self.file = None;
+                    self.reserved = 0;
                     self.size = 0;
                     self.at_line_start = true;
                 }
@@ -280,7 +306,41 @@ impl Rotator {
             None => self.create_active()?,
         };
         let size = self.size;
+        if len >= RESERVE_MIN_WRITE && size + len as u64 > self.reserved {
+            let end = self.limit.min(size + RESERVE_AHEAD).max(size + len as u64);
+            self.reserved = match fallocate(
+                file.as_fd(),
+                FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                size as i64,
+                (end - size) as i64,
+            ) {
+                Ok(()) => end,
+                // Not supported here, or no space (the write will report
+                // that): write without.
+                Err(_) => u64::MAX,
+            };
+        }
         Ok((self.file.insert(file), size))
+    }
+
+    /// Gives back the space preallocated past the end of the active file
+    /// (truncating a file to its own length frees its blocks past EOF). The
+    /// truncation would stamp the file's mtime; it is put back, so the
+    /// mtime stays the time of the last byte written.
+    fn release_reserve(&mut self) {
+        if self.reserved == 0 {
+            return;
+        }
+        self.reserved = 0;
+        if let Some(f) = &self.file {
+            let trim = f.metadata().and_then(|m| {
+                f.set_len(m.len())?;
+                f.set_modified(m.modified()?)
+            });
+            if let Err(e) = trim {
+                tracing::debug!(stream = %self.stream, error = %e, "cannot trim preallocated space");
+            }
+        }
     }
 
     /// Opens (creating it if needed) the active file and purges old ones.
@@ -336,6 +396,7 @@ impl Rotator {
     /// halving bulk throughput on ext4), and a rotated file is no more at
     /// risk than the active one; both are fsynced at stop.
     pub fn rotate(&mut self) {
+        self.release_reserve();
         self.file = None;
         self.index += 1;
         self.size = 0;
@@ -345,7 +406,8 @@ impl Rotator {
 
     /// fsyncs the active file, if one is open. Errors are logged: there is
     /// nothing left to do about them and the data is still in the page cache.
-    pub fn sync(&self) {
+    pub fn sync(&mut self) {
+        self.release_reserve();
         if let Some(f) = &self.file {
             if let Err(e) = f.sync_data() {
                 tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
@@ -468,7 +530,7 @@ mod tests {
         let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
         assert_eq!(r.index(), 2);
         assert_eq!(r.size(), 4);
-        let (_, off) = r.active_file().unwrap();
+        let (_, off) = r.active_file(0).unwrap();
         assert_eq!(off, 4);
     }
 
@@ -479,7 +541,7 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
         r.rotate();
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
-        r.active_file().unwrap();
+        r.active_file(0).unwrap();
         assert!(d.path().join("web.stdout.1").exists());
     }
 
@@ -503,7 +565,7 @@ mod tests {
             vec![3, 4, 5]
         );
         r.rotate();
-        r.active_file().unwrap();
+        r.active_file(0).unwrap();
         assert_eq!(
             scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
             vec![4, 5, 6]
@@ -519,13 +581,54 @@ mod tests {
     }
 
     #[test]
+    fn a_large_write_preallocates_and_rotation_gives_the_space_back() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let limit = 8 * 1024 * 1024;
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, limit).unwrap();
+        let data = vec![b'x'; RESERVE_MIN_WRITE];
+        let (f, off) = r.active_file(data.len()).unwrap();
+        f.write_all_at(&data, off).unwrap();
+        r.advance(data.len(), false);
+        let path = d.path().join("web.stdout.0");
+        let before = std::fs::metadata(&path).unwrap();
+        // The size readers see is exact; the blocks reach past it.
+        assert_eq!(before.len(), data.len() as u64);
+        assert!(
+            before.blocks() * 512 >= RESERVE_AHEAD,
+            "{} blocks",
+            before.blocks()
+        );
+        r.rotate();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!(after.len(), data.len() as u64);
+        assert!(
+            after.blocks() * 512 < 2 * data.len() as u64,
+            "{} blocks",
+            after.blocks()
+        );
+        assert_eq!(after.modified().unwrap(), before.modified().unwrap());
+    }
+
+    #[test]
+    fn a_small_write_does_not_preallocate() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 1 << 20).unwrap();
+        let (f, off) = r.active_file(100).unwrap();
+        f.write_all_at(&[b'x'; 100], off).unwrap();
+        let m = std::fs::metadata(d.path().join("web.stdout.0")).unwrap();
+        assert!(m.blocks() * 512 <= 64 * 1024, "{} blocks", m.blocks());
+    }
+
+    #[test]
     fn a_deleted_active_file_is_recreated() {
         let d = tempfile::tempdir().unwrap();
         let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
-        r.active_file().unwrap();
+        r.active_file(0).unwrap();
         r.advance(5, true);
         std::fs::remove_file(d.path().join("web.stdout.0")).unwrap();
-        let (_, off) = r.active_file().unwrap();
+        let (_, off) = r.active_file(0).unwrap();
         assert_eq!(off, 0);
         assert!(d.path().join("web.stdout.0").exists());
     }

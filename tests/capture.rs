@@ -792,7 +792,7 @@ fn activity(pid: i32) -> (u64, u64) {
     (switches, ticks)
 }
 
-/// An idle logmon sleeps in epoll: no timer, no wakeup, no CPU — after a
+/// An idle logmon sleeps until SIGIO: no timer, no wakeup, no CPU — after a
 /// fast stream of big writes (drained write by write), a stream of small
 /// writes (drained in batches), and a partial line flushed after its wait.
 #[test]
@@ -820,6 +820,66 @@ fn an_idle_logmon_does_not_wake_up() {
         "(context switches, CPU ticks) changed while idle"
     );
     stop(dm);
+}
+
+/// The fds of `pid` whose link target is `target`.
+fn fds_pointing_to(pid: i32, target: &Path) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let t = std::fs::read_link(e.path()).ok()?;
+            (t == target).then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect()
+}
+
+/// logmon never polls its FIFOs: once a pipe has been polled, the kernel
+/// makes every later write into it pay for a wakeup, about a tenth of a
+/// line-per-write task's throughput (see `fifo::DataSignal`). So no epoll
+/// instance of the daemon watches a FIFO, an idle logmon waits with its
+/// FIFOs armed for SIGIO (O_ASYNC), and the signal brings the next line in.
+#[test]
+fn the_fifos_are_never_polled_and_an_idle_logmon_waits_for_sigio() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, &numbered(0, 1000));
+    wait_for_size(d.path(), "t", Stream::Stdout, 1000 * LINE, SOON);
+    std::thread::sleep(Duration::from_millis(100));
+    let pid = dm.pid();
+    let mut fifo_fds = Vec::new();
+    for stream in [Stream::Stdout, Stream::Stderr] {
+        let fds = fds_pointing_to(pid, &fifo(d.path(), "t", stream));
+        assert_eq!(fds.len(), 1, "{stream}: {fds:?}");
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fds[0])).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_ne!(
+            flags & nix::libc::O_ASYNC as u32,
+            0,
+            "{stream} not armed: {info}"
+        );
+        fifo_fds.extend(fds);
+    }
+    let epolls = fds_pointing_to(pid, Path::new("anon_inode:[eventpoll]"));
+    assert!(!epolls.is_empty());
+    for ep in epolls {
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{ep}")).unwrap();
+        for l in info.lines().filter_map(|l| l.strip_prefix("tfd:")) {
+            let tfd: u32 = l.split_whitespace().next().unwrap().parse().unwrap();
+            assert!(
+                !fifo_fds.contains(&tfd),
+                "FIFO fd {tfd} is in epoll: {info}"
+            );
+        }
+    }
+    w.write_all(&numbered(1000, 1001)).unwrap();
+    wait_for_size(d.path(), "t", Stream::Stdout, 1001 * LINE, SOON);
+    stop(dm);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 1001);
 }
 
 /// `run` enlarges each FIFO to `--pipe-size` (default 1 MiB, capped by

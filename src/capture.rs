@@ -80,7 +80,10 @@ pub trait Source {
 }
 
 /// Largest single splice(2) from a FIFO into a file (see `move_to`).
-const SPLICE_PIECE: usize = 1024 * 1024;
+/// Measured (1 GiB in 64 KiB writes, ext4, median of 6): 64 KiB pieces
+/// 1628 MB/s, 128 KiB 1743, 256 KiB 1636, 1 MiB 1463; one write per line
+/// ran the same with 128 KiB and 1 MiB (294 and 295 MB/s).
+const SPLICE_PIECE: usize = 128 * 1024;
 
 /// A FIFO as a [`Source`].
 #[derive(Debug)]

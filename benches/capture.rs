@@ -309,7 +309,13 @@ fn run_pump(
             cpu
         };
         let (res, cpu) = tokio::join!(
-            pump(reader, fifo.capacity, capture.clone(), stop_rx),
+            pump(
+                reader,
+                fifo.capacity,
+                capture.clone(),
+                std::rc::Rc::new(tokio::sync::Notify::new()),
+                stop_rx
+            ),
             stopper
         );
         res.expect("pump");

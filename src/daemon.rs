@@ -287,12 +287,14 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             ))),
         ];
         systemd::store_fifos(&fifos.each_ref().map(|f| &f.fd));
+        let activity = Rc::new(tokio::sync::Notify::new());
         let mut pumps = Vec::new();
         for (f, cap) in fifos.into_iter().zip(captures.iter()) {
             pumps.push(tokio::task::spawn_local(pump(
                 f.fd,
                 f.capacity,
                 cap.clone(),
+                activity.clone(),
                 stop_rx.clone(),
             )));
         }
@@ -317,7 +319,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
             _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
             _ = stop_wait.wait_for(|s| *s) => {}
-            _ = systemd::status_loop(&state) => {}
+            _ = systemd::status_loop(&state, &activity) => {}
         }
         systemd::notify_stopping();
         stop_tx.send_replace(true);

@@ -159,6 +159,9 @@ pub struct Rotator {
     file: Option<File>,
     /// End of the space preallocated past EOF in the active file.
     reserved: u64,
+    /// Whether large writes preallocate (off on tmpfs, or once fallocate
+    /// failed).
+    preallocate: bool,
     at_line_start: bool,
     rotations: u64,
     recreated: u64,
@@ -205,6 +208,7 @@ impl Rotator {
             size: 0,
             file: None,
             reserved: 0,
+            preallocate: preallocation_pays(dir),
             at_line_start: true,
             rotations: 0,
             recreated: 0,
@@ -306,19 +310,22 @@ impl Rotator {
             None => self.create_active()?,
         };
         let size = self.size;
-        if len >= RESERVE_MIN_WRITE && size + len as u64 > self.reserved {
+        if self.preallocate && len >= RESERVE_MIN_WRITE && size + len as u64 > self.reserved {
             let end = self.limit.min(size + RESERVE_AHEAD).max(size + len as u64);
-            self.reserved = match fallocate(
+            match fallocate(
                 file.as_fd(),
                 FallocateFlags::FALLOC_FL_KEEP_SIZE,
                 size as i64,
                 (end - size) as i64,
             ) {
-                Ok(()) => end,
-                // Not supported here, or no space (the write will report
-                // that): write without.
-                Err(_) => u64::MAX,
-            };
+                Ok(()) => self.reserved = end,
+                Err(e) => {
+                    // Not supported here, or no space (the write will
+                    // report that): write without from now on.
+                    tracing::debug!(stream = %self.stream, error = %e, "preallocation off");
+                    self.preallocate = false;
+                }
+            }
         }
         Ok((self.file.insert(file), size))
     }
@@ -328,11 +335,8 @@ impl Rotator {
     /// truncation would stamp the file's mtime; it is put back, so the
     /// mtime stays the time of the last byte written.
     fn release_reserve(&mut self) {
-        if self.reserved == 0 {
-            return;
-        }
-        self.reserved = 0;
-        if let Some(f) = &self.file {
+        let past_eof = std::mem::take(&mut self.reserved) > self.size;
+        if let (true, Some(f)) = (past_eof, &self.file) {
             let trim = f.metadata().and_then(|m| {
                 f.set_len(m.len())?;
                 f.set_modified(m.modified()?)
@@ -448,6 +452,16 @@ impl Rotator {
         }
         Ok(())
     }
+}
+
+/// Whether preallocating files in `dir` makes capture faster. On tmpfs it
+/// does not: there fallocate allocates and zeroes memory pages, work the
+/// write would otherwise do itself. Measured (1 GiB in 64 KiB writes,
+/// median of 6): tmpfs 1023 MB/s with preallocation, 1197 without; ext4
+/// 1592 with, 1457 without.
+fn preallocation_pays(dir: &Path) -> bool {
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    statfs(dir).map_or(true, |s| s.filesystem_type() != TMPFS_MAGIC)
 }
 
 fn last_byte_is_newline(path: &Path) -> bool {
@@ -592,13 +606,18 @@ mod tests {
         r.advance(data.len(), false);
         let path = d.path().join("web.stdout.0");
         let before = std::fs::metadata(&path).unwrap();
-        // The size readers see is exact; the blocks reach past it.
+        // The size readers see is exact; the blocks reach past it (not on
+        // tmpfs, where preallocating does not pay).
         assert_eq!(before.len(), data.len() as u64);
-        assert!(
-            before.blocks() * 512 >= RESERVE_AHEAD,
-            "{} blocks",
-            before.blocks()
-        );
+        if preallocation_pays(d.path()) {
+            assert!(
+                before.blocks() * 512 >= RESERVE_AHEAD,
+                "{} blocks",
+                before.blocks()
+            );
+        } else {
+            assert!(before.blocks() * 512 < 2 * data.len() as u64);
+        }
         r.rotate();
         let after = std::fs::metadata(&path).unwrap();
         assert_eq!(after.len(), data.len() as u64);

@@ -38,6 +38,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use bytesize::ByteSize;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use sd_notify::NotifyState;
+use tokio::sync::Notify;
 
 use crate::capture::StreamStats;
 use crate::config::Stream;
@@ -378,10 +379,6 @@ fn notify(what: &'static str, state: &[NotifyState<'_>]) {
 }
 
 thread_local! {
-    /// Duplicates of the FIFO fds that [`status_loop`] watches for arriving
-    /// bytes (set by [`store_fifos`] under systemd only). Thread-local: one
-    /// daemon runs per current-thread runtime.
-    static WATCHED: RefCell<Option<[OwnedFd; 2]>> = const { RefCell::new(None) };
     /// The last `STATUS=` text sent.
     static LAST_STATUS: RefCell<String> = const { RefCell::new(String::new()) };
 }
@@ -402,12 +399,6 @@ pub fn store_fifos(fds: &[&OwnedFd; 2]) {
             &[fd.as_fd()],
         ) {
             tracing::warn!(error = %e, fd_name = name, "cannot put the {stream} FIFO into systemd's fd store (is FileDescriptorStoreMax= set?); a restart will reopen it by path");
-        }
-    }
-    match (fds[0].try_clone(), fds[1].try_clone()) {
-        (Ok(a), Ok(b)) => WATCHED.with(|w| *w.borrow_mut() = Some([a, b])),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::warn!(error = %e, "cannot watch the FIFOs for STATUS= updates")
         }
     }
 }
@@ -479,43 +470,20 @@ pub fn notify_stopping() {
 /// Keeps systemd's `STATUS=` current; never completes.
 ///
 /// Why it is built this way: an idle logmon must make no syscalls (DESIGN
-/// §2), so a periodic timer is out. Counters change only when bytes arrive
-/// in a FIFO, so this waits for exactly that: a duplicate of each FIFO fd
-/// is registered with the runtime (edge-triggered; it never reads, so it
-/// takes nothing from the pump). When bytes arrive it clears that
-/// readiness, sleeps [`STATUS_INTERVAL`] (long enough for the pump, whose
-/// longest hold-back is the 1 s partial-line wait, to have moved them),
-/// and sends `STATUS=` if the text changed. So: no wakeup while idle, at
-/// most one datagram per interval while busy, and nothing at all when not
-/// under systemd (`NOTIFY_SOCKET` unset: the future just pends).
-pub async fn status_loop(state: &ServerState) {
-    let watched = WATCHED.with(|w| w.borrow_mut().take());
-    let Some([a, b]) = watched.filter(|_| notify_socket_set()) else {
+/// §2), so a periodic timer is out. Counters change only when the pumps
+/// move bytes, and they say so through `activity`, so this waits for
+/// exactly that (not on the FIFOs themselves: polling a pipe would make
+/// every write of the task pay for a wakeup, see `fifo::DataSignal`). Then
+/// it sleeps [`STATUS_INTERVAL`] and sends `STATUS=` if the text changed.
+/// So: no wakeup while idle, at most one datagram per interval while busy,
+/// and nothing at all when not under systemd (`NOTIFY_SOCKET` unset: the
+/// future just pends).
+pub async fn status_loop(state: &ServerState, activity: &Notify) {
+    if !notify_socket_set() {
         return std::future::pending().await;
-    };
-    let (a, b) = match (
-        tokio::net::unix::pipe::Receiver::from_owned_fd(a),
-        tokio::net::unix::pipe::Receiver::from_owned_fd(b),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::warn!(error = %e, "cannot watch the FIFOs; STATUS= stays as sent at start");
-            return std::future::pending().await;
-        }
-    };
+    }
     loop {
-        let woke = tokio::select! {
-            r = a.readable() => r,
-            r = b.readable() => r,
-        };
-        if let Err(e) = woke {
-            tracing::warn!(error = %e, "cannot watch the FIFOs; STATUS= is no longer updated");
-            return std::future::pending().await;
-        }
-        // Forget this edge without reading: the next write makes a new one.
-        for r in [&a, &b] {
-            let _ = r.try_io(|| Err::<(), _>(io::ErrorKind::WouldBlock.into()));
-        }
+        activity.notified().await;
         tokio::time::sleep(STATUS_INTERVAL).await;
         let status = status_text(&state.stats());
         let changed = LAST_STATUS.with(|l| *l.borrow() != status);

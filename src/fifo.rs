@@ -261,9 +261,9 @@ pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
 /// 100-byte lines with a handler, and logmon's CPU per byte ten times
 /// higher). SIGIO is per process, not per FIFO: a wakeup says "some FIFO
 /// may have data", and each waiting pump looks at its own (one FIONREAD).
-/// This relies on the daemon being single-threaded (DESIGN §8): another
-/// thread that does not block SIGIO would take the signal into the no-op
-/// handler and the wakeup would be lost.
+/// The signal is directed at the pump's thread (`F_SETOWN_EX` with
+/// `F_OWNER_TID`), so other threads of the process (an embedding program's,
+/// or a benchmark's writer) never take it.
 #[derive(Debug)]
 pub struct DataSignal {
     hub: Rc<SigioHub>,
@@ -353,15 +353,26 @@ impl DataSignal {
     /// Must run inside the tokio runtime, on the daemon's thread.
     pub fn new(fifo: BorrowedFd<'_>) -> io::Result<Self> {
         let hub = SigioHub::get()?;
-        // SAFETY: F_SETOWN takes an int argument and touches no memory of
-        // ours; the fd is borrowed, so it is open for the call.
-        let r = unsafe {
-            nix::libc::fcntl(
-                fifo.as_raw_fd(),
-                nix::libc::F_SETOWN,
-                nix::unistd::getpid().as_raw(),
-            )
+        // The signal goes to this thread, the one blocking it and reading
+        // the signalfd, whatever other threads the process has (a
+        // process-directed one could be taken by any thread not blocking
+        // it). The libc crate lacks these for glibc; values from
+        // <asm-generic/fcntl.h>, stable ABI.
+        const F_SETOWN_EX: nix::libc::c_int = 15;
+        const F_OWNER_TID: nix::libc::c_int = 0;
+        #[repr(C)]
+        struct OwnerEx {
+            kind: nix::libc::c_int,
+            pid: nix::libc::pid_t,
+        }
+        let owner = OwnerEx {
+            kind: F_OWNER_TID,
+            pid: nix::unistd::gettid().as_raw(),
         };
+        // SAFETY: F_SETOWN_EX reads one `struct f_owner_ex` (two ints, laid
+        // out as `OwnerEx`) through the pointer, which points to a live
+        // value; the fd is borrowed, so it is open for the call.
+        let r = unsafe { nix::libc::fcntl(fifo.as_raw_fd(), F_SETOWN_EX, &owner) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -63,13 +63,22 @@ pub struct StreamStats {
     pub files_recreated: u64,
 }
 
+/// What a [`Source`] holds, as seen in one look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    /// Bytes waiting to be taken.
+    pub avail: usize,
+    /// How many of them were looked at: `min(avail, room)`.
+    pub peeked: usize,
+    /// The offset of the last newline among those.
+    pub last_nl: Option<usize>,
+}
+
 /// Where bytes come from: a FIFO in production, memory in property tests.
 pub trait Source {
-    /// Bytes waiting to be taken.
-    fn available(&mut self) -> io::Result<usize>;
-    /// Looks at up to `len` waiting bytes without taking them: how many were
-    /// looked at, and the offset of the last newline among them.
-    fn last_newline(&mut self, len: usize) -> io::Result<(usize, Option<usize>)>;
+    /// Counts the waiting bytes and looks at the first `room` of them
+    /// without taking them, in one snapshot.
+    fn look(&mut self, room: usize) -> io::Result<Look>;
     /// Moves up to `len` bytes into `file` at `offset`; returns how many.
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize>;
     /// Takes up to `len` bytes and throws them away.
@@ -112,11 +121,13 @@ impl<'a> PipeSource<'a> {
 }
 
 impl Source for PipeSource<'_> {
-    fn available(&mut self) -> io::Result<usize> {
-        fifo::bytes_waiting(self.fd)
-    }
-    fn last_newline(&mut self, len: usize) -> io::Result<(usize, Option<usize>)> {
-        self.peeker.last_newline(self.fd, len)
+    fn look(&mut self, room: usize) -> io::Result<Look> {
+        let (avail, peeked, last_nl) = self.peeker.look(self.fd, room)?;
+        Ok(Look {
+            avail,
+            peeked,
+            last_nl,
+        })
     }
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
         // splice holds the FIFO's mutex while it writes into the file, and
@@ -241,22 +252,25 @@ impl StreamCapture {
     ) -> io::Result<Drained> {
         // One pass takes what was waiting when it began (all of it when
         // stopping): chasing a writer that keeps writing would turn one
-        // drain into many tiny ones and defeat batching.
-        // Each FIONREAD takes the pipe's mutex, contended by the writer: the
-        // first one serves as both the budget and the first pass's count.
-        let first = src.available()?;
-        let mut budget = if stopping { usize::MAX } else { first };
-        let mut counted = Some(first);
+        // drain into many tiny ones and defeat batching. The first look
+        // counts what was waiting.
+        let mut budget: Option<usize> = None;
         loop {
-            let avail = match counted.take() {
-                Some(n) => n,
+            if budget == Some(0) {
                 // All that was waiting is taken: no need to look again.
-                None if budget == 0 => {
-                    self.left = 0;
-                    return Ok(Drained::More);
-                }
-                None => src.available()?,
-            };
+                self.left = 0;
+                return Ok(Drained::More);
+            }
+            let size = self.rotator.size();
+            let rem = self.rotator.limit().saturating_sub(size);
+            // Each look takes the pipe's mutex, contended by the writer: it
+            // counts and peeks at once (no separate FIONREAD).
+            let Look {
+                avail,
+                peeked,
+                last_nl,
+            } = src.look(usize::try_from(rem).unwrap_or(usize::MAX))?;
+            let budget = budget.get_or_insert(if stopping { usize::MAX } else { avail });
             self.left = avail;
             if avail == 0 {
                 self.partial_since = None;
@@ -275,8 +289,8 @@ impl StreamCapture {
                             return Ok(Drained::Empty);
                         }
                         WriteErrorPolicy::Drop => {
-                            let n = src.discard(avail.min(budget))?;
-                            budget = budget.saturating_sub(n);
+                            let n = src.discard(avail.min(*budget))?;
+                            *budget = budget.saturating_sub(n);
                             self.stats.bytes_dropped += n as u64;
                             if let Some(f) = &mut self.failure {
                                 f.dropped_unreported += n as u64;
@@ -295,12 +309,10 @@ impl StreamCapture {
                     if let Some(f) = &mut self.failure {
                         f.dropped_unreported = 0;
                     }
+                    // The marker moved the file's end: look again.
+                    continue;
                 }
             }
-            let size = self.rotator.size();
-            let rem = self.rotator.limit().saturating_sub(size);
-            let want = usize::try_from(rem).unwrap_or(usize::MAX).min(avail);
-            let (peeked, last_nl) = src.last_newline(want)?;
             // A partial line that fills the pipe cannot get its newline
             // in: the writer is blocked on it.
             let pipe_full = avail + 4096 >= src.capacity();
@@ -320,7 +332,7 @@ impl StreamCapture {
                     let ends_line = last_nl == Some(k - 1);
                     match self.write(src, k, ends_line) {
                         Ok(0) => return Ok(Drained::Empty),
-                        Ok(n) => budget = budget.saturating_sub(n),
+                        Ok(n) => *budget = budget.saturating_sub(n),
                         Err(e) => self.fail(now, &e),
                     }
                 }
@@ -564,12 +576,13 @@ mod tests {
     }
 
     impl Source for Mem {
-        fn available(&mut self) -> io::Result<usize> {
-            Ok(self.data.len())
-        }
-        fn last_newline(&mut self, len: usize) -> io::Result<(usize, Option<usize>)> {
-            let n = len.min(self.data.len());
-            Ok((n, memchr::memrchr(b'\n', &self.data[..n])))
+        fn look(&mut self, room: usize) -> io::Result<Look> {
+            let n = room.min(self.data.len());
+            Ok(Look {
+                avail: self.data.len(),
+                peeked: n,
+                last_nl: memchr::memrchr(b'\n', &self.data[..n]),
+            })
         }
         fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
             file.write_all_at(&self.data[..len], offset)?;

@@ -427,6 +427,7 @@ pub struct Peeker {
     w: OwnedFd,
     devnull: File,
     buf: Vec<u8>,
+    capacity: usize,
 }
 
 /// How much of the peeked bytes is read back at a time, from the end: enough
@@ -447,11 +448,16 @@ impl Peeker {
             );
         }
         let devnull = File::options().write(true).open("/dev/null")?;
+        // What the scratch pipe really holds: a smaller one than the FIFO
+        // makes a look undercount (more, smaller passes; never a loss).
+        let capacity = fcntl(w.as_fd(), FcntlArg::F_GETPIPE_SZ)
+            .map_or(capacity, |n| usize::try_from(n).unwrap_or(capacity));
         Ok(Peeker {
             r,
             w,
             devnull,
             buf: Vec::new(),
+            capacity,
         })
     }
 
@@ -483,6 +489,32 @@ impl Peeker {
             end = start;
         }
         Ok((peeked.unwrap_or(0), None))
+    }
+
+    /// Counts the bytes waiting in `fifo` and finds the last newline among
+    /// the first `room` of them, without consuming any, in one tee(2) (the
+    /// scratch pipe is as large as the FIFO, so the tee takes them all):
+    /// `(waiting, looked at, last newline)`. This replaces a FIONREAD:
+    /// every call into the FIFO takes its mutex, which the task's writes
+    /// contend for.
+    pub fn look(
+        &mut self,
+        fifo: BorrowedFd<'_>,
+        room: usize,
+    ) -> io::Result<(usize, usize, Option<usize>)> {
+        let teed = self.tee(fifo, self.capacity)?;
+        let window = teed.min(room);
+        let start = window.saturating_sub(PEEK_CHUNK);
+        self.drop_scratch(start)?;
+        let found = self.read_last_newline(window - start)?;
+        // Leave the scratch pipe empty for the next look.
+        self.drop_scratch(teed - window)?;
+        let last = match found {
+            Some(p) => Some(start + p),
+            None if start > 0 => self.last_newline(fifo, start)?.1,
+            None => None,
+        };
+        Ok((teed, window, last))
     }
 
     fn tee(&mut self, fifo: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
@@ -641,6 +673,30 @@ mod tests {
         let out = tempfile::tempfile().unwrap();
         assert_eq!(splice_to_file(rd.as_fd(), out.as_fd(), 0, 8).unwrap(), 8);
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
+    }
+
+    #[test]
+    fn look_counts_and_peeks_in_one_snapshot_and_consumes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (rd, cap) = open_reader(&p, 1 << 20).unwrap();
+        let mut w = open_task_end(&p).unwrap();
+        let mut pk = Peeker::new(cap).unwrap();
+        assert_eq!(pk.look(rd.as_fd(), 100).unwrap(), (0, 0, None));
+        w.write_all(b"one\ntwo\nthr").unwrap();
+        assert_eq!(pk.look(rd.as_fd(), usize::MAX).unwrap(), (11, 11, Some(7)));
+        assert_eq!(pk.look(rd.as_fd(), 5).unwrap(), (11, 5, Some(3)));
+        assert_eq!(pk.look(rd.as_fd(), 3).unwrap(), (11, 3, None));
+        // A newline far before the end of the room: found by looking back.
+        let mut data = b"0123456789\n".to_vec();
+        data.resize(300 * 1024, b'x');
+        w.write_all(&data).unwrap();
+        let total = 11 + data.len();
+        assert_eq!(
+            pk.look(rd.as_fd(), 200 * 1024).unwrap(),
+            (total, 200 * 1024, Some(21))
+        );
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), total);
     }
 
     #[test]

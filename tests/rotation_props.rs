@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
-use logmon::capture::{Drained, Source, StreamCapture};
+use logmon::capture::{Drained, Look, Source, StreamCapture};
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
 use logmon::rotate::{scan_indices, Rotator};
 use proptest::prelude::*;
@@ -48,14 +48,13 @@ impl MemPipe {
 }
 
 impl Source for MemPipe {
-    fn available(&mut self) -> io::Result<usize> {
-        Ok(self.buf.len())
-    }
-
-    fn last_newline(&mut self, len: usize) -> io::Result<(usize, Option<usize>)> {
-        let n = len.min(self.buf.len());
-        let last = self.buf.range(..n).rposition(|&b| b == b'\n');
-        Ok((n, last))
+    fn look(&mut self, room: usize) -> io::Result<Look> {
+        let n = room.min(self.buf.len());
+        Ok(Look {
+            avail: self.buf.len(),
+            peeked: n,
+            last_nl: self.buf.range(..n).rposition(|&b| b == b'\n'),
+        })
     }
 
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {

@@ -211,7 +211,8 @@ impl StreamCapture {
 
     /// Bytes the last [`drain`](Self::drain) left in the source (a held
     /// partial line, or bytes it could not write): more than this waiting
-    /// means the task wrote since.
+    /// means the task wrote since. 0 after [`Drained::More`], which says
+    /// to drain again anyway.
     pub fn left(&self) -> usize {
         self.left
     }
@@ -265,11 +266,19 @@ impl StreamCapture {
             let rem = self.rotator.limit().saturating_sub(size);
             // Each look takes the pipe's mutex, contended by the writer: it
             // counts and peeks at once (no separate FIONREAD).
+            // While a write error waits for its retry only the count is
+            // needed.
+            let retry_later = self.failure.as_ref().is_some_and(|f| now < f.next_retry);
+            let room = if retry_later {
+                0
+            } else {
+                usize::try_from(rem).unwrap_or(usize::MAX)
+            };
             let Look {
                 avail,
                 peeked,
                 last_nl,
-            } = src.look(usize::try_from(rem).unwrap_or(usize::MAX))?;
+            } = src.look(room)?;
             let budget = budget.get_or_insert(if stopping { usize::MAX } else { avail });
             self.left = avail;
             if avail == 0 {
@@ -417,8 +426,9 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 /// While data trickles in as many small writes, how long the pump lets the
 /// pipe fill before draining again. One drain per burst instead of one per
 /// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
-/// Never used when idle: the first drain after idleness is immediate, and
-/// the pump goes back to waiting as soon as a drain finds nothing new.
+/// Never used when idle: the first drain after idleness (longer than
+/// [`STILL_BUSY`]) is immediate, and the pump goes back to waiting as soon
+/// as a drain finds nothing new.
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// A task whose bytes arrive within this long of the last drain that found
@@ -447,8 +457,11 @@ const STILL_BUSY: Duration = Duration::from_millis(20);
 ///   `BATCH_WAIT`), the pump drains again at once, only yielding to the
 ///   other tasks. A drain that finds nothing new ends the phase.
 ///
-/// Every drain that moved bytes notifies `activity` (the systemd status
-/// loop waits on it rather than on the FIFOs themselves).
+/// Every drain that changed the counters notifies `activity` (the systemd
+/// status loop waits on it rather than on the FIFOs themselves).
+///
+/// While a write error holds bytes back under `--on-write-error block`, the
+/// FIFO is not armed: the pump waits for the retry time only.
 pub async fn pump(
     fd: std::os::fd::OwnedFd,
     capacity: usize,
@@ -466,6 +479,7 @@ pub async fn pump(
         let mut src = PipeSource::new(fd, capacity, &mut peeker, &devnull);
         let mut c = capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
+        let errors_before = c.stats.write_errors;
         let now = Instant::now();
         let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
@@ -476,30 +490,52 @@ pub async fn pump(
         Ok(Pass {
             outcome,
             moved: moved > 0,
+            changed: moved > 0 || c.stats.write_errors != errors_before,
             fast,
             left: c.left(),
         })
     };
     let mut timer: Option<Instant> = None;
     let mut left = 0;
+    let mut blocked = false;
     'run: while !*stop.borrow() {
-        // Waiting. Bytes written before the FIFO was armed sent no signal.
+        // Waiting: for new bytes (more than the drain left), the deadline,
+        // or stop. Every way through here awaits something, so the pump can
+        // never spin without yielding to the runtime.
         let went_idle = Instant::now();
-        data.arm(fd.as_fd())?;
-        let mut signalled = false;
-        if fifo::bytes_waiting(fd.as_fd())? <= left {
-            let deadline = timer;
+        // Under `block` new bytes cannot be written before the retry
+        // anyway: do not let every write wake the pump meanwhile.
+        let arm_failed = !blocked && !data.arm_or_warn(fd.as_fd());
+        let armed = !blocked && !arm_failed;
+        let mut fresh = false;
+        loop {
+            // Bytes written before the FIFO was armed sent no signal; after
+            // a signal, it may have been for the other stream's FIFO.
+            if !blocked && fifo::bytes_waiting(fd.as_fd()).map_or(true, |n| n > left) {
+                fresh = true;
+                break;
+            }
+            let deadline = if arm_failed {
+                // Poll instead, only until arming works again.
+                let poll = went_idle + BATCH_WAIT;
+                Some(timer.map_or(poll, |t| t.min(poll)))
+            } else {
+                timer
+            };
             tokio::select! {
-                r = data.wait() => {
+                r = data.wait(), if armed => {
                     r?;
-                    signalled = true;
+                    continue;
                 }
                 _ = sleep_until(deadline), if deadline.is_some() => {}
                 _ = stop.changed() => {}
             }
+            break;
         }
-        data.disarm(fd.as_fd())?;
-        if signalled && went_idle.elapsed() < STILL_BUSY {
+        if armed {
+            data.disarm_or_warn(fd.as_fd());
+        }
+        if fresh && went_idle.elapsed() < STILL_BUSY {
             // Bytes flowed a moment ago: the task is still writing, only
             // in bursts (on a loaded machine it is preempted for
             // milliseconds at a time). Let the burst fill the pipe rather
@@ -516,11 +552,14 @@ pub async fn pump(
             }
             let pass = drain(fd.as_fd(), false)?;
             timer = deadline_of(pass.outcome);
+            blocked = matches!(pass.outcome, Drained::Blocked { .. });
             left = pass.left;
+            if pass.changed {
+                activity.notify_one();
+            }
             if !pass.moved {
                 break;
             }
-            activity.notify_one();
             if pass.fast {
                 tokio::task::yield_now().await;
             } else {
@@ -546,6 +585,8 @@ pub async fn pump(
 struct Pass {
     outcome: Drained,
     moved: bool,
+    /// Whether the counters changed (bytes moved, or a write failed).
+    changed: bool,
     fast: bool,
     left: usize,
 }
@@ -606,7 +647,8 @@ mod tests {
 
     #[test]
     fn an_empty_pipe_drains_to_empty_never_more() {
-        // `More` keeps the pump readable; on an empty pipe it would spin.
+        // `More` makes the pump drain again at once; on an empty pipe it
+        // would spin.
         let d = tempfile::tempdir().unwrap();
         let mut c = capture(d.path());
         let mut src = Mem { data: Vec::new() };

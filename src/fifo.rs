@@ -259,8 +259,9 @@ pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
 /// disarms costs one wakeup, not one signal handler per write (measured
 /// with both cores busy: 20,000–28,000 handler runs per 100 MiB of
 /// 100-byte lines with a handler, and logmon's CPU per byte ten times
-/// higher). SIGIO is per process, not per FIFO: a wakeup says "some FIFO
-/// may have data", and each waiting pump looks at its own (one FIONREAD).
+/// higher). SIGIO does not say which FIFO: a wakeup says "some FIFO may
+/// have data", and each waiting pump checks its own (one FIONREAD) and,
+/// if nothing is new there, goes on waiting, still armed.
 /// The signal is directed at the pump's thread (`F_SETOWN_EX` with
 /// `F_OWNER_TID`), so other threads of the process (an embedding program's,
 /// or a benchmark's writer) never take it.
@@ -269,6 +270,7 @@ pub struct DataSignal {
     hub: Rc<SigioHub>,
     seen: tokio::sync::watch::Receiver<u64>,
     flags: OFlag,
+    warned: std::cell::Cell<bool>,
 }
 
 /// The signalfd for SIGIO of one thread, and a counter of the SIGIOs taken
@@ -302,8 +304,10 @@ impl SigioHub {
             SigSet::empty(),
         );
         // SAFETY: the handler does nothing, so it is async-signal-safe and
-        // cannot race with anything; it replaces only SIGIO's disposition,
-        // which nothing else in logmon uses.
+        // cannot race with anything. It replaces SIGIO's disposition for
+        // the whole process: nothing else in logmon uses SIGIO, and the
+        // daemon is a process of its own (an embedding agent's binary runs
+        // it re-executed as `run`, never inside the agent).
         unsafe { sigaction(Signal::SIGIO, &action) }?;
         let mut set = SigSet::empty();
         set.add(Signal::SIGIO);
@@ -349,7 +353,7 @@ impl SigioHub {
 }
 
 impl DataSignal {
-    /// Directs the SIGIO of `fifo` to this process and leaves it disarmed.
+    /// Directs the SIGIO of `fifo` to this thread and leaves it disarmed.
     /// Must run inside the tokio runtime, on the daemon's thread.
     pub fn new(fifo: BorrowedFd<'_>) -> io::Result<Self> {
         let hub = SigioHub::get()?;
@@ -378,11 +382,41 @@ impl DataSignal {
         }
         let flags = OFlag::from_bits_truncate(fcntl(fifo, FcntlArg::F_GETFL)?) - OFlag::O_ASYNC;
         let seen = hub.taken.subscribe();
-        let s = DataSignal { hub, seen, flags };
+        let s = DataSignal {
+            hub,
+            seen,
+            flags,
+            warned: std::cell::Cell::new(false),
+        };
         // A logmon killed while waiting leaves an inherited (fd store)
         // description armed.
         s.disarm(fifo)?;
         Ok(s)
+    }
+
+    /// [`arm`](Self::arm), logging a failure (once) instead of returning
+    /// it: capture must go on, polling, rather than stop. Returns whether
+    /// the FIFO is armed.
+    pub fn arm_or_warn(&self, fifo: BorrowedFd<'_>) -> bool {
+        match self.arm(fifo) {
+            Ok(()) => true,
+            Err(e) => {
+                if !self.warned.replace(true) {
+                    tracing::warn!(error = %e, "cannot arm SIGIO on a FIFO; polling it every millisecond while this lasts");
+                }
+                false
+            }
+        }
+    }
+
+    /// [`disarm`](Self::disarm), logging a failure (once): a FIFO left
+    /// armed only costs spurious wakeups.
+    pub fn disarm_or_warn(&self, fifo: BorrowedFd<'_>) {
+        if let Err(e) = self.disarm(fifo) {
+            if !self.warned.replace(true) {
+                tracing::warn!(error = %e, "cannot disarm SIGIO on a FIFO");
+            }
+        }
     }
 
     /// Asks for SIGIO on the next write into `fifo`. A write that came
@@ -448,8 +482,8 @@ impl Peeker {
             );
         }
         let devnull = File::options().write(true).open("/dev/null")?;
-        // What the scratch pipe really holds: a smaller one than the FIFO
-        // makes a look undercount (more, smaller passes; never a loss).
+        // What the scratch pipe really holds (see `look` for a smaller
+        // one than the FIFO).
         let capacity = fcntl(w.as_fd(), FcntlArg::F_GETPIPE_SZ)
             .map_or(capacity, |n| usize::try_from(n).unwrap_or(capacity));
         Ok(Peeker {
@@ -492,17 +526,26 @@ impl Peeker {
     }
 
     /// Counts the bytes waiting in `fifo` and finds the last newline among
-    /// the first `room` of them, without consuming any, in one tee(2) (the
-    /// scratch pipe is as large as the FIFO, so the tee takes them all):
-    /// `(waiting, looked at, last newline)`. This replaces a FIONREAD:
-    /// every call into the FIFO takes its mutex, which the task's writes
-    /// contend for.
+    /// the first `room` of them, without consuming any, in one tee(2):
+    /// `(waiting, looked at, last newline)`. The scratch pipe is as large
+    /// as the FIFO, so the tee normally takes them all and its count
+    /// replaces a FIONREAD (every call into the FIFO takes its mutex, which
+    /// the task's writes contend for). Only a nearly full tee, which may
+    /// not have taken all, is followed by a FIONREAD.
     pub fn look(
         &mut self,
         fifo: BorrowedFd<'_>,
         room: usize,
     ) -> io::Result<(usize, usize, Option<usize>)> {
         let teed = self.tee(fifo, self.capacity)?;
+        // A scratch pipe smaller than the FIFO (it could not be enlarged)
+        // may be full before the FIFO is empty: count with FIONREAD then,
+        // so "the pipe is full" and "more came since" stay exact.
+        let waiting = if teed + 4096 >= self.capacity {
+            bytes_waiting(fifo)?.max(teed)
+        } else {
+            teed
+        };
         let window = teed.min(room);
         let start = window.saturating_sub(PEEK_CHUNK);
         self.drop_scratch(start)?;
@@ -514,7 +557,7 @@ impl Peeker {
             None if start > 0 => self.last_newline(fifo, start)?.1,
             None => None,
         };
-        Ok((teed, window, last))
+        Ok((waiting, window, last))
     }
 
     fn tee(&mut self, fifo: BorrowedFd<'_>, len: usize) -> io::Result<usize> {

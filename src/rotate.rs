@@ -22,6 +22,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
+use nix::errno::Errno;
 use nix::fcntl::{fallocate, FallocateFlags};
 use std::path::{Path, PathBuf};
 
@@ -159,9 +160,12 @@ pub struct Rotator {
     file: Option<File>,
     /// End of the space preallocated past EOF in the active file.
     reserved: u64,
-    /// Whether large writes preallocate (off on tmpfs, or once fallocate
-    /// failed).
+    /// Whether large writes preallocate (off on tmpfs, or where fallocate
+    /// is not supported).
     preallocate: bool,
+    /// The active file was resumed from an earlier logmon, which may have
+    /// been killed with space preallocated past EOF: trim it when done.
+    inherited: bool,
     at_line_start: bool,
     rotations: u64,
     recreated: u64,
@@ -209,6 +213,7 @@ impl Rotator {
             file: None,
             reserved: 0,
             preallocate: preallocation_pays(dir),
+            inherited: false,
             at_line_start: true,
             rotations: 0,
             recreated: 0,
@@ -293,6 +298,8 @@ impl Rotator {
                         // the new end instead of leaving a hole of zeros.
                         tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was truncated; continuing at its new end");
                         self.size = m.len();
+                        // The truncation freed the blocks past its end.
+                        self.reserved = 0;
                     }
                 }
                 _ => {
@@ -319,11 +326,17 @@ impl Rotator {
                 (end - size) as i64,
             ) {
                 Ok(()) => self.reserved = end,
-                Err(e) => {
-                    // Not supported here, or no space (the write will
-                    // report that): write without from now on.
-                    tracing::debug!(stream = %self.stream, error = %e, "preallocation off");
+                Err(e @ (Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINVAL)) => {
+                    tracing::debug!(stream = %self.stream, error = %e, "preallocation not supported here");
                     self.preallocate = false;
+                }
+                Err(e) => {
+                    // No space, most likely (the write will report it).
+                    // Part of the range may be allocated all the same:
+                    // count it as reserved, so it is trimmed, and try
+                    // again only past it.
+                    tracing::debug!(stream = %self.stream, error = %e, "cannot preallocate");
+                    self.reserved = end;
                 }
             }
         }
@@ -336,7 +349,8 @@ impl Rotator {
     /// mtime stays the time of the last byte written.
     fn release_reserve(&mut self) {
         let past_eof = std::mem::take(&mut self.reserved) > self.size;
-        if let (true, Some(f)) = (past_eof, &self.file) {
+        let inherited = std::mem::take(&mut self.inherited);
+        if let (true, Some(f)) = (past_eof || inherited, &self.file) {
             let trim = f.metadata().and_then(|m| {
                 f.set_len(m.len())?;
                 f.set_modified(m.modified()?)
@@ -381,6 +395,7 @@ impl Rotator {
         if len == 0 {
             self.at_line_start = true;
         }
+        self.inherited = len > 0;
         self.purge()?;
         Ok(file)
     }
@@ -627,6 +642,30 @@ mod tests {
             after.blocks()
         );
         assert_eq!(after.modified().unwrap(), before.modified().unwrap());
+    }
+
+    #[test]
+    fn space_a_killed_logmon_preallocated_is_trimmed_by_its_successor() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("web.stdout.0");
+        let f = File::create(&path).unwrap();
+        f.write_all_at(b"line\n", 0).unwrap();
+        if fallocate(&f, FallocateFlags::FALLOC_FL_KEEP_SIZE, 5, 1 << 20).is_err() {
+            eprintln!("SKIPPED: no fallocate here");
+            return;
+        }
+        drop(f);
+        assert!(std::fs::metadata(&path).unwrap().blocks() * 512 >= 1 << 20);
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 1 << 22).unwrap();
+        let (f, off) = r.active_file(5).unwrap();
+        assert_eq!(off, 5);
+        f.write_all_at(b"more\n", off).unwrap();
+        r.advance(5, true);
+        r.rotate();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.len(), 10);
+        assert!(m.blocks() * 512 <= 64 * 1024, "{} blocks", m.blocks());
     }
 
     #[test]

@@ -77,8 +77,9 @@ pub struct Look {
 /// Where bytes come from: a FIFO in production, memory in property tests.
 pub trait Source {
     /// Counts the waiting bytes and looks at the first `room` of them
-    /// without taking them, in one snapshot.
-    fn look(&mut self, room: usize) -> io::Result<Look>;
+    /// without taking them, in one snapshot. The first `clean` bytes are
+    /// known to hold no newline (a source may skip searching them).
+    fn look(&mut self, room: usize, clean: usize) -> io::Result<Look>;
     /// Moves up to `len` bytes into `file` at `offset`; returns how many.
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize>;
     /// Takes up to `len` bytes and throws them away.
@@ -121,8 +122,8 @@ impl<'a> PipeSource<'a> {
 }
 
 impl Source for PipeSource<'_> {
-    fn look(&mut self, room: usize) -> io::Result<Look> {
-        let (avail, peeked, last_nl) = self.peeker.look(self.fd, room)?;
+    fn look(&mut self, room: usize, clean: usize) -> io::Result<Look> {
+        let (avail, peeked, last_nl) = self.peeker.look(self.fd, room, clean)?;
         Ok(Look {
             avail,
             peeked,
@@ -193,6 +194,9 @@ pub struct StreamCapture {
     partial_since: Option<Instant>,
     failure: Option<Failure>,
     left: usize,
+    /// How many bytes at the head of the source are known to hold no
+    /// newline: a held partial line already searched.
+    clean: usize,
 }
 
 impl StreamCapture {
@@ -206,6 +210,7 @@ impl StreamCapture {
             partial_since: None,
             failure: None,
             left: 0,
+            clean: 0,
         }
     }
 
@@ -278,10 +283,11 @@ impl StreamCapture {
                 avail,
                 peeked,
                 last_nl,
-            } = src.look(room)?;
+            } = src.look(room, self.clean)?;
             let budget = budget.get_or_insert(if stopping { usize::MAX } else { avail });
             self.left = avail;
             if avail == 0 {
+                self.clean = 0;
                 self.partial_since = None;
                 return Ok(Drained::Empty);
             }
@@ -299,6 +305,7 @@ impl StreamCapture {
                         }
                         WriteErrorPolicy::Drop => {
                             let n = src.discard(avail.min(*budget))?;
+                            self.clean = self.clean.saturating_sub(n);
                             *budget = budget.saturating_sub(n);
                             self.stats.bytes_dropped += n as u64;
                             if let Some(f) = &mut self.failure {
@@ -332,6 +339,8 @@ impl StreamCapture {
             match plan(size, self.rotator.limit(), avail, peeked, last_nl, flush) {
                 Step::Rotate => self.rotator.rotate(),
                 Step::Hold => {
+                    // Hold comes only without a newline among them.
+                    self.clean = peeked;
                     let since = *self.partial_since.get_or_insert(now);
                     return Ok(Drained::Held {
                         deadline: since + PARTIAL_LINE_WAIT,
@@ -352,6 +361,7 @@ impl StreamCapture {
     fn write(&mut self, src: &mut impl Source, k: usize, ends_line: bool) -> io::Result<usize> {
         let (file, offset) = self.rotator.active_file(k).map_err(io::Error::other)?;
         let n = src.move_to(file, offset, k)?;
+        self.clean = self.clean.saturating_sub(n);
         self.rotator.advance(n, ends_line && n == k);
         self.stats.bytes_captured += n as u64;
         // The next partial line starts its own wait.
@@ -617,7 +627,7 @@ mod tests {
     }
 
     impl Source for Mem {
-        fn look(&mut self, room: usize) -> io::Result<Look> {
+        fn look(&mut self, room: usize, _clean: usize) -> io::Result<Look> {
             let n = room.min(self.data.len());
             Ok(Look {
                 avail: self.data.len(),

@@ -507,15 +507,26 @@ impl Peeker {
         fifo: BorrowedFd<'_>,
         len: usize,
     ) -> io::Result<(usize, Option<usize>)> {
+        self.last_newline_above(fifo, len, 0)
+    }
+
+    /// [`last_newline`](Self::last_newline), searching only at or after
+    /// `floor` (the bytes before it are known to hold none).
+    fn last_newline_above(
+        &mut self,
+        fifo: BorrowedFd<'_>,
+        len: usize,
+        floor: usize,
+    ) -> io::Result<(usize, Option<usize>)> {
         let mut end = len;
         let mut peeked = None;
-        while end > 0 {
+        while end > floor {
             let teed = self.tee(fifo, end)?;
             let seen = *peeked.get_or_insert(teed);
             if teed == 0 {
                 return Ok((seen, None));
             }
-            let start = teed.saturating_sub(PEEK_CHUNK);
+            let start = teed.saturating_sub(PEEK_CHUNK).max(floor);
             self.drop_scratch(start)?;
             if let Some(p) = self.read_last_newline(teed - start)? {
                 return Ok((seen, Some(start + p)));
@@ -532,10 +543,16 @@ impl Peeker {
     /// replaces a FIONREAD (every call into the FIFO takes its mutex, which
     /// the task's writes contend for). Only a nearly full tee, which may
     /// not have taken all, is followed by a FIONREAD.
+    ///
+    /// The first `clean` bytes are known to hold no newline (a partial line
+    /// already looked at): only what came after them is searched, so a
+    /// long line that grows while it is held back is not searched again
+    /// and again from its start.
     pub fn look(
         &mut self,
         fifo: BorrowedFd<'_>,
         room: usize,
+        clean: usize,
     ) -> io::Result<(usize, usize, Option<usize>)> {
         let teed = self.tee(fifo, self.capacity)?;
         // A scratch pipe smaller than the FIFO (it could not be enlarged)
@@ -547,14 +564,15 @@ impl Peeker {
             teed
         };
         let window = teed.min(room);
-        let start = window.saturating_sub(PEEK_CHUNK);
+        let floor = clean.min(window);
+        let start = window.saturating_sub(PEEK_CHUNK).max(floor);
         self.drop_scratch(start)?;
         let found = self.read_last_newline(window - start)?;
         // Leave the scratch pipe empty for the next look.
         self.drop_scratch(teed - window)?;
         let last = match found {
             Some(p) => Some(start + p),
-            None if start > 0 => self.last_newline(fifo, start)?.1,
+            None if start > floor => self.last_newline_above(fifo, start, floor)?.1,
             None => None,
         };
         Ok((waiting, window, last))
@@ -725,19 +743,27 @@ mod tests {
         let (rd, cap) = open_reader(&p, 1 << 20).unwrap();
         let mut w = open_task_end(&p).unwrap();
         let mut pk = Peeker::new(cap).unwrap();
-        assert_eq!(pk.look(rd.as_fd(), 100).unwrap(), (0, 0, None));
+        assert_eq!(pk.look(rd.as_fd(), 100, 0).unwrap(), (0, 0, None));
         w.write_all(b"one\ntwo\nthr").unwrap();
-        assert_eq!(pk.look(rd.as_fd(), usize::MAX).unwrap(), (11, 11, Some(7)));
-        assert_eq!(pk.look(rd.as_fd(), 5).unwrap(), (11, 5, Some(3)));
-        assert_eq!(pk.look(rd.as_fd(), 3).unwrap(), (11, 3, None));
+        assert_eq!(
+            pk.look(rd.as_fd(), usize::MAX, 0).unwrap(),
+            (11, 11, Some(7))
+        );
+        assert_eq!(pk.look(rd.as_fd(), 5, 0).unwrap(), (11, 5, Some(3)));
+        assert_eq!(pk.look(rd.as_fd(), 3, 0).unwrap(), (11, 3, None));
         // A newline far before the end of the room: found by looking back.
         let mut data = b"0123456789\n".to_vec();
         data.resize(300 * 1024, b'x');
         w.write_all(&data).unwrap();
         let total = 11 + data.len();
         assert_eq!(
-            pk.look(rd.as_fd(), 200 * 1024).unwrap(),
+            pk.look(rd.as_fd(), 200 * 1024, 0).unwrap(),
             (total, 200 * 1024, Some(21))
+        );
+        // Known clean up to 100 KiB: the newline at 21 is not searched for.
+        assert_eq!(
+            pk.look(rd.as_fd(), 200 * 1024, 100 * 1024).unwrap(),
+            (total, 200 * 1024, None)
         );
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), total);
     }

@@ -882,6 +882,40 @@ fn the_fifos_are_never_polled_and_an_idle_logmon_waits_for_sigio() {
     assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 1001);
 }
 
+/// A line that keeps growing without its newline (each drain holds it
+/// back, and more bytes are already waiting when the pump would go back to
+/// waiting) must not make the pump loop without sleeping: logmon stays
+/// nearly idle while it waits for the newline, and the line is captured
+/// whole in the end.
+#[test]
+fn a_growing_partial_line_does_not_make_logmon_spin() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"");
+    let before = activity(dm.pid());
+    let piece = [b'x'; 1024];
+    // 600 KiB over about 0.6 s, less than the 1 s partial-line wait.
+    for _ in 0..600 {
+        w.write_all(&piece).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let after = activity(dm.pid());
+    w.write_all(b"\n").unwrap();
+    wait_for_size(d.path(), "t", Stream::Stdout, 600 * 1024 + 1, SOON);
+    // CPU ticks are 10 ms. Measured here: 3-5. A pump that loops without
+    // sleeping while bytes keep coming took 27, and one that searched the
+    // whole held line again at every pass 18.
+    assert!(
+        after.1 - before.1 < 12,
+        "logmon used {} CPU ticks while the line grew",
+        after.1 - before.1
+    );
+    stop(dm);
+    let files = files(d.path(), "t", Stream::Stdout);
+    assert_eq!(files.len(), 1, "the line was split");
+    assert_eq!(files[0].1.len(), 600 * 1024 + 1);
+}
+
 /// `run` enlarges each FIFO to `--pipe-size` (default 1 MiB, capped by
 /// /proc/sys/fs/pipe-max-size), so a task can ride out a logmon restart.
 #[test]

@@ -48,7 +48,7 @@ impl MemPipe {
 }
 
 impl Source for MemPipe {
-    fn look(&mut self, room: usize) -> io::Result<Look> {
+    fn look(&mut self, room: usize, _clean: usize) -> io::Result<Look> {
         let n = room.min(self.buf.len());
         Ok(Look {
             avail: self.buf.len(),

@@ -442,12 +442,17 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// A task whose bytes arrive within this long of the last drain that found
-/// nothing is treated as still writing: its next bytes are batched
-/// ([`BATCH_WAIT`]) instead of drained at once. Measured with both cores
-/// busy with other work, one write per 100-byte line: without this, logmon
-/// woke for nearly every write, used 7 CPU s/GB and let the task write at
-/// 55-60 MB/s (cat: 110-154).
+/// nothing, after it had just written at least [`BURST`], is treated as
+/// still writing: its next bytes are batched ([`BATCH_WAIT`]) instead of
+/// drained at once. Measured with both cores busy with other work, one
+/// write per 100-byte line: without this, logmon woke for nearly every
+/// write, used 7 CPU s/GB and let the task write at 55-60 MB/s (cat:
+/// 110-154). A task that logs a line now and then is not batched: its
+/// lines reach the file at once.
 const STILL_BUSY: Duration = Duration::from_millis(20);
+
+/// What a draining phase must have moved for [`STILL_BUSY`] to apply.
+const BURST: u64 = 64 * 1024;
 
 /// Drives `capture` from the FIFO `fd` until `stop` turns true, then drains
 /// what is left (a held partial line included) and fsyncs.
@@ -499,6 +504,7 @@ pub async fn pump(
         let fast = u128::from(moved) * longest_wait * 4 >= capacity as u128 * 3 * elapsed;
         Ok(Pass {
             outcome,
+            bytes: moved,
             moved: moved > 0,
             changed: moved > 0 || c.stats.write_errors != errors_before,
             fast,
@@ -508,6 +514,8 @@ pub async fn pump(
     let mut timer: Option<Instant> = None;
     let mut left = 0;
     let mut blocked = false;
+    // Bytes moved by the last draining phase.
+    let mut phase_bytes = 0u64;
     'run: while !*stop.borrow() {
         // Waiting: for new bytes (more than the drain left), the deadline,
         // or stop. Every way through here awaits something, so the pump can
@@ -545,7 +553,7 @@ pub async fn pump(
         if armed {
             data.disarm_or_warn(fd.as_fd());
         }
-        if fresh && went_idle.elapsed() < STILL_BUSY {
+        if fresh && phase_bytes >= BURST && went_idle.elapsed() < STILL_BUSY {
             // Bytes flowed a moment ago: the task is still writing, only
             // in bursts (on a loaded machine it is preempted for
             // milliseconds at a time). Let the burst fill the pipe rather
@@ -556,6 +564,7 @@ pub async fn pump(
             }
         }
         // Draining.
+        phase_bytes = 0;
         loop {
             if *stop.borrow() {
                 break 'run;
@@ -564,6 +573,7 @@ pub async fn pump(
             timer = deadline_of(pass.outcome);
             blocked = matches!(pass.outcome, Drained::Blocked { .. });
             left = pass.left;
+            phase_bytes += pass.bytes;
             if pass.changed {
                 activity.notify_one();
             }
@@ -594,6 +604,8 @@ pub async fn pump(
 #[derive(Debug, Clone, Copy)]
 struct Pass {
     outcome: Drained,
+    /// Bytes written (or dropped).
+    bytes: u64,
     moved: bool,
     /// Whether the counters changed (bytes moved, or a write failed).
     changed: bool,

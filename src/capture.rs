@@ -61,6 +61,10 @@ pub struct StreamStats {
     /// Times the active file (or the log directory) had vanished and was
     /// created again.
     pub files_recreated: u64,
+    /// Names this stream would have created (or resumed) that were taken
+    /// by something logmon did not create: removed or skipped, never
+    /// written through (DESIGN.md §9).
+    pub foreign_names: u64,
 }
 
 /// What a [`Source`] holds, as seen in one look.

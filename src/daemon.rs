@@ -201,6 +201,9 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     // Before anything else opens a descriptor, so a manager that claims
     // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
+    let log_dir = crate::dir::Dir::open(&cfg.log_dir).map_err(|_| RotateError::MissingDir {
+        path: cfg.log_dir.clone(),
+    })?;
     let _lock = lock_task(&cfg.lock_path(), cfg.task.as_str())?;
     let fifos = open_fifos(&cfg, &mut inherited)?;
     let rotators = [
@@ -254,6 +257,9 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         instance,
         task: cfg.task.as_str().to_owned(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        log_dir: log_dir.path().to_owned(),
+        log_dir_id: log_dir.id(),
+        socket_id: crate::dir::FileId { dev: 0, ino: 0 },
     };
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -304,6 +310,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             started: tokio::time::Instant::now(),
             policy: cfg.on_write_error,
             stop: stop_tx.clone(),
+            foreign_names: std::cell::Cell::new(0),
         });
         let server =
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));

@@ -34,6 +34,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod dir;
 pub mod fifo;
 pub mod follow;
 pub mod hook;

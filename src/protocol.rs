@@ -83,6 +83,16 @@ pub struct Welcome {
     pub task: String,
     /// logmon's version.
     pub version: String,
+    /// The log directory it writes into, as it was given (for messages).
+    pub log_dir: std::path::PathBuf,
+    /// The log directory's device and inode, as opened at start: an agent
+    /// compares it with the directory it resolved before trusting (or
+    /// stopping) this logmon (DESIGN.md §9).
+    pub log_dir_id: crate::dir::FileId,
+    /// The device and inode of the socket file it bound (zero under socket
+    /// activation when unknown): a client that reached it through a path
+    /// checks that the path names this very socket, not a planted link.
+    pub socket_id: crate::dir::FileId,
 }
 
 /// The daemon's counters.
@@ -100,6 +110,9 @@ pub struct Stats {
     pub stdout: StreamStats,
     /// The stderr stream.
     pub stderr: StreamStats,
+    /// Names of the task's control files (lock, FIFOs, socket) that were
+    /// taken by something logmon did not create and were removed.
+    pub foreign_names: u64,
 }
 
 /// The reattach config: the ready line `run` prints and the state an agent

@@ -198,6 +198,9 @@ pub struct ServerState {
     pub policy: WriteErrorPolicy,
     /// Turned true by `Stop`.
     pub stop: watch::Sender<bool>,
+    /// Control-file names (lock, FIFOs, socket) found taken by something
+    /// logmon did not create.
+    pub foreign_names: Cell<u64>,
 }
 
 impl ServerState {
@@ -213,6 +216,7 @@ impl ServerState {
             },
             stdout: self.captures[0].borrow().stats(),
             stderr: self.captures[1].borrow().stats(),
+            foreign_names: self.foreign_names.get(),
         }
     }
 }

@@ -79,6 +79,9 @@ fn sample_welcome() -> Welcome {
         instance: "0123456789abcdef0123456789abcdef".into(),
         task: "web".into(),
         version: "0.1.0".into(),
+        log_dir: "/l".into(),
+        log_dir_id: logmon::dir::FileId { dev: 1, ino: 2 },
+        socket_id: logmon::dir::FileId { dev: 1, ino: 3 },
     }
 }
 

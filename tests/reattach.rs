@@ -204,6 +204,9 @@ fn welcome_for(cfg: &ReattachConfig, protocol: u32, instance: &str) -> Welcome {
         instance: instance.to_owned(),
         task: "t".into(),
         version: "9.9.9".into(),
+        log_dir: "/l".into(),
+        log_dir_id: logmon::dir::FileId { dev: 1, ino: 2 },
+        socket_id: logmon::dir::FileId { dev: 1, ino: 3 },
     }
 }
 

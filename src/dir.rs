@@ -1,0 +1,608 @@
+//! Directory handles: the only way logmon touches a name inside a directory
+//! it shares with the task (DESIGN.md §9).
+//!
+//! The task may create, rename and remove names in the log directory (the
+//! reference makes it 0777) at any moment, racing every step. So a [`Dir`]
+//! is opened once, from the path the operator gave, and every later access
+//! is relative to its descriptor and names exactly one component:
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
+//! where the kernel has it (else `openat` with `O_NOFOLLOW`), `unlinkat`,
+//! `mkfifoat`, `fstatat(AT_SYMLINK_NOFOLLOW)`, listing through the
+//! descriptor, and `/proc/self/fd/<fd>/<name>` for the socket calls that
+//! only take a path. A path string inside the directory is never walked
+//! again, so a directory renamed away or replaced by a symlink mid-run does
+//! not redirect logmon: it goes on in the directory it opened.
+//!
+//! Guarantees kept here, and the tests that prove them (unit tests below;
+//! `tests/hostile.rs` runs the attacks through the binary):
+//! - a name is never followed: a symlink, at any component, fails with
+//!   `ELOOP`/`EXDEV` (`a_symlink_is_never_followed`);
+//! - [`Dir::create_own`] never opens an existing name: whatever sits there
+//!   (symlink, hard link, FIFO, device, directory, foreign file) is removed
+//!   — removing a name never touches its target — and counted, or, when it
+//!   cannot be removed (a non-empty directory), reported as
+//!   [`Claim::Occupied`] so the caller moves on
+//!   (`a_planted_name_is_removed_and_never_written_through`);
+//! - [`Dir::open_own`] opens an existing name only if what it opened is a
+//!   regular file with one link owned by logmon's euid, checked with
+//!   `fstat` after the open (`open_own_refuses_foreign_files`);
+//! - a deleted directory is recreated only through the parent descriptor
+//!   held since start ([`Dir::recreate`]), and only if the result is a
+//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`).
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::UnlinkatFlags;
+
+/// How many times a name is claimed (remove what sits there, create ours)
+/// before [`Dir::create_own`] gives up on it: an attacker replanting the
+/// name as fast as it can wins a race at most this often in a row.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// The identity of a file: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity in a `stat` result.
+    pub fn of(st: &FileStat) -> FileId {
+        FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.dev, self.ino)
+    }
+}
+
+/// What a name inside a directory is, in words for messages and counters.
+pub fn kind_of(st: &FileStat) -> &'static str {
+    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG => "regular file",
+        SFlag::S_IFDIR => "directory",
+        SFlag::S_IFLNK => "symlink",
+        SFlag::S_IFIFO => "FIFO",
+        SFlag::S_IFSOCK => "socket",
+        SFlag::S_IFCHR => "character device",
+        SFlag::S_IFBLK => "block device",
+        _ => "special file",
+    }
+}
+
+/// Whether `st` is of file type `t`.
+pub fn is_type(st: &FileStat, t: SFlag) -> bool {
+    st.st_mode & SFlag::S_IFMT.bits() == t.bits()
+}
+
+/// Why an existing name is not logmon's own regular file, or `None` if it
+/// is one: a regular file with exactly one link, owned by our euid.
+pub fn foreign_reason(st: &FileStat) -> Option<String> {
+    if !is_type(st, SFlag::S_IFREG) {
+        return Some(kind_of(st).to_owned());
+    }
+    if st.st_nlink != 1 {
+        return Some(format!("hard link ({} links)", st.st_nlink));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid != euid {
+        return Some(format!("file owned by uid {}", st.st_uid));
+    }
+    None
+}
+
+/// The outcome of claiming a name for a new file of logmon's own.
+#[derive(Debug)]
+pub enum Claim {
+    /// The file was created, empty, and is logmon's. `removed` lists what
+    /// sat at the name before and was removed (one entry per removal).
+    Created {
+        /// The new file.
+        file: File,
+        /// What was removed from the name first.
+        removed: Vec<String>,
+    },
+    /// The name is held by something that cannot be removed (a non-empty
+    /// directory, or an attacker that kept replanting it): use another.
+    Occupied {
+        /// What holds it.
+        by: String,
+        /// What was removed from the name before giving up.
+        removed: Vec<String>,
+    },
+}
+
+/// A directory logmon works in, opened once; every name inside it is
+/// resolved from its descriptor (see the module docs).
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    /// The path it was opened by: for messages only, never walked again.
+    path: PathBuf,
+    id: FileId,
+    /// The parent directory and this directory's name in it, held from the
+    /// start, so a deleted directory can be recreated without walking a
+    /// path ([`Dir::recreate`]).
+    parent: Option<(Arc<OwnedFd>, OsString)>,
+}
+
+/// Whether `openat2` exists here (Linux ≥ 5.6); learnt at the first call.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+impl Dir {
+    /// Opens the directory at `path`. The operator's path is trusted and
+    /// resolved once, here; its parent is opened too (for [`Dir::recreate`]).
+    pub fn open(path: &Path) -> io::Result<Dir> {
+        let path = std::path::absolute(path)?;
+        let (parent, name) = match (path.parent(), path.file_name()) {
+            (Some(p), Some(n)) => (Some(p), Some(n.to_owned())),
+            _ => (None, None),
+        };
+        let fd = nix::fcntl::open(
+            &path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        let parent = match (parent, name) {
+            (Some(p), Some(n)) => nix::fcntl::open(
+                p,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+            .map(|fd| (Arc::new(fd), n)),
+            _ => None,
+        };
+        Ok(Dir {
+            fd,
+            path,
+            id: FileId::of(&st),
+            parent,
+        })
+    }
+
+    /// The path the directory was opened by (absolute), for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `path()/name`, for messages only.
+    pub fn display(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        self.path.join(name.as_ref())
+    }
+
+    /// The directory's device and inode.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// The directory's descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A path naming `name` inside this directory through its descriptor
+    /// (`/proc/self/fd/<fd>/<name>`), for calls that only take a path
+    /// (bind, connect). The kernel resolves it from the open directory;
+    /// the final component is still followed by such calls, so check it
+    /// with [`Dir::stat`] first.
+    pub fn fd_path(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).join(name.as_ref())
+    }
+
+    /// Opens `name` with `flags` (and `mode` when creating), refusing
+    /// symlinks anywhere and any escape from the directory.
+    pub fn open_at(&self, name: impl AsRef<OsStr>, flags: OFlag, mode: Mode) -> io::Result<File> {
+        let name = one_component(name.as_ref())?;
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            let how = OpenHow::new().flags(flags).mode(mode).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+            match nix::fcntl::openat2(&self.fd, name, how) {
+                Ok(fd) => return Ok(File::from(fd)),
+                Err(Errno::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(File::from(nix::fcntl::openat(&self.fd, name, flags, mode)?))
+    }
+
+    /// `fstatat(name, AT_SYMLINK_NOFOLLOW)`; `None` when nothing is there.
+    pub fn stat(&self, name: impl AsRef<OsStr>) -> io::Result<Option<FileStat>> {
+        let name = one_component(name.as_ref())?;
+        match nix::sys::stat::fstatat(&self.fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes the name `name` (never a directory); a missing name is fine.
+    /// Removing a name never touches what a symlink points at.
+    pub fn remove(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+        let name = one_component(name.as_ref())?;
+        match nix::unistd::unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes whatever sits at `name`, an empty directory included.
+    /// Returns what it was, or `None` if nothing was there.
+    pub fn remove_any(&self, name: impl AsRef<OsStr>) -> io::Result<Option<String>> {
+        let name = name.as_ref();
+        let Some(st) = self.stat(name)? else {
+            return Ok(None);
+        };
+        let kind = kind_of(&st);
+        let flag = if is_type(&st, SFlag::S_IFDIR) {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        match nix::unistd::unlinkat(&self.fd, one_component(name)?, flag) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(Some(kind.to_owned())),
+            // Replaced by the other kind between the stat and the unlink.
+            Err(Errno::EISDIR | Errno::ENOTDIR) => self.remove_any(name),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates a FIFO at `name`.
+    pub fn mkfifo(&self, name: impl AsRef<OsStr>, mode: Mode) -> io::Result<()> {
+        let name = one_component(name.as_ref())?;
+        nix::unistd::mkfifoat(&self.fd, name, mode).map_err(io::Error::from)
+    }
+
+    /// The names in the directory (without `.` and `..`), read through the
+    /// descriptor.
+    pub fn list(&self) -> io::Result<Vec<OsString>> {
+        let mut d = nix::dir::Dir::openat(
+            &self.fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut out = Vec::new();
+        for e in d.iter() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                out.push(OsStr::from_bytes(n).to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates `name` as a new file of logmon's own, opened with `flags`
+    /// (`O_CREAT | O_EXCL` are added): anything already at the name is
+    /// removed first and reported in [`Claim::Created::removed`], never
+    /// opened or followed. A name that cannot be freed is
+    /// [`Claim::Occupied`].
+    pub fn create_own(
+        &self,
+        name: impl AsRef<OsStr>,
+        flags: OFlag,
+        mode: Mode,
+    ) -> io::Result<Claim> {
+        let name = name.as_ref();
+        let mut removed = Vec::new();
+        for _ in 0..CLAIM_ATTEMPTS {
+            match self.open_at(name, flags | OFlag::O_CREAT | OFlag::O_EXCL, mode) {
+                Ok(file) => return Ok(Claim::Created { file, removed }),
+                Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+                Err(e) => return Err(e),
+            }
+            match self.remove_any(name) {
+                Ok(Some(kind)) => removed.push(kind),
+                Ok(None) => {}
+                Err(e) => {
+                    let by = match e.raw_os_error() {
+                        Some(c) if c == Errno::ENOTEMPTY as i32 || c == Errno::EEXIST as i32 => {
+                            "non-empty directory".to_owned()
+                        }
+                        _ => format!("name that cannot be removed ({e})"),
+                    };
+                    return Ok(Claim::Occupied { by, removed });
+                }
+            }
+        }
+        Ok(Claim::Occupied {
+            by: "name replanted on every attempt".to_owned(),
+            removed,
+        })
+    }
+
+    /// Opens the existing file `name` with `flags` only if it is logmon's
+    /// own: a regular file with one link owned by our euid, checked on
+    /// what was opened. `Ok(Err(reason))` when something else sits there;
+    /// `Ok(Ok(None))` when nothing does.
+    pub fn open_own(
+        &self,
+        name: impl AsRef<OsStr>,
+        flags: OFlag,
+    ) -> io::Result<Result<Option<File>, String>> {
+        let name = name.as_ref();
+        // A look first, so a device or FIFO is never even opened.
+        match self.stat(name)? {
+            None => return Ok(Ok(None)),
+            Some(st) => {
+                if let Some(why) = foreign_reason(&st) {
+                    return Ok(Err(why));
+                }
+            }
+        }
+        let file = match self.open_at(name, flags | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => return Ok(Ok(None)),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(c) if c == Errno::ELOOP as i32 || c == Errno::EXDEV as i32
+                ) =>
+            {
+                return Ok(Err("symlink".to_owned()))
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(c) if c == Errno::EISDIR as i32 || c == Errno::ENXIO as i32
+                ) =>
+            {
+                return Ok(Err("not a regular file".to_owned()))
+            }
+            Err(e) => return Err(e),
+        };
+        let st = nix::sys::stat::fstat(&file)?;
+        if let Some(why) = foreign_reason(&st) {
+            return Ok(Err(why));
+        }
+        // Writes to our own files block on nothing; drop the O_NONBLOCK
+        // that kept the open from hanging on a swapped-in FIFO.
+        let fl =
+            OFlag::from_bits_truncate(nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)?);
+        if !flags.contains(OFlag::O_NONBLOCK) {
+            nix::fcntl::fcntl(
+                &file,
+                nix::fcntl::FcntlArg::F_SETFL(fl & !OFlag::O_NONBLOCK),
+            )?;
+        }
+        Ok(Ok(Some(file)))
+    }
+
+    /// Whether the directory itself was removed (no link left).
+    pub fn is_deleted(&self) -> bool {
+        nix::sys::stat::fstat(&self.fd).is_ok_and(|st| st.st_nlink == 0)
+    }
+
+    /// Recreates a deleted directory through the parent descriptor held
+    /// since [`Dir::open`] (`mkdirat`, then `openat(O_NOFOLLOW |
+    /// O_DIRECTORY)`), with mode 0755, and returns the new handle. Refuses
+    /// a result that is not a directory owned by our euid (a symlink or a
+    /// directory the task made in the meantime).
+    pub fn recreate(&self) -> io::Result<Dir> {
+        let Some((parent, name)) = &self.parent else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the directory has no parent to recreate it in",
+            ));
+        };
+        match nix::sys::stat::mkdirat(
+            parent.as_fd(),
+            name.as_os_str(),
+            Mode::from_bits_truncate(0o755),
+        ) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = nix::fcntl::openat(
+            parent.as_fd(),
+            name.as_os_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        if st.st_uid != nix::unistd::geteuid().as_raw() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} was recreated by uid {}, not by logmon",
+                    self.path.display(),
+                    st.st_uid
+                ),
+            ));
+        }
+        Ok(Dir {
+            fd,
+            path: self.path.clone(),
+            id: FileId::of(&st),
+            parent: Some((parent.clone(), name.clone())),
+        })
+    }
+}
+
+/// Checks that `name` is one path component (no `/`, not `.`/`..`, not
+/// empty): a [`Dir`] never resolves more than one name.
+fn one_component(name: &OsStr) -> io::Result<&OsStr> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single file name"),
+        ));
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{symlink, MetadataExt};
+
+    fn wr() -> OFlag {
+        OFlag::O_WRONLY
+    }
+
+    #[test]
+    fn a_symlink_is_never_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        symlink(&victim, logs.join("link")).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        assert!(dir.open_at("link", OFlag::O_RDONLY, Mode::empty()).is_err());
+        assert!(dir
+            .open_at("../victim", OFlag::O_RDONLY, Mode::empty())
+            .is_err());
+        assert!(dir.open_own("link", OFlag::O_RDONLY).unwrap().is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn a_planted_name_is_removed_and_never_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        symlink(&victim, logs.join("a")).unwrap();
+        std::fs::hard_link(&victim, logs.join("b")).unwrap();
+        nix::unistd::mkfifo(&logs.join("c"), Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::create_dir(logs.join("e")).unwrap();
+        std::fs::create_dir(logs.join("full")).unwrap();
+        std::fs::write(logs.join("full/x"), b"x").unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        for (name, kind) in [
+            ("a", "symlink"),
+            ("b", "regular file"),
+            ("c", "FIFO"),
+            ("e", "directory"),
+        ] {
+            match dir
+                .create_own(name, wr(), Mode::from_bits_truncate(0o644))
+                .unwrap()
+            {
+                Claim::Created { mut file, removed } => {
+                    assert_eq!(removed, vec![kind.to_owned()], "{name}");
+                    file.write_all(b"ours").unwrap();
+                }
+                Claim::Occupied { by, .. } => panic!("{name} occupied by {by}"),
+            }
+            assert_eq!(std::fs::read(logs.join(name)).unwrap(), b"ours");
+        }
+        assert!(matches!(
+            dir.create_own("full", wr(), Mode::from_bits_truncate(0o644))
+                .unwrap(),
+            Claim::Occupied { .. }
+        ));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1);
+    }
+
+    #[test]
+    fn open_own_refuses_foreign_files() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        std::fs::write(d.path().join("mine"), b"hello").unwrap();
+        std::fs::write(d.path().join("other"), b"x").unwrap();
+        std::fs::hard_link(d.path().join("other"), d.path().join("other2")).unwrap();
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let mut f = dir
+            .open_own("mine", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        assert!(dir
+            .open_own("other", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap_err()
+            .contains("hard link"));
+        assert_eq!(
+            dir.open_own("fifo", OFlag::O_RDONLY).unwrap().unwrap_err(),
+            "FIFO"
+        );
+        assert!(dir
+            .open_own("none", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn names_with_a_slash_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        for bad in ["a/b", "..", ".", ""] {
+            assert!(dir.stat(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_directory_renamed_away_is_still_the_one_used() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        std::fs::rename(&logs, d.path().join("moved")).unwrap();
+        let other = d.path().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        symlink(&other, &logs).unwrap();
+        match dir
+            .create_own("f", wr(), Mode::from_bits_truncate(0o644))
+            .unwrap()
+        {
+            Claim::Created { .. } => {}
+            Claim::Occupied { by, .. } => panic!("{by}"),
+        }
+        assert!(d.path().join("moved/f").exists());
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+        assert_eq!(dir.list().unwrap(), vec![OsString::from("f")]);
+    }
+
+    #[test]
+    fn a_deleted_directory_is_recreated_through_its_parent() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        std::fs::remove_dir(&logs).unwrap();
+        assert!(dir.is_deleted());
+        let again = dir.recreate().unwrap();
+        assert!(!again.is_deleted());
+        assert!(logs.is_dir());
+        // A symlink in its place is never followed.
+        std::fs::remove_dir(&logs).unwrap();
+        let other = d.path().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        symlink(&other, &logs).unwrap();
+        assert!(again.recreate().is_err());
+    }
+}

@@ -9,6 +9,27 @@
 //!
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
+//!
+//! Also kept here (issue #19, #12; `tests/errors.rs` runs each through the
+//! binary):
+//! - a bare socket path is trusted only if the file at that path *is* the
+//!   socket the answering logmon bound (`Welcome.socket_id`, compared with
+//!   an `lstat` of the path after connecting): a symlink planted at
+//!   `.web.logmon.sock` pointing at another task's socket is refused
+//!   ([`ClientError::WrongSocket`]);
+//! - a failed connect says which it is: no such file, a stale socket of a
+//!   logmon that exited, a regular file or directory, permission denied;
+//!   a peer that does not answer with logmon frames "does not speak the
+//!   logmon protocol";
+//! - a refused peer reads the refusal even when its `Hello` hit `EPIPE`;
+//! - the state file is read through its directory's descriptor with
+//!   `O_NOFOLLOW`, and a missing, unreadable, non-regular or empty file is
+//!   its own error, not "corrupt";
+//! - [`launch`] never opens the daemon's diagnostics log by path: the child
+//!   reports pre-ready errors through a stderr pipe (and, launched this
+//!   way, its typed failure on stdout), and opens `.<task>.logmon.log`
+//!   itself through its log-dir handle right before its ready line
+//!   ([`crate::diag`]).
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader};
@@ -37,6 +58,20 @@ pub enum ReattachError {
     /// The state does not decode as a reattach config.
     #[error("corrupt state: {0}")]
     CorruptState(String),
+    /// No state file at the path.
+    #[error("no state file at {}: pass the file `logmon ensure --state` wrote, or run `logmon ensure` to launch one", path.display())]
+    NoState {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The state file exists but cannot be read as one.
+    #[error("cannot read state file {}: {why}", path.display())]
+    StateUnreadable {
+        /// The path.
+        path: PathBuf,
+        /// Why, with what to do.
+        why: String,
+    },
     /// No process has the recorded pid.
     #[error("logmon pid {pid} is gone")]
     ProcessGone {
@@ -54,7 +89,7 @@ pub enum ReattachError {
         found: u64,
     },
     /// The control socket does not accept connections.
-    #[error("control socket {path} is gone: {source}")]
+    #[error("control socket {}: {}", path.display(), connect_failure(path, source).1)]
     SocketGone {
         /// The socket path.
         path: PathBuf,
@@ -85,9 +120,17 @@ pub enum ReattachError {
         /// What was found (pid:instance).
         found: String,
     },
-    /// The daemon speaks another protocol, or refused ours.
+    /// The daemon speaks another protocol.
     #[error("protocol mismatch: {0}")]
     ProtocolMismatch(String),
+    /// The daemon refused this client (another uid, …).
+    #[error("logmon pid {pid} refused this client: {}", refusal_hint(reason))]
+    Refused {
+        /// The recorded pid.
+        pid: u32,
+        /// The daemon's reason.
+        reason: String,
+    },
 }
 
 impl ReattachError {
@@ -95,6 +138,9 @@ impl ReattachError {
     pub fn name(&self) -> &'static str {
         match self {
             ReattachError::CorruptState(_) => "CorruptState",
+            ReattachError::NoState { .. } => "NoState",
+            ReattachError::StateUnreadable { .. } => "StateUnreadable",
+            ReattachError::Refused { .. } => "Refused",
             ReattachError::ProcessGone { .. } => "ProcessGone",
             ReattachError::PidReused { .. } => "PidReused",
             ReattachError::SocketGone { .. } => "SocketGone",
@@ -103,6 +149,71 @@ impl ReattachError {
             ReattachError::InstanceMismatch { .. } => "InstanceMismatch",
             ReattachError::ProtocolMismatch(_) => "ProtocolMismatch",
         }
+    }
+
+    /// Whether the error is about the state file itself (not the logmon it
+    /// names): nothing can be said about a running logmon.
+    pub fn is_state_file(&self) -> bool {
+        matches!(
+            self,
+            ReattachError::CorruptState(_)
+                | ReattachError::NoState { .. }
+                | ReattachError::StateUnreadable { .. }
+        )
+    }
+}
+
+/// A refusal reason with what to do about it.
+fn refusal_hint(reason: &str) -> String {
+    if reason.contains("may not control") {
+        format!("{reason}: run this as the logmon's owner or as root")
+    } else {
+        reason.to_owned()
+    }
+}
+
+/// Why connecting to a socket path failed, in words, with what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// Nothing at the path.
+    Missing,
+    /// A socket nobody listens on: the logmon that made it has exited.
+    Stale,
+    /// Something that is not a socket (regular file, directory, …).
+    NotASocket,
+    /// Not allowed to connect.
+    Permission,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies a connect error on `path` (looking at what sits there) and
+/// words it for the user.
+pub fn connect_failure(path: &Path, e: &io::Error) -> (ConnectFailure, String) {
+    let st = nix::sys::stat::lstat(path).ok();
+    let kind = st.as_ref().map(crate::dir::kind_of);
+    match (e.raw_os_error(), kind) {
+        (_, Some(k)) if k != "socket" && k != "symlink" => (
+            ConnectFailure::NotASocket,
+            format!("is a {k}, not a logmon control socket: pass the socket logmon printed in its ready line"),
+        ),
+        (Some(nix::libc::ENOENT), _) | (_, None) if e.kind() == io::ErrorKind::NotFound => (
+            ConnectFailure::Missing,
+            "does not exist: is logmon running? (start it with `logmon ensure` or `logmon launch`)"
+                .to_owned(),
+        ),
+        (Some(nix::libc::ECONNREFUSED), _) => (
+            ConnectFailure::Stale,
+            "stale socket: no logmon listens on it (the logmon that made it has exited); start one with `logmon ensure`".to_owned(),
+        ),
+        (Some(nix::libc::EACCES | nix::libc::EPERM), _) => {
+            let owner = st.map(|s| format!(" (owned by uid {})", s.st_uid)).unwrap_or_default();
+            (
+                ConnectFailure::Permission,
+                format!("permission denied{owner}: run this as the logmon's owner or as root"),
+            )
+        }
+        _ => (ConnectFailure::Other, format!("cannot connect: {e}")),
     }
 }
 
@@ -124,16 +235,43 @@ pub enum ClientError {
         timeout: Duration,
     },
     /// Connecting to a bare socket failed.
-    #[error("cannot connect to {path}: {source}")]
+    #[error("control socket {}: {why}", path.display())]
     Connect {
         /// The socket path.
         path: PathBuf,
-        /// The error.
-        source: io::Error,
+        /// What kind of failure.
+        failure: ConnectFailure,
+        /// In words, with what to do.
+        why: String,
     },
     /// The daemon refused the connection.
-    #[error("logmon refused the connection: {0}")]
+    #[error("logmon refused this client: {}", refusal_hint(.0))]
     Refused(String),
+    /// The peer answered, but not with logmon frames.
+    #[error("{} does not speak the logmon protocol ({detail}): pass logmon's control socket", path.display())]
+    NotLogmon {
+        /// The socket path.
+        path: PathBuf,
+        /// What it did.
+        detail: String,
+    },
+    /// The peer accepted but said nothing in time.
+    #[error("{} did not answer within {timeout:?}: a logmon stopped (SIGSTOP) or wedged, or not a logmon socket", path.display())]
+    NoAnswer {
+        /// The socket path.
+        path: PathBuf,
+        /// The wait.
+        timeout: Duration,
+    },
+    /// The file at the path is not the socket the answering logmon bound,
+    /// or the logmon serves another task or directory.
+    #[error("{} is not this task's logmon socket: {detail}; not trusted", path.display())]
+    WrongSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// What did not match.
+        detail: String,
+    },
 }
 
 /// Why a launch failed.
@@ -148,21 +286,39 @@ pub enum LaunchError {
         source: io::Error,
     },
     /// The process exited, or closed stdout, before printing its ready line.
-    #[error("logmon exited before it was ready: {detail} (see {log})")]
+    #[error("logmon exited before it was ready: {detail}")]
     NotReady {
-        /// Why.
+        /// Why: the child's own last words on stderr, if any.
         detail: String,
-        /// Where its diagnostics went.
-        log: PathBuf,
     },
-    /// The daemon log could not be opened.
-    #[error("cannot open {path}: {source}")]
-    Log {
-        /// The path.
-        path: PathBuf,
-        /// The error.
-        source: io::Error,
+    /// The daemon refused to start and said why (its own one-line error).
+    #[error("{message}")]
+    Daemon {
+        /// The daemon's error.
+        message: String,
+        /// The exit code `run` would have exited with (2: configuration).
+        code: i32,
     },
+}
+
+impl LaunchError {
+    /// The exit code class: the daemon's own for its errors, else 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::Daemon { code, .. } => *code,
+            _ => 1,
+        }
+    }
+}
+
+/// What a launched `run` prints on stdout instead of its ready line when it
+/// cannot start ([`crate::diag::LAUNCHED_ENV`] set): its error and exit code.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LaunchFailure {
+    /// The one-line error.
+    pub error: String,
+    /// The exit code `run` exits with.
+    pub exit_code: i32,
 }
 
 /// Which program to launch.
@@ -209,7 +365,13 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
 /// The daemon runs in its own session (setsid) and is reparented to init (or
 /// the nearest subreaper) at once, so it neither dies with the agent nor
 /// stays the agent's zombie; stdin is /dev/null, stdout a pipe read up to
-/// the ready line, stderr appended to `<log-dir>/.<task>.logmon.log`.
+/// the ready line, stderr a pipe read until the daemon, right before its
+/// ready line, moves its stderr to `<log-dir>/.<task>.logmon.log` — opened
+/// by the daemon through its log-dir handle, never by path here
+/// ([`crate::diag`]). A daemon that cannot start says why on stdout
+/// ([`LaunchFailure`]: its error and exit code), else its last stderr line
+/// is passed on. Warnings it printed before it was ready are passed to our
+/// stderr.
 pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
     let exe = match program {
         Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
@@ -218,20 +380,12 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
         })?,
         Program::Path(p) => p.clone(),
     };
-    let log = cfg.daemon_log_path();
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|source| LaunchError::Log {
-            path: log.clone(),
-            source,
-        })?;
     let mut cmd = Command::new(&exe);
     cmd.args(run_args(cfg))
+        .env(crate::diag::LAUNCHED_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(stderr);
+        .stderr(Stdio::piped());
     // SAFETY: between fork and exec only async-signal-safe calls are made
     // (setsid, fork, _exit); no allocation, no locks.
     unsafe {
@@ -251,35 +405,60 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
         source,
     })?;
     let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
     // The intermediate process exits at once; reap it.
     let _ = child.wait();
-    let not_ready = |detail: String| LaunchError::NotReady {
-        detail,
-        log: log.clone(),
-    };
+    // Read stderr alongside, so a chatty start never fills the pipe and
+    // blocks the daemon before its ready line.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut e) = stderr {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
+            let _ = tx.send(kept);
+            // Anything past the cap is drained and dropped.
+            let _ = io::copy(&mut e, &mut io::sink());
+        });
+    }
+    let not_ready = |detail: String| LaunchError::NotReady { detail };
     let stdout = stdout.ok_or_else(|| not_ready("no stdout pipe".into()))?;
     let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| not_ready(format!("reading its ready line: {e}")))?;
-    if line.trim().is_empty() {
-        let tail = last_line(&log).unwrap_or_default();
-        return Err(not_ready(if tail.is_empty() {
-            "no ready line".into()
-        } else {
-            tail
-        }));
+    let read = BufReader::new(stdout).read_line(&mut line);
+    // The daemon's stderr reaches EOF when it hands stderr over to its log
+    // (right before the ready line) or exits.
+    let diag = rx
+        .recv_timeout(Duration::from_secs(5))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    if let Err(e) = read {
+        return Err(not_ready(format!("cannot read its ready line: {e}")));
     }
-    serde_json::from_str(line.trim())
-        .map_err(|e| not_ready(format!("bad ready line {line:?}: {e}")))
-}
-
-fn last_line(path: &Path) -> Option<String> {
-    let s = std::fs::read_to_string(path).ok()?;
-    s.lines()
+    let line = line.trim();
+    if let Ok(rc) = serde_json::from_str::<ReattachConfig>(line) {
+        for l in diag
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        {
+            eprintln!("{l}");
+        }
+        return Ok(rc);
+    }
+    if let Ok(f) = serde_json::from_str::<LaunchFailure>(line) {
+        return Err(LaunchError::Daemon {
+            message: f.error,
+            code: f.exit_code,
+        });
+    }
+    let last = diag
+        .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .map(str::to_owned)
+        .map(|l| l.trim_start_matches("logmon: error: ").to_owned());
+    Err(not_ready(match (line.is_empty(), last) {
+        (true, Some(l)) => l,
+        (true, None) => "it printed no ready line and no error".into(),
+        (false, _) => format!("unexpected ready line {line:?}"),
+    }))
 }
 
 /// Parses a persisted state (the ready line's JSON).
@@ -297,11 +476,88 @@ pub fn parse_state(bytes: &[u8]) -> Result<ReattachConfig, ReattachError> {
     Ok(cfg)
 }
 
-/// Reads and parses the state file at `path`.
+/// Reads and parses the state file at `path`: opened through its
+/// directory's descriptor with `O_NOFOLLOW` (a symlink planted at the name
+/// is refused, never followed), and only if it is a regular file.
 pub fn read_state(path: &Path) -> Result<ReattachConfig, ReattachError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| ReattachError::CorruptState(format!("{}: {e}", path.display())))?;
-    parse_state(&bytes)
+    let bytes = read_state_bytes(path)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ReattachError::CorruptState(format!(
+            "{} is empty: it was not written by `logmon ensure`; remove it and run `logmon ensure`",
+            path.display()
+        )));
+    }
+    parse_state(&bytes).map_err(|e| match e {
+        ReattachError::CorruptState(m) => ReattachError::CorruptState(format!(
+            "{} is not a logmon state file ({m}): remove it and run `logmon ensure`",
+            path.display()
+        )),
+        other => other,
+    })
+}
+
+/// The directory of `path` and its file name.
+pub(crate) fn split_path(path: &Path) -> io::Result<(PathBuf, std::ffi::OsString)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    Ok((dir, name.to_owned()))
+}
+
+fn read_state_bytes(path: &Path) -> Result<Vec<u8>, ReattachError> {
+    use nix::fcntl::OFlag;
+    let unreadable = |why: String| ReattachError::StateUnreadable {
+        path: path.to_owned(),
+        why,
+    };
+    let io_why = |e: &io::Error| match e.raw_os_error() {
+        Some(nix::libc::EACCES | nix::libc::EPERM) => {
+            "permission denied: run this as the user who wrote it, or as root".to_owned()
+        }
+        Some(nix::libc::ELOOP | nix::libc::EXDEV) => {
+            "it is a symlink: a state file is read only by its own name".to_owned()
+        }
+        Some(nix::libc::ENOTDIR) => "a component of its path is not a directory".to_owned(),
+        _ => e.to_string(),
+    };
+    let (dir, name) = split_path(path).map_err(|e| unreadable(e.to_string()))?;
+    let dir = match crate::dir::Dir::open(&dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ReattachError::NoState {
+                path: path.to_owned(),
+            })
+        }
+        Err(e) => return Err(unreadable(io_why(&e))),
+    };
+    let file = match dir.open_at(
+        &name,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ReattachError::NoState {
+                path: path.to_owned(),
+            })
+        }
+        Err(e) => return Err(unreadable(io_why(&e))),
+    };
+    let st = nix::sys::stat::fstat(&file).map_err(|e| unreadable(e.to_string()))?;
+    if !crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG) {
+        return Err(unreadable(format!(
+            "it is a {}, not a state file: pass the file `logmon ensure --state` wrote",
+            crate::dir::kind_of(&st)
+        )));
+    }
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut io::Read::take(&file, 1 << 20), &mut bytes)
+        .map_err(|e| unreadable(io_why(&e)))?;
+    Ok(bytes)
 }
 
 /// A verified connection to a logmon.
@@ -359,20 +615,24 @@ pub fn reattach_with_timeout(
         });
     }
     let h = Handle::handshake(stream, timeout).map_err(|e| match e {
-        HandshakeError::Timeout => ReattachError::Unresponsive {
-            pid: cfg.pid,
-            timeout,
-        },
         HandshakeError::Refused(r) if r == crate::server::BUSY => ReattachError::Unresponsive {
             pid: cfg.pid,
             timeout,
         },
-        HandshakeError::Refused(r) => ReattachError::ProtocolMismatch(r),
-        HandshakeError::Closed => ReattachError::Unresponsive {
+        HandshakeError::Refused(reason) if reason.contains("protocol") => {
+            ReattachError::ProtocolMismatch(reason)
+        }
+        HandshakeError::Refused(reason) => ReattachError::Refused {
+            pid: cfg.pid,
+            reason,
+        },
+        HandshakeError::Timeout | HandshakeError::Closed => ReattachError::Unresponsive {
             pid: cfg.pid,
             timeout,
         },
-        HandshakeError::Other(m) => ReattachError::ProtocolMismatch(m),
+        HandshakeError::NotLogmon(m) | HandshakeError::Other(m) => {
+            ReattachError::ProtocolMismatch(m)
+        }
     })?;
     if h.welcome.pid != cfg.pid
         || h.welcome.instance != cfg.instance
@@ -403,11 +663,22 @@ enum HandshakeError {
     /// The server closed the connection without answering.
     Closed,
     Refused(String),
+    /// The peer sent something that is not a logmon frame.
+    NotLogmon(String),
     Other(String),
 }
 
 fn is_timeout(e: &FrameError) -> bool {
     matches!(e, FrameError::Io(io) if matches!(io.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+}
+
+/// The identity a caller requires of the logmon behind a socket path.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect<'a> {
+    /// The task it must capture.
+    pub task: &'a str,
+    /// The (dev, ino) of the log directory it must write into.
+    pub log_dir: crate::dir::FileId,
 }
 
 impl Handle {
@@ -419,50 +690,129 @@ impl Handle {
         stream
             .set_write_timeout(Some(timeout))
             .map_err(|e| other(&e))?;
-        protocol::write_frame(
+        let wrote = protocol::write_frame(
             &mut stream,
             &Request::Hello {
                 protocol: PROTOCOL_VERSION,
             },
-        )
-        .map_err(|e| {
-            if is_timeout(&e) {
-                HandshakeError::Timeout
-            } else {
-                other(&e)
-            }
-        })?;
-        match protocol::read_frame::<Response>(&mut stream) {
-            Ok(Response::Welcome(welcome)) => Ok(Handle { stream, welcome }),
+        );
+        match &wrote {
+            Err(e) if is_timeout(e) => return Err(HandshakeError::Timeout),
+            // A server that refuses (another uid) may answer and close
+            // before our Hello is written: its refusal is already in our
+            // receive buffer, so read it rather than report the pipe.
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) => {}
+            Err(e) => return Err(other(e)),
+            Ok(()) => {}
+        }
+        let answer = protocol::read_frame::<Response>(&mut stream);
+        match answer {
+            Ok(Response::Welcome(welcome)) if wrote.is_ok() => Ok(Handle { stream, welcome }),
+            Ok(Response::Welcome(_)) => Err(HandshakeError::Closed),
             Ok(Response::Refused { reason }) => Err(HandshakeError::Refused(reason)),
-            Ok(other_msg) => Err(HandshakeError::Other(format!(
-                "expected Welcome, got {other_msg:?}"
+            Ok(other_msg) => Err(HandshakeError::NotLogmon(format!(
+                "it answered {other_msg:?} to Hello"
             ))),
             Err(e) if is_timeout(&e) => Err(HandshakeError::Timeout),
-            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                ) =>
+            {
                 Err(HandshakeError::Closed)
             }
+            Err(FrameError::TooLarge(n)) => Err(HandshakeError::NotLogmon(format!(
+                "it sent a frame of {n} bytes; logmon frames are at most {} bytes",
+                protocol::MAX_FRAME
+            ))),
+            Err(FrameError::Decode(e)) => Err(HandshakeError::NotLogmon(format!(
+                "its answer does not decode: {e}"
+            ))),
             Err(e) => Err(other(&e)),
         }
     }
 
-    /// Connects to a bare socket path, checking only the handshake (for
+    /// Connects to a bare socket path, checking the handshake and that the
+    /// file at `path` is the very socket the answering logmon bound (for
     /// `status`/`stop --socket`, where no state is at hand).
     pub fn connect_socket(path: &Path, timeout: Duration) -> Result<Handle, ClientError> {
-        let stream = connect(path).map_err(|source| ClientError::Connect {
-            path: path.to_owned(),
-            source,
+        Handle::connect_verified(path, timeout, None)
+    }
+
+    /// [`Handle::connect_socket`], and, with `expect`, that the logmon
+    /// serves that task in that directory (`ensure` with a lost state,
+    /// DESIGN.md §9): anything else is [`ClientError::WrongSocket`], so a
+    /// caller never stops another task's logmon.
+    pub fn connect_verified(
+        path: &Path,
+        timeout: Duration,
+        expect: Option<Expect<'_>>,
+    ) -> Result<Handle, ClientError> {
+        let stream = connect(path).map_err(|source| {
+            let (failure, why) = connect_failure(path, &source);
+            ClientError::Connect {
+                path: path.to_owned(),
+                failure,
+                why,
+            }
         })?;
-        Handle::handshake(stream, timeout).map_err(|e| match e {
-            HandshakeError::Timeout => {
-                ClientError::Frame(FrameError::Io(io::ErrorKind::TimedOut.into()))
-            }
+        let h = Handle::handshake(stream, timeout).map_err(|e| match e {
+            HandshakeError::Timeout => ClientError::NoAnswer {
+                path: path.to_owned(),
+                timeout,
+            },
             HandshakeError::Refused(r) => ClientError::Refused(r),
-            HandshakeError::Closed => {
-                ClientError::Unexpected("connection closed before Welcome".into())
-            }
+            HandshakeError::Closed => ClientError::NotLogmon {
+                path: path.to_owned(),
+                detail: "it closed the connection without a Welcome".into(),
+            },
+            HandshakeError::NotLogmon(detail) => ClientError::NotLogmon {
+                path: path.to_owned(),
+                detail,
+            },
             HandshakeError::Other(m) => ClientError::Unexpected(m),
-        })
+        })?;
+        let wrong = |detail: String| ClientError::WrongSocket {
+            path: path.to_owned(),
+            detail,
+        };
+        let w = &h.welcome;
+        let unknown = crate::dir::FileId { dev: 0, ino: 0 };
+        if w.socket_id != unknown {
+            // No follow: a symlink at the path is not the socket itself.
+            match nix::sys::stat::lstat(path) {
+                Ok(st) if crate::dir::FileId::of(&st) == w.socket_id => {}
+                Ok(st) => {
+                    return Err(wrong(format!(
+                        "the {} there is not the socket logmon pid {} bound",
+                        crate::dir::kind_of(&st),
+                        w.pid
+                    )))
+                }
+                Err(e) => return Err(wrong(format!("cannot look at it: {e}"))),
+            }
+        }
+        if let Some(x) = expect {
+            if w.task != x.task {
+                return Err(wrong(format!(
+                    "logmon pid {} there captures task {:?}, not {:?}",
+                    w.pid, w.task, x.task
+                )));
+            }
+            if w.log_dir_id != x.log_dir {
+                return Err(wrong(format!(
+                    "logmon pid {} there writes into {}, another directory",
+                    w.pid,
+                    w.log_dir.display()
+                )));
+            }
+        }
+        Ok(h)
     }
 
     /// What the daemon said about itself.

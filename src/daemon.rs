@@ -259,7 +259,12 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         log_dir: log_dir.path().to_owned(),
         log_dir_id: log_dir.id(),
-        socket_id: crate::dir::FileId { dev: 0, ino: 0 },
+        // Agent side (#12 item 7): the bound socket's identity, so a client
+        // that came by path can check the path names this very socket.
+        socket_id: nix::sys::stat::lstat(&socket_path)
+            .map_or(crate::dir::FileId { dev: 0, ino: 0 }, |st| {
+                crate::dir::FileId::of(&st)
+            }),
     };
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -316,6 +321,8 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
         if ready == Ready::Stdout {
+            // Agent side (#12 item 3): a launched daemon's stderr moves to its log.
+            crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
             print_ready(&ready_cfg)?;
         }
         systemd::notify_ready(&state);

@@ -392,6 +392,21 @@ impl Dir {
         Ok(Ok(Some(file)))
     }
 
+    /// Renames `from` to `to`, both names inside this directory
+    /// (`renameat` on the one descriptor): whatever sits at `to` is
+    /// replaced as a name, never followed.
+    pub fn rename(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
+        let from = one_component(from.as_ref())?;
+        let to = one_component(to.as_ref())?;
+        nix::fcntl::renameat(&self.fd, from, &self.fd, to).map_err(io::Error::from)
+    }
+
+    /// `fsync` of the directory itself, so a rename or a new name in it is
+    /// durable.
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::fsync(&self.fd).map_err(io::Error::from)
+    }
+
     /// Whether the directory itself was removed (no link left).
     pub fn is_deleted(&self) -> bool {
         nix::sys::stat::fstat(&self.fd).is_ok_and(|st| st.st_nlink == 0)

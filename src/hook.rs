@@ -16,18 +16,28 @@
 //! (two readers would split the data): it asks the old one to stop through
 //! its socket, and if it does not answer, kills it through a pidfd only
 //! while its pid and start time still match the state, so a reused pid is
-//! never signalled. The task lock taken by `run` is the last line of
-//! defence.
+//! never signalled. A process is signalled only when it is also proven to
+//! be this task's logmon: it holds the task's lock (`tests/ensure.rs`:
+//! `a_live_process_named_by_the_state_is_never_killed`); a logmon that
+//! answers for another task or directory is never stopped
+//! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
+//! taken by `run` is the last line of defence.
+//!
+//! The state file is written through its directory's descriptor
+//! ([`StateFile`]), prepared before anything is launched.
 
+use std::ffi::OsString;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 use serde::Serialize;
 
-use crate::client::{self, Handle, LaunchError, Program, ReattachError};
+use crate::client::{self, ClientError, Expect, Handle, LaunchError, Program, ReattachError};
 use crate::config::CaptureConfig;
+use crate::dir::{Dir, FileId};
 use crate::process;
 use crate::protocol::ReattachConfig;
 
@@ -61,6 +71,14 @@ pub struct Outcome {
     pub reason: Option<String>,
     /// The state to persist.
     pub config: ReattachConfig,
+    /// The pid of an old logmon of this task that was stopped (or killed)
+    /// before launching, if any.
+    pub stopped: Option<u32>,
+    /// What the operator should know (an old logmon stopped, flags that
+    /// differ from the running logmon's, a state left alone): one line
+    /// each; the CLI prints them as `logmon: note: …`.
+    #[serde(skip)]
+    pub notes: Vec<String>,
 }
 
 /// A hook failure.
@@ -77,6 +95,27 @@ pub enum HookError {
         pid: u32,
         /// Why.
         why: String,
+    },
+    /// The logmon of this task belongs to another user: this one may
+    /// neither use nor stop it.
+    #[error(
+        "the logmon of task {task} ({what}) belongs to uid {uid}: run this as uid {uid} or as root"
+    )]
+    NotOwner {
+        /// The task.
+        task: String,
+        /// Which logmon (pid or socket).
+        what: String,
+        /// Its owner.
+        uid: u32,
+    },
+    /// The configured log directory cannot be opened.
+    #[error("cannot open log directory {}: {source}", path.display())]
+    LogDir {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
     },
     /// Launching failed.
     #[error(transparent)]
@@ -100,6 +139,15 @@ pub struct Hook {
     pub timeout: Duration,
 }
 
+/// The flags compared between a running logmon and the configuration an
+/// `ensure` asks for (paths are the task's identity, checked elsewhere).
+const COMPARED_FLAGS: [&str; 4] = [
+    "--max-files",
+    "--max-file-size",
+    "--on-write-error",
+    "--pipe-size",
+];
+
 impl Hook {
     /// A hook launching the current executable with the default policy.
     pub fn new(config: CaptureConfig) -> Self {
@@ -111,29 +159,75 @@ impl Hook {
         }
     }
 
+    fn log_dir(&self) -> Result<Dir, HookError> {
+        Dir::open(&self.config.log_dir).map_err(|source| HookError::LogDir {
+            path: self.config.log_dir.clone(),
+            source,
+        })
+    }
+
     /// Reattaches to `previous`, or (policy permitting) retires any old
     /// logmon of this task and launches a fresh one. Returns the state to
     /// persist; `previous` is not modified.
+    ///
+    /// A logmon is trusted (reattached to) or stopped only when it is
+    /// proven to serve *this* task in *this* log directory: the state, its
+    /// `Welcome` and the configuration must agree on both; a process is
+    /// killed only if it also holds this task's lock
+    /// (`<log-dir>/.<task>.logmon.lock`). Anything else is left alone and
+    /// said in [`Outcome::notes`].
     pub fn prestart(&self, previous: Option<&ReattachConfig>) -> Result<Outcome, HookError> {
+        let dir = self.log_dir()?;
+        let task = self.config.task.as_str();
+        let expect = Expect {
+            task,
+            log_dir: dir.id(),
+        };
+        let mut notes = Vec::new();
+        let mut stopped = None;
         let reason = match previous {
             Some(prev) => match client::reattach_with_timeout(prev, self.timeout) {
-                Ok(_) => {
+                Ok(h) if h.welcome().task == task && h.welcome().log_dir_id == dir.id() => {
+                    notes.extend(self.flag_differences(prev.pid));
                     return Ok(Outcome {
                         action: Action::Reattached,
                         reason: None,
                         config: prev.clone(),
-                    })
+                        stopped: None,
+                        notes,
+                    });
+                }
+                Ok(h) => {
+                    let w = h.welcome();
+                    let why = format!(
+                        "StateOfOtherTask: the state names logmon pid {} of task {:?} in {}, not task {:?} in {}; that logmon is left running",
+                        w.pid,
+                        w.task,
+                        w.log_dir.display(),
+                        task,
+                        dir.path().display()
+                    );
+                    notes.push(why.clone());
+                    why
                 }
                 Err(e) if self.policy == Policy::Conservative => {
                     return Err(HookError::Recoverable(e))
                 }
+                Err(ReattachError::Refused { pid, .. }) => {
+                    return Err(HookError::NotOwner {
+                        task: task.to_owned(),
+                        what: format!("pid {pid}"),
+                        uid: process::uid_of(pid).unwrap_or(0),
+                    })
+                }
                 Err(e) => {
                     tracing::info!(reason = e.name(), error = %e, "cannot reattach; launching a fresh logmon");
-                    match e {
-                        // It already failed to answer: asking it to stop
-                        // through the socket would only wait again.
-                        ReattachError::Unresponsive { .. } => kill_checked(prev)?,
-                        _ => retire(prev)?,
+                    if !matches!(
+                        e,
+                        ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }
+                    ) && self.retire_proven(&dir, prev, &e, &mut notes)?
+                    {
+                        stopped = Some(prev.pid);
                     }
                     format!("{}: {e}", e.name())
                 }
@@ -146,57 +240,208 @@ impl Hook {
             None => "no previous state".into(),
         };
         // Whatever the state said, a logmon may still serve this task's
-        // socket (state lost or corrupt): stop it rather than split a FIFO.
-        self.retire_by_socket()?;
+        // socket (state lost or corrupt): stop it rather than split a FIFO,
+        // once it is proven to be this task's.
+        if let Some(pid) = self.retire_by_socket(expect, &mut notes)? {
+            stopped = Some(pid);
+        }
         let config = client::launch(&self.config, &self.program)?;
         Ok(Outcome {
             action: Action::Launched,
             reason: Some(reason),
             config,
+            stopped,
+            notes,
         })
     }
 
-    fn retire_by_socket(&self) -> Result<(), HookError> {
-        let Ok(h) = Handle::connect_socket(&self.config.socket, self.timeout) else {
-            return Ok(());
-        };
-        if h.welcome().task != self.config.task.as_str() {
-            return Ok(());
+    /// Stops the logmon `prev` names, which is alive but failed the
+    /// reattach checks, only if proven to be this task's. Returns whether
+    /// something was stopped.
+    fn retire_proven(
+        &self,
+        dir: &Dir,
+        prev: &ReattachConfig,
+        why: &ReattachError,
+        notes: &mut Vec<String>,
+    ) -> Result<bool, HookError> {
+        if !matches!(why, ReattachError::Unresponsive { .. }) {
+            // It may still answer on its own socket.
+            let expect = Expect {
+                task: self.config.task.as_str(),
+                log_dir: dir.id(),
+            };
+            if let Ok(h) = Handle::connect_verified(&prev.socket, self.timeout, Some(expect)) {
+                if h.welcome().pid == prev.pid {
+                    h.stop(RETIRE_TIMEOUT)
+                        .map_err(|e| HookError::OldStillRunning {
+                            pid: prev.pid,
+                            why: e.to_string(),
+                        })?;
+                    notes.push(format!(
+                        "stopped the old logmon pid {} of task {} ({})",
+                        prev.pid,
+                        self.config.task,
+                        why.name()
+                    ));
+                    return Ok(true);
+                }
+            }
         }
-        let pid = h.welcome().pid;
-        tracing::info!(pid, "stopping the logmon still serving this task's socket");
-        h.stop(RETIRE_TIMEOUT)
-            .map_err(|e| HookError::OldStillRunning {
-                pid,
-                why: e.to_string(),
+        // It did not answer (or not as itself): only a process holding this
+        // task's lock is this task's logmon.
+        let lock = format!(".{}.logmon.lock", self.config.task.as_str());
+        let lock_id = dir.stat(&lock).ok().flatten().map(|st| FileId::of(&st));
+        let proven = match lock_id.map(|id| process::holds_flock(prev.pid, id)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(HookError::NotOwner {
+                    task: self.config.task.as_str().to_owned(),
+                    what: format!("pid {}", prev.pid),
+                    uid: process::uid_of(prev.pid).unwrap_or(0),
+                })
+            }
+            Some(Err(_)) | None => false,
+        };
+        if !proven {
+            notes.push(format!(
+                "pid {} named by the state is not proven to be task {}'s logmon (it holds no lock on {}): left alone",
+                prev.pid,
+                self.config.task,
+                dir.display(&lock).display()
+            ));
+            return Ok(false);
+        }
+        kill_checked(prev)?;
+        notes.push(format!(
+            "killed the old logmon pid {} of task {}: it did not answer ({})",
+            prev.pid,
+            self.config.task,
+            why.name()
+        ));
+        Ok(true)
+    }
+
+    fn retire_by_socket(
+        &self,
+        expect: Expect<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<u32>, HookError> {
+        match Handle::connect_verified(&self.config.socket, self.timeout, Some(expect)) {
+            Ok(h) => {
+                let pid = h.welcome().pid;
+                tracing::info!(pid, "stopping the logmon still serving this task's socket");
+                h.stop(RETIRE_TIMEOUT)
+                    .map_err(|e| HookError::OldStillRunning {
+                        pid,
+                        why: e.to_string(),
+                    })?;
+                notes.push(format!(
+                    "stopped logmon pid {pid}, which still served task {} without a usable state",
+                    self.config.task
+                ));
+                Ok(Some(pid))
+            }
+            Err(ClientError::Refused(_)) => Err(HookError::NotOwner {
+                task: self.config.task.as_str().to_owned(),
+                what: format!("socket {}", self.config.socket.display()),
+                uid: nix::sys::stat::lstat(&self.config.socket).map_or(0, |s| s.st_uid),
+            }),
+            Err(e @ ClientError::WrongSocket { .. }) => {
+                tracing::warn!(error = %e, "not stopping a logmon that is not this task's");
+                notes.push(format!("{e}: left alone"));
+                Ok(None)
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The flags of the running logmon `pid` (from its command line) that
+    /// differ from this hook's configuration, as notes.
+    fn flag_differences(&self, pid: u32) -> Vec<String> {
+        let Some(theirs) = process::cmdline(pid) else {
+            return Vec::new();
+        };
+        let ours = client::run_args(&self.config);
+        let value = |args: &[OsString], flag: &str| -> Option<OsString> {
+            let mut it = args.iter();
+            while let Some(a) = it.next() {
+                if a == flag {
+                    return it.next().cloned();
+                }
+                let s = a.to_string_lossy();
+                if let Some(v) = s.strip_prefix(&format!("{flag}=")) {
+                    return Some(v.into());
+                }
+            }
+            None
+        };
+        COMPARED_FLAGS
+            .iter()
+            .filter_map(|f| {
+                let (o, t) = (value(&ours, f)?, value(&theirs, f)?);
+                (o != t).then(|| {
+                    format!(
+                        "logmon pid {pid} runs with {f} {}, not {}: it keeps its flags; stop it (`logmon stop --state …`) and run ensure again to apply them",
+                        t.to_string_lossy(),
+                        o.to_string_lossy()
+                    )
+                })
             })
+            .collect()
     }
 
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted
     /// state alone: it also works for a task that was already terminal when
-    /// the agent came back. A logmon that is already gone is success.
+    /// the agent came back. A logmon that is already gone is success. A
+    /// process that does not answer is killed only if it holds a logmon
+    /// task lock.
     pub fn stop(state: &ReattachConfig, timeout: Duration) -> Result<(), HookError> {
         match client::reattach(state) {
             Ok(h) => h.stop(timeout).or_else(|e| {
                 tracing::warn!(error = %e, "stop through the socket failed; killing");
-                kill_checked(state)
+                kill_if_logmon(state)
             }),
             Err(ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }) => Ok(()),
-            Err(_) => retire(state),
+            Err(ReattachError::Refused { pid, .. }) => Err(HookError::NotOwner {
+                task: "?".into(),
+                what: format!("pid {pid}"),
+                uid: process::uid_of(pid).unwrap_or(0),
+            }),
+            Err(_) => kill_if_logmon(state),
         }
     }
 }
 
-/// Makes sure the logmon in `state` no longer runs: stop through the
-/// socket, else SIGKILL through a pidfd while pid and start time match.
-fn retire(state: &ReattachConfig) -> Result<(), HookError> {
+/// Kills the process in `state` only if it holds a logmon task lock
+/// (`.<task>.logmon.lock`): without a configuration at hand, that is the
+/// proof it is a logmon and not a process that took its pid.
+fn kill_if_logmon(state: &ReattachConfig) -> Result<(), HookError> {
     if !process::is_alive_with(state.pid, state.start_time) {
         return Ok(());
     }
-    if let Ok(h) = Handle::connect_socket(&state.socket, client::DEFAULT_TIMEOUT) {
-        if h.welcome().pid == state.pid && h.stop(RETIRE_TIMEOUT).is_ok() {
-            return Ok(());
-        }
+    let holds = std::fs::read_dir(format!("/proc/{}/fd", state.pid))
+        .map(|d| {
+            d.flatten().any(|fd| {
+                let Ok(target) = std::fs::read_link(fd.path()) else {
+                    return false;
+                };
+                let is_lock = target
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .is_some_and(|n| n.starts_with('.') && n.ends_with(".logmon.lock"));
+                is_lock
+                    && nix::sys::stat::stat(&fd.path()).is_ok_and(|st| {
+                        process::holds_flock(state.pid, FileId::of(&st)).unwrap_or(false)
+                    })
+            })
+        })
+        .unwrap_or(false);
+    if !holds {
+        return Err(HookError::OldStillRunning {
+            pid: state.pid,
+            why: "it does not answer and is not proven to be a logmon (it holds no logmon lock); not signalled".into(),
+        });
     }
     kill_checked(state)
 }
@@ -211,7 +456,7 @@ fn kill_checked(state: &ReattachConfig) -> Result<(), HookError> {
     else {
         return Ok(());
     };
-    tracing::warn!(pid = state.pid, "killing unresponsive logmon");
+    tracing::info!(pid = state.pid, "killing unresponsive logmon");
     process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGKILL)
         .map_err(|e| err(e.to_string()))?;
     match process::pidfd_wait(&fd, RETIRE_TIMEOUT) {
@@ -224,56 +469,101 @@ fn kill_checked(state: &ReattachConfig) -> Result<(), HookError> {
 /// Reads a persisted state. A missing file is `None`; an unreadable or
 /// corrupt one is logged and also `None` (launch fresh), never a crash.
 pub fn load_state(path: &Path) -> Option<ReattachConfig> {
-    match std::fs::read(path) {
-        Ok(bytes) => match client::parse_state(&bytes) {
-            Ok(cfg) => Some(cfg),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "ignoring corrupt state file");
-                None
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+    match client::read_state(path) {
+        Ok(cfg) => Some(cfg),
+        Err(ReattachError::NoState { .. }) => None,
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable state file");
+            tracing::warn!(path = %path.display(), error = %e, "ignoring unusable state file");
             None
         }
     }
 }
 
-/// Writes `cfg` to `path` atomically: a temp file in the same directory,
-/// fsynced, renamed over `path`, and the directory fsynced.
-pub fn persist_state(path: &Path, cfg: &ReattachConfig) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "state path has no file name",
+/// A state file about to be written: its directory opened once, and a
+/// temp file created in it (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600)
+/// *before* anything is launched, so an `ensure` that could not record
+/// its logmon never starts one. [`StateFile::commit`] writes, fsyncs,
+/// `renameat`s the temp over the name within that directory and fsyncs
+/// the directory: a name planted there (symlink, hard link) is replaced,
+/// never followed or written through. Dropped uncommitted, the temp file
+/// is removed.
+#[derive(Debug)]
+pub struct StateFile {
+    dir: Dir,
+    name: OsString,
+    tmp: OsString,
+    file: Option<std::fs::File>,
+    path: PathBuf,
+}
+
+impl StateFile {
+    /// Opens the directory of `path` and creates the temp file. Fails when
+    /// the directory is missing or not writable, or `path` is a directory.
+    pub fn prepare(path: &Path) -> std::io::Result<StateFile> {
+        let (dir, name) = client::split_path(path)?;
+        let dir = Dir::open(&dir)?;
+        if let Some(st) = dir.stat(&name)? {
+            if crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFDIR) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::IsADirectory,
+                    "it is a directory",
+                ));
+            }
+        }
+        let mut rand = [0u8; 6];
+        getrandom::fill(&mut rand).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let tmp: OsString = format!(
+            ".{}.tmp.{}.{}",
+            name.to_string_lossy(),
+            std::process::id(),
+            rand.iter().map(|b| format!("{b:02x}")).collect::<String>()
         )
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mut json = serde_json::to_vec(cfg).map_err(std::io::Error::other)?;
-    json.push(b'\n');
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        .into();
+        let file = dir.open_at(
+            &tmp,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            Mode::from_bits_truncate(0o600),
+        )?;
+        Ok(StateFile {
+            dir,
+            name,
+            tmp,
+            file: Some(file),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The path being written, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `cfg`, makes it durable and puts it in place atomically.
+    pub fn commit(mut self, cfg: &ReattachConfig) -> std::io::Result<()> {
+        let mut json = serde_json::to_vec(cfg).map_err(std::io::Error::other)?;
+        json.push(b'\n');
+        let Some(mut f) = self.file.take() else {
+            return Err(std::io::Error::other("state file already committed"));
+        };
         f.write_all(&json)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        drop(f);
+        self.dir.rename(&self.tmp, &self.name)?;
+        // Renamed: nothing left to clean up.
+        self.tmp.clear();
+        self.dir.sync()
     }
-    result
+}
+
+impl Drop for StateFile {
+    fn drop(&mut self) {
+        if !self.tmp.is_empty() {
+            let _ = self.dir.remove(&self.tmp);
+        }
+    }
+}
+
+/// Writes `cfg` to `path` atomically ([`StateFile`]).
+pub fn persist_state(path: &Path, cfg: &ReattachConfig) -> std::io::Result<()> {
+    StateFile::prepare(path)?.commit(cfg)
 }

@@ -34,6 +34,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod diag;
 pub mod dir;
 pub mod fifo;
 pub mod follow;

@@ -130,6 +130,65 @@ pub fn wait_gone(pid: u32, start: u64, timeout: Duration) -> io::Result<bool> {
     }
 }
 
+/// Whether process `pid` holds a `flock` on the file `file` (its device
+/// and inode): some descriptor in `/proc/<pid>/fd` names that file and
+/// `/proc/<pid>/fdinfo/<fd>` lists a `FLOCK` on it. This is how an agent
+/// proves a pid is *the* logmon of a task (it holds that task's lock)
+/// before it signals it. `Ok(false)` when it cannot be proven, including
+/// when the process is gone; an error when `/proc/<pid>/fd` cannot be read
+/// (another user's process: only its owner or root may look).
+pub fn holds_flock(pid: u32, file: crate::dir::FileId) -> io::Result<bool> {
+    let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    for fd in fds.flatten() {
+        // stat follows the magic link to the open file itself.
+        let Ok(st) = nix::sys::stat::stat(&fd.path()) else {
+            continue;
+        };
+        if crate::dir::FileId::of(&st) != file {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        if info
+            .lines()
+            .any(|l| l.starts_with("lock:") && l.contains("FLOCK") && l.contains("WRITE"))
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The real uid of process `pid` (`Uid:` in `/proc/<pid>/status`).
+pub fn uid_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_ascii_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The command line of process `pid`, one entry per argument.
+pub fn cmdline(pid: u32) -> Option<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        b.split(|c| *c == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +214,18 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_ne!(a, new_instance_id().unwrap());
+    }
+
+    #[test]
+    fn a_held_flock_is_seen_and_a_plain_open_is_not() {
+        let d = std::env::temp_dir().join(format!("logmon-flock-{}", std::process::id()));
+        let f = std::fs::File::create(&d).unwrap();
+        let id = crate::dir::FileId::of(&nix::sys::stat::fstat(&f).unwrap());
+        let me = std::process::id();
+        assert!(!holds_flock(me, id).unwrap());
+        let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+        assert!(holds_flock(me, id).unwrap());
+        drop(lock);
+        let _ = std::fs::remove_file(&d);
     }
 }

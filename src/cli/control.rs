@@ -1,11 +1,19 @@
 //! `run`, `launch`, `ensure`, `reattach`, `status`, `stop`.
+//!
+//! Output goes through [`super::out_line`]: a closed or full stdout is a
+//! one-line error, exit 1, never a panic; `launch` then stops the logmon it
+//! could not report (nothing would know about it), while `ensure` leaves
+//! its logmon running because the state file already records it (and says
+//! so). Exit codes: [`super::exit_codes`].
 
-use crate::client::{self, Handle, Program};
+use std::io;
+
+use crate::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
 use crate::daemon::{self, Ready};
-use crate::hook::{self, Hook, HookError, Policy};
+use crate::hook::{Action, Hook, Policy, StateFile};
 
 use super::{
-    CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE, EXIT_TEMPFAIL,
+    note, out_line, CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE,
     EXIT_USAGE,
 };
 
@@ -21,9 +29,43 @@ pub fn launch(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
-    let rc =
-        client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
-    print_json(&rc)
+    let rc = client::launch(&cfg, &Program::CurrentExe)?;
+    match print_json(&rc) {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            // Nobody learnt where it runs: stop it rather than orphan it.
+            let stopped = Hook::stop(&rc, client::STOP_TIMEOUT).is_ok();
+            Err(CliError::new(
+                e.code,
+                format!(
+                    "{}; the logmon just launched (pid {}) was {}",
+                    e.message,
+                    rc.pid,
+                    if stopped {
+                        "stopped"
+                    } else {
+                        "left running and could not be stopped"
+                    }
+                ),
+            ))
+        }
+    }
+}
+
+/// Words for a state file that cannot be written, with what to do.
+fn state_write_why(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(nix::libc::ENOENT) => "its directory does not exist: create it first".into(),
+        Some(nix::libc::ENOTDIR) => "a component of its path is not a directory".into(),
+        Some(nix::libc::EACCES | nix::libc::EPERM | nix::libc::EROFS) => {
+            format!("{e}: pass a --state in a directory this user can write")
+        }
+        Some(nix::libc::EISDIR) => "it is a directory: pass a file path".into(),
+        _ if e.kind() == io::ErrorKind::IsADirectory => {
+            "it is a directory: pass a file path".into()
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// `logmon ensure`.
@@ -31,51 +73,110 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
-    let previous = hook::load_state(&a.state);
+    // Before anything is launched: an ensure that cannot record its
+    // logmon must not start one.
+    let state_file = StateFile::prepare(&a.state).map_err(|e| {
+        CliError::new(
+            EXIT_USAGE,
+            format!(
+                "cannot write state file {}: {}; nothing was launched",
+                a.state.display(),
+                state_write_why(&e)
+            ),
+        )
+    })?;
+    let previous = match client::read_state(&a.state) {
+        Ok(c) => Some(c),
+        Err(ReattachError::NoState { .. }) => None,
+        Err(e) => {
+            note(format_args!("{e}; launching a fresh logmon"));
+            None
+        }
+    };
     let mut h = Hook::new(cfg);
     if a.conservative {
         h.policy = Policy::Conservative;
     }
-    let outcome = h.prestart(previous.as_ref()).map_err(|e| match e {
-        HookError::Recoverable(_) => CliError::new(EXIT_TEMPFAIL, e),
-        _ => CliError::new(EXIT_FAILURE, e),
-    })?;
-    if previous.as_ref() != Some(&outcome.config) {
-        hook::persist_state(&a.state, &outcome.config).map_err(|e| {
-            CliError::new(
-                EXIT_FAILURE,
-                format!("cannot write state file {}: {e}", a.state.display()),
-            )
-        })?;
+    let outcome = h.prestart(previous.as_ref())?;
+    for n in &outcome.notes {
+        note(n);
     }
-    print_json(&outcome)
+    if previous.as_ref() != Some(&outcome.config) {
+        if let Err(e) = state_file.commit(&outcome.config) {
+            let mut msg = format!(
+                "cannot write state file {}: {}",
+                a.state.display(),
+                state_write_why(&e)
+            );
+            if outcome.action == Action::Launched {
+                let how = match Hook::stop(&outcome.config, client::STOP_TIMEOUT) {
+                    Ok(()) => "stopped".to_owned(),
+                    Err(e) => format!("left running: {e}"),
+                };
+                msg.push_str(&format!(
+                    "; the logmon just launched (pid {}) was {how}",
+                    outcome.config.pid
+                ));
+            }
+            return Err(CliError::new(EXIT_FAILURE, msg));
+        }
+    }
+    print_json(&outcome).map_err(|e| {
+        CliError::new(
+            e.code,
+            format!(
+                "{}; logmon pid {} runs and is recorded in {}",
+                e.message,
+                outcome.config.pid,
+                a.state.display()
+            ),
+        )
+    })
 }
 
 /// `logmon reattach`.
 pub fn reattach(a: &StateArgs) -> CliResult {
-    let state = client::read_state(&a.state)
-        .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-    let h = client::reattach(&state)
-        .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-    println!(
+    let state = client::read_state(&a.state)?;
+    let h = client::reattach(&state)?;
+    out_line(&format!(
         "reattached: logmon pid {} instance {} (task {})",
         h.welcome().pid,
         h.welcome().instance,
         h.welcome().task
-    );
+    ))?;
     Ok(0)
 }
 
-fn connect(a: &TargetArgs) -> Result<Handle, CliError> {
+/// What `--state | --socket` reached.
+enum Target {
+    Handle(Handle),
+    /// Proven gone: a state whose process is gone, or a stale socket.
+    Gone(String),
+}
+
+fn connect(a: &TargetArgs) -> Result<Target, CliError> {
     match (&a.state, &a.socket) {
-        (Some(state), _) => {
-            let state = client::read_state(state)
-                .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))?;
-            client::reattach(&state)
-                .map_err(|e| CliError::new(EXIT_TEMPFAIL, format!("{}: {e}", e.name())))
+        (Some(path), _) => {
+            let state = client::read_state(path)?;
+            match client::reattach(&state) {
+                Ok(h) => Ok(Target::Handle(h)),
+                Err(e @ (ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. })) => {
+                    Ok(Target::Gone(format!("{}: {e}", e.name())))
+                }
+                Err(e) => Err(e.into()),
+            }
         }
-        (None, Some(sock)) => Handle::connect_socket(sock, client::DEFAULT_TIMEOUT)
-            .map_err(|e| CliError::new(EXIT_FAILURE, e)),
+        (None, Some(sock)) => match Handle::connect_socket(sock, client::DEFAULT_TIMEOUT) {
+            Ok(h) => Ok(Target::Handle(h)),
+            Err(ClientError::Connect {
+                failure: ConnectFailure::Stale,
+                ..
+            }) => Ok(Target::Gone(format!(
+                "no logmon listens on {} (a stale socket of a logmon that exited)",
+                sock.display()
+            ))),
+            Err(e) => Err(e.into()),
+        },
         (None, None) => Err(CliError::new(
             EXIT_USAGE,
             "pass --state FILE or --socket PATH",
@@ -85,24 +186,38 @@ fn connect(a: &TargetArgs) -> Result<Handle, CliError> {
 
 /// `logmon status`.
 pub fn status(a: &TargetArgs) -> CliResult {
-    let stats = connect(a)?
-        .stats()
-        .map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    let mut h = match connect(a)? {
+        Target::Handle(h) => h,
+        Target::Gone(why) => {
+            let code = if a.state.is_some() {
+                super::EXIT_TEMPFAIL
+            } else {
+                EXIT_FAILURE
+            };
+            return Err(CliError::new(code, why));
+        }
+    };
+    let stats = h.stats()?;
     print_json(&stats)
 }
 
-/// `logmon stop`.
+/// `logmon stop`. A logmon that already stopped is success, said on stderr.
 pub fn stop(a: &TargetArgs) -> CliResult {
-    let h = connect(a)?;
+    let h = match connect(a)? {
+        Target::Handle(h) => h,
+        Target::Gone(why) => {
+            note(format_args!("{why}: it already stopped, nothing to do"));
+            return Ok(0);
+        }
+    };
     let pid = h.welcome().pid;
-    h.stop(client::STOP_TIMEOUT)
-        .map_err(|e| CliError::new(EXIT_FAILURE, e))?;
-    println!("stopped logmon pid {pid}");
+    h.stop(client::STOP_TIMEOUT)?;
+    out_line(&format!("stopped logmon pid {pid}"))?;
     Ok(0)
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> CliResult {
+fn print_json<T: serde::Serialize>(v: &T) -> Result<i32, CliError> {
     let s = serde_json::to_string(v).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
-    println!("{s}");
+    out_line(&s)?;
     Ok(0)
 }

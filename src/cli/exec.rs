@@ -4,7 +4,10 @@
 //! if `exec` itself is killed), the command gets the FIFOs' task ends as
 //! stdout and stderr, and when it exits logmon is stopped through its socket
 //! — which drains every byte — before `exec` exits with the command's
-//! status (128+N if it was killed by signal N).
+//! status (128+N if it was killed by signal N). Before the command starts,
+//! logmon's own failures are `logmon: error:` lines with 2 / 1 (127 / 126
+//! when the command cannot be run); after, the command's status is the exit
+//! code (`super::exit_codes`).
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
@@ -21,8 +24,7 @@ pub fn run(a: &ExecArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
-    let state =
-        client::launch(&cfg, &Program::CurrentExe).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+    let state = client::launch(&cfg, &Program::CurrentExe)?;
     let stop_logmon = || -> Result<(), CliError> {
         let h = client::reattach(&state).map_err(|e| {
             CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}"))
@@ -100,12 +102,21 @@ pub fn run(a: &ExecArgs) -> CliResult {
         }
     };
     let _ = set.thread_unblock();
-    stop_logmon()?;
-    Ok(match (status.code(), status.signal()) {
+    let code = match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(sig)) => 128 + sig,
         (None, None) => EXIT_FAILURE,
-    })
+    };
+    // The command's status wins: a failure to stop logmon afterwards is
+    // said, and only turns a success into 1 (see `super::exit_codes`).
+    if let Err(e) = stop_logmon() {
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("logmon: error: {}\n", e.message),
+        );
+        return Ok(if code == 0 { EXIT_FAILURE } else { code });
+    }
+    Ok(code)
 }
 
 fn forward(child: &std::process::Child, sig: Signal) {

@@ -1,10 +1,14 @@
 //! The `logmon` command line (DESIGN.md §6): flag definitions (every flag
 //! also reads a `LOGMON_*` variable) and one module per subcommand.
 //!
-//! Exit codes: 0 success, 2 usage or configuration error, 1 any other
-//! failure, 75 (EX_TEMPFAIL) when `reattach` or a conservative `ensure`
-//! finds the old logmon gone.
+//! Every failure is one line on stderr, `logmon: error: <what>: <cause>:
+//! <what to do>`; what the operator should know on success is `logmon:
+//! note: …`. The exit code of every failure is decided in one place, the
+//! `exit_code_*` functions below; the policy is the table in [`exit_codes`].
+//! `tests/errors.rs` runs the real binary through the matrix of failures
+//! and checks code, line, no panic, no process and no file left behind.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -21,6 +25,102 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_FAILURE: i32 = 1;
 /// Exit code when the old logmon is gone (EX_TEMPFAIL).
 pub const EXIT_TEMPFAIL: i32 = 75;
+
+/// The exit-code policy of every command (paste into the README):
+///
+/// | code | meaning | examples |
+/// |------|---------|----------|
+/// | 0 | success | `stop` of a logmon that already stopped (said on stderr as `logmon: note:`) |
+/// | 2 | bad usage or configuration; nothing was started | unknown flag, bad value (flag or `LOGMON_*` variable), missing log dir, a FIFO or `--socket` path taken by a regular file, a socket in use, a missing / non-regular / unreadable `--state` file, a `--socket` that is not logmon's |
+/// | 1 | a runtime failure | cannot write stdout, disk or permission errors at start, a refused client (another uid), an old logmon that will not stop, a corrupt state file, a logmon that is not this task's |
+/// | 75 | retrying later can help (EX_TEMPFAIL) | `reattach`/`status`/`stop --state` whose logmon is gone, unresponsive or not the one recorded; a conservative `ensure` that would have launched; `status --socket` of a logmon that does not answer in time |
+///
+/// `exec` keeps the command's status distinct: logmon's own failures
+/// before the command starts (bad flags, logmon cannot start) are 2 / 1
+/// with a `logmon: error:` line, like every command; a command that cannot
+/// be run is 127 (not found) / 126 (not executable); once the command ran,
+/// `exec` exits with its status (128+N if killed by signal N), and a
+/// failure to stop logmon afterwards is reported as a `logmon: error:` line
+/// but only changes the exit code if the command itself succeeded (then 1).
+pub mod exit_codes {}
+
+/// The exit code of a reattach failure (the §5 reasons).
+pub fn exit_code_reattach(e: &crate::client::ReattachError) -> i32 {
+    use crate::client::ReattachError as R;
+    match e {
+        R::NoState { .. } | R::StateUnreadable { .. } => EXIT_USAGE,
+        R::CorruptState(_) | R::Refused { .. } => EXIT_FAILURE,
+        _ => EXIT_TEMPFAIL,
+    }
+}
+
+/// The exit code of a failure talking to a socket given by path.
+pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
+    use crate::client::{ClientError as C, ConnectFailure as F};
+    match e {
+        C::Connect {
+            failure: F::NotASocket,
+            ..
+        }
+        | C::NotLogmon { .. } => EXIT_USAGE,
+        C::NoAnswer { .. } => EXIT_TEMPFAIL,
+        _ => EXIT_FAILURE,
+    }
+}
+
+/// The exit code of an `ensure` failure.
+pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
+    use crate::hook::HookError as H;
+    match e {
+        H::Recoverable(_) => EXIT_TEMPFAIL,
+        H::LogDir { .. } => EXIT_USAGE,
+        H::Launch(l) => l.exit_code(),
+        H::OldStillRunning { .. } | H::NotOwner { .. } => EXIT_FAILURE,
+    }
+}
+
+impl From<crate::client::ReattachError> for CliError {
+    fn from(e: crate::client::ReattachError) -> Self {
+        let code = exit_code_reattach(&e);
+        if e.is_state_file() {
+            CliError::new(code, e)
+        } else {
+            CliError::new(code, format!("{}: {e}", e.name()))
+        }
+    }
+}
+
+impl From<crate::client::ClientError> for CliError {
+    fn from(e: crate::client::ClientError) -> Self {
+        CliError::new(exit_code_client(&e), e)
+    }
+}
+
+impl From<crate::hook::HookError> for CliError {
+    fn from(e: crate::hook::HookError) -> Self {
+        CliError::new(exit_code_hook(&e), e)
+    }
+}
+
+impl From<crate::client::LaunchError> for CliError {
+    fn from(e: crate::client::LaunchError) -> Self {
+        CliError::new(e.exit_code(), e)
+    }
+}
+
+/// Writes `line` and a newline to stdout, flushed; a closed or full stdout
+/// is a one-line error (exit 1), never a panic.
+pub fn out_line(line: &str) -> Result<(), CliError> {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{line}")
+        .and_then(|()| o.flush())
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot write to stdout: {e}")))
+}
+
+/// Prints `logmon: note: <msg>` on stderr (best effort: never a panic).
+pub fn note(msg: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr(), "logmon: note: {msg}");
+}
 
 /// A command's failure: one line for the user, and the exit code.
 #[derive(Debug)]
@@ -250,6 +350,7 @@ fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
 
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
+    let launched_run = matches!(cli.command, Command::Run(_)) && crate::diag::launched();
     let result = match cli.command {
         Command::Run(a) => control::run(&a),
         Command::Launch(a) => control::launch(&a),
@@ -263,9 +364,43 @@ pub fn dispatch(cli: Cli) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("logmon: error: {}", e.message);
+            if launched_run {
+                // The launcher reads this instead of a ready line and
+                // passes it on, exit code class included (crate::diag).
+                let f = crate::client::LaunchFailure {
+                    error: e.message.clone(),
+                    exit_code: e.code,
+                };
+                if let Ok(j) = serde_json::to_string(&f) {
+                    let _ = out_line(&j);
+                }
+            }
+            let _ = writeln!(std::io::stderr(), "logmon: error: {}", e.message);
             e.code
         }
+    }
+}
+
+/// For a clap error about a flag that was not on the command line but set
+/// through its `LOGMON_*` variable, the words naming that variable.
+fn env_context(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return String::new();
+    };
+    let Some(flag) = arg
+        .split_whitespace()
+        .next()
+        .filter(|f| f.starts_with("--"))
+    else {
+        return String::new();
+    };
+    let on_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    let var = format!("LOGMON_{}", flag[2..].replace('-', "_").to_uppercase());
+    if !on_line && std::env::var_os(&var).is_some() {
+        format!(" (set by environment variable {var})")
+    } else {
+        String::new()
     }
 }
 
@@ -303,8 +438,10 @@ pub fn main() -> ! {
                 .map(str::trim)
                 .collect();
             let sep = if more.is_empty() { "" } else { " " };
-            eprintln!(
-                "logmon: error: {first}{sep}{} (see 'logmon --help')",
+            let _ = writeln!(
+                std::io::stderr(),
+                "logmon: error: {first}{}{sep}{} (see 'logmon --help')",
+                env_context(&e),
                 more.join(", ")
             );
             std::process::exit(EXIT_USAGE);
@@ -319,13 +456,50 @@ pub fn main() -> ! {
 /// or per-module directives such as `logmon::server=debug,info`), else
 /// `default`. A plain directive parser, not a regex engine: it keeps the
 /// daemon's binary, and so its memory, small.
+///
+/// A value that does not parse is named in one warning line on stderr and
+/// the default applies; whatever the value, ERROR events always pass (an
+/// operator can quiet logmon, never blind it to a disk-full error).
 pub fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
-    let parse = |s: &str| s.parse::<tracing_subscriber::filter::Targets>().ok();
-    std::env::var("LOGMON_LOG")
-        .ok()
-        .and_then(|v| parse(&v))
-        .or_else(|| parse(default))
-        .unwrap_or_default()
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let parse = |s: &str| {
+        // Targets' parser takes any word as a target name; refuse what no
+        // module path can be, so a typo is named instead of silencing all.
+        for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (target, level) = d.split_once('=').unwrap_or((d, "trace"));
+            let target_ok = !target.is_empty()
+                && target
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-');
+            if !target_ok || level.parse::<LevelFilter>().is_err() {
+                return Err(format!("bad directive {d:?}"));
+            }
+        }
+        s.parse::<Targets>().map_err(|e| e.to_string())
+    };
+    let chosen = match std::env::var("LOGMON_LOG") {
+        Ok(v) => match parse(&v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "logmon: warning: LOGMON_LOG={v:?} is not a valid filter ({e}); using the default {default:?}"
+                    );
+                }
+                None
+            }
+        },
+        Err(_) => None,
+    };
+    let t = chosen.or_else(|| parse(default).ok()).unwrap_or_default();
+    let floor = |l: LevelFilter| l.max(LevelFilter::ERROR);
+    let mut out = Targets::new().with_default(floor(t.default_level().unwrap_or(LevelFilter::OFF)));
+    for (target, level) in t.iter() {
+        out = out.with_target(target.to_owned(), floor(level));
+    }
+    out
 }
 
 /// Sets up the daemon's own diagnostics ([`log_filter`]): to the journal

@@ -1,0 +1,755 @@
+//! The error matrix (issue #19): every failure an operator can cause, run
+//! through the real binary, as root and (where it matters) as uid 65534.
+//!
+//! The table in [`cases`] is the documentation of logmon's failure
+//! behaviour: for each case, the exit code and the stderr lines expected
+//! (each a substring of one line, in order; nothing else on stderr). For
+//! every case the runner also checks: no panic, no logmon process left
+//! running beyond what the case says it leaves (its own setup excluded),
+//! and no file created outside the intended directories (`logs/` and
+//! `state/` of the case's world).
+//!
+//! Exit codes (`logmon::cli::exit_codes`): 0 success (a stop of something
+//! already stopped is success, said as `logmon: note:`), 2 bad usage or
+//! configuration (nothing started), 1 runtime failure, 75 retrying later
+//! can help.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use logmon::protocol::ReattachConfig;
+
+const NOBODY: u32 = 65534;
+
+/// One case's temp world: `root/logs` (the log dir), `root/state` (the
+/// agent's state dir); everything a case plants goes in `root` before the
+/// command runs. Every logmon started for it is killed on drop.
+struct World {
+    root: tempfile::TempDir,
+    launched: Vec<Detached>,
+    mounts: Vec<PathBuf>,
+}
+
+impl World {
+    fn new() -> World {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir(root.path().join("logs")).unwrap();
+        std::fs::create_dir(root.path().join("state")).unwrap();
+        World {
+            root,
+            launched: Vec::new(),
+            mounts: Vec::new(),
+        }
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.root.path().join(rel).to_str().unwrap().to_owned()
+    }
+
+    fn logs(&self) -> String {
+        self.p("logs")
+    }
+
+    /// Launches a logmon for `task` in `logs/` (as root).
+    fn launch(&mut self, task: &str) -> ReattachConfig {
+        let out = logmon(&["launch", "--task", task, "--log-dir", &self.logs()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let rc: ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
+        self.launched.push(Detached(rc.clone()));
+        rc
+    }
+
+    /// Launches `task` and writes its state to `state/<task>.json`.
+    fn launch_with_state(&mut self, task: &str) -> (ReattachConfig, String) {
+        let rc = self.launch(task);
+        let path = self.p(&format!("state/{task}.json"));
+        std::fs::write(&path, serde_json::to_vec(&rc).unwrap()).unwrap();
+        (rc, path)
+    }
+
+    /// A unix socket at `rel` nobody listens on.
+    fn stale_socket(&self, rel: &str) -> String {
+        let p = self.p(rel);
+        drop(UnixListener::bind(&p).unwrap());
+        p
+    }
+
+    /// A socket at `rel` served by a thread that answers every connection
+    /// with `answer` (None: accepts and says nothing).
+    fn fake_server(&self, rel: &str, answer: Option<&'static [u8]>) -> String {
+        let p = self.p(rel);
+        let l = UnixListener::bind(&p).unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut c in l.incoming().flatten() {
+                if let Some(a) = answer {
+                    let _ = std::io::Write::write_all(&mut c, a);
+                }
+                held.push(c);
+            }
+        });
+        p
+    }
+
+    /// Mounts a full tmpfs on `logs/` (root only).
+    fn full_logs(&mut self) -> bool {
+        let logs = self.logs();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", &logs])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return false;
+        }
+        self.mounts.push(PathBuf::from(&logs));
+        let _ = std::fs::write(format!("{logs}/fill"), vec![0u8; 128 * 1024]);
+        true
+    }
+
+    /// Every file name under the root, relative.
+    fn tree(&self) -> BTreeSet<String> {
+        fn walk(base: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                out.insert(p.strip_prefix(base).unwrap().display().to_string());
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(base, &p, out);
+                }
+            }
+        }
+        let mut out = BTreeSet::new();
+        walk(self.root.path(), self.root.path(), &mut out);
+        out
+    }
+
+    /// Live logmon processes (the binary under test) mentioning this world.
+    fn daemons(&self) -> BTreeSet<i32> {
+        let bin = bin().canonicalize().unwrap();
+        processes_mentioning(self.root.path().to_str().unwrap())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == bin)
+                    && logmon::process::start_time(*pid as u32)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|t| logmon::process::is_alive_with(*pid as u32, t))
+            })
+            .collect()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for pid in self.daemons() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        for m in &self.mounts {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Where the command's stdout goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    Capture,
+    /// `> /dev/full`.
+    Full,
+    /// `| true`: a pipe whose reader is gone.
+    Closed,
+}
+
+/// What a case runs, set up in its world.
+struct Run {
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    stdout: Out,
+    /// Run as uid/gid 65534.
+    nobody: bool,
+    /// A check of the world after the command (victims unchanged, …).
+    check: Option<Box<dyn FnOnce(&World)>>,
+}
+
+fn run(args: &[&str]) -> Run {
+    Run {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
+        stdout: Out::Capture,
+        nobody: false,
+        check: None,
+    }
+}
+
+impl Run {
+    fn out(mut self, o: Out) -> Run {
+        self.stdout = o;
+        self
+    }
+    fn env(mut self, k: &'static str, v: &str) -> Run {
+        self.env.push((k, v.to_owned()));
+        self
+    }
+    fn nobody(mut self) -> Run {
+        self.nobody = true;
+        self
+    }
+    fn check(mut self, f: impl FnOnce(&World) + 'static) -> Run {
+        self.check = Some(Box::new(f));
+        self
+    }
+}
+
+/// One row of the matrix.
+struct Case {
+    name: &'static str,
+    setup: fn(&mut World) -> Run,
+    code: i32,
+    /// Expected stderr lines, each a substring of its line, in order.
+    stderr: &'static [&'static str],
+    /// logmon processes the command itself leaves running.
+    leaves: usize,
+}
+
+fn alive(rc: &ReattachConfig) -> bool {
+    logmon::process::is_alive_with(rc.pid, rc.start_time)
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        // ---------------------------------------------- --socket targets
+        Case {
+            name: "status of a socket path that does not exist",
+            setup: |w| run(&["status", "--socket", &w.p("nope.sock")]),
+            code: 1,
+            stderr: &["logmon: error: control socket", "does not exist: is logmon running?"],
+            leaves: 0,
+        },
+        Case {
+            name: "status of a stale socket of a dead logmon",
+            setup: |w| run(&["status", "--socket", &w.stale_socket("old.sock")]),
+            code: 1,
+            stderr: &["logmon: error: no logmon listens on", "stale socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop of a stale socket is success, said as a note",
+            setup: |w| run(&["stop", "--socket", &w.stale_socket("old.sock")]),
+            code: 0,
+            stderr: &["logmon: note: no logmon listens on"],
+            leaves: 0,
+        },
+        Case {
+            name: "status of a regular file as --socket",
+            setup: |w| {
+                std::fs::write(w.p("file"), b"x").unwrap();
+                run(&["status", "--socket", &w.p("file")])
+            },
+            code: 2,
+            stderr: &["logmon: error: control socket", "is a regular file, not a logmon control socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop of a directory as --socket",
+            setup: |w| run(&["stop", "--socket", &w.p("state")]),
+            code: 2,
+            stderr: &["logmon: error: control socket", "is a directory, not a logmon control socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "status of a socket served by an HTTP server",
+            setup: |w| {
+                let p = w.fake_server("http.sock", Some(b"HTTP/1.1 400 Bad Request\r\n\r\n"));
+                run(&["status", "--socket", &p])
+            },
+            code: 2,
+            stderr: &["does not speak the logmon protocol (it sent a frame of 1213486160 bytes"],
+            leaves: 0,
+        },
+        Case {
+            name: "status of a socket whose server says nothing",
+            setup: |w| run(&["status", "--socket", &w.fake_server("mute.sock", None)]),
+            code: 75,
+            stderr: &["logmon: error:", "did not answer within"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop through a symlink planted at a task's socket name, pointing at another task's socket",
+            setup: |w| {
+                let other = w.launch("other");
+                std::os::unix::fs::symlink(&other.socket, w.p("logs/.web.logmon.sock")).unwrap();
+                run(&["stop", "--socket", &w.p("logs/.web.logmon.sock")])
+                    .check(move |_| assert!(alive(&other), "another task's logmon was stopped"))
+            },
+            code: 1,
+            stderr: &["logmon: error:", "is not this task's logmon socket: the symlink there is not the socket logmon pid"],
+            leaves: 0,
+        },
+        // ---------------------------------------------- --state files
+        Case {
+            name: "status of a missing state file",
+            setup: |w| run(&["status", "--state", &w.p("state/none.json")]),
+            code: 2,
+            stderr: &["logmon: error: no state file at", "none.json"],
+            leaves: 0,
+        },
+        Case {
+            name: "reattach with a directory as state file",
+            setup: |w| run(&["reattach", "--state", &w.p("state")]),
+            code: 2,
+            stderr: &["logmon: error: cannot read state file", "it is a directory"],
+            leaves: 0,
+        },
+        Case {
+            name: "status of an empty state file",
+            setup: |w| {
+                std::fs::write(w.p("state/s.json"), b"").unwrap();
+                run(&["status", "--state", &w.p("state/s.json")])
+            },
+            code: 1,
+            stderr: &["logmon: error: corrupt state:", "is empty"],
+            leaves: 0,
+        },
+        Case {
+            name: "reattach with a garbage state file",
+            setup: |w| {
+                std::fs::write(w.p("state/s.json"), b"\x00garbage").unwrap();
+                run(&["reattach", "--state", &w.p("state/s.json")])
+            },
+            code: 1,
+            stderr: &["logmon: error: corrupt state:", "is not a logmon state file"],
+            leaves: 0,
+        },
+        Case {
+            name: "reattach with a symlink as state file is never followed",
+            setup: |w| {
+                let (_, s) = w.launch_with_state("web");
+                std::os::unix::fs::symlink(s, w.p("state/link.json")).unwrap();
+                run(&["reattach", "--state", &w.p("state/link.json")])
+            },
+            code: 2,
+            stderr: &["logmon: error: cannot read state file", "it is a symlink"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop of a logmon that already stopped is success",
+            setup: |w| {
+                let (rc, s) = w.launch_with_state("web");
+                kill_checked(&rc);
+                run(&["stop", "--state", &s])
+            },
+            code: 0,
+            stderr: &["logmon: note: ProcessGone", "already stopped"],
+            leaves: 0,
+        },
+        // ---------------------------------------------- stdout closed or full
+        Case {
+            name: "status | true",
+            setup: |w| {
+                let (_, s) = w.launch_with_state("web");
+                run(&["status", "--state", &s]).out(Out::Closed)
+            },
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout: Broken pipe"],
+            leaves: 0,
+        },
+        Case {
+            name: "status > /dev/full",
+            setup: |w| {
+                let (_, s) = w.launch_with_state("web");
+                run(&["status", "--state", &s]).out(Out::Full)
+            },
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout: No space left on device"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop > /dev/full (the logmon is stopped all the same)",
+            setup: |w| {
+                let (rc, s) = w.launch_with_state("web");
+                run(&["stop", "--state", &s])
+                    .out(Out::Full)
+                    .check(move |_| assert!(!alive(&rc)))
+            },
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout"],
+            leaves: 0,
+        },
+        Case {
+            name: "reattach > /dev/full",
+            setup: |w| {
+                let (_, s) = w.launch_with_state("web");
+                run(&["reattach", "--state", &s]).out(Out::Full)
+            },
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout"],
+            leaves: 0,
+        },
+        Case {
+            name: "launch > /dev/full stops the logmon nobody learnt about",
+            setup: |w| run(&["launch", "--task", "web", "--log-dir", &w.logs()]).out(Out::Full),
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout", "was stopped"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure > /dev/full keeps the logmon its state file records",
+            setup: |w| {
+                run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()])
+                    .out(Out::Full)
+                    .check(|w| {
+                        let rc = logmon::client::read_state(Path::new(&w.p("state/s.json"))).unwrap();
+                        assert!(alive(&rc));
+                    })
+            },
+            code: 1,
+            stderr: &["logmon: error: cannot write to stdout", "runs and is recorded in"],
+            leaves: 1,
+        },
+        // ---------------------------------------------- launch / run configuration
+        Case {
+            name: "launch --socket naming a regular file exits 2 like run",
+            setup: |w| {
+                std::fs::write(w.p("logs/file"), b"x").unwrap();
+                run(&["launch", "--task", "web", "--log-dir", &w.logs(), "--socket", &w.p("logs/file")])
+            },
+            code: 2,
+            stderr: &["logmon: error: socket path", "exists and is not a socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "launch with a bad value from an environment variable names the variable",
+            setup: |w| run(&["launch", "--task", "web", "--log-dir", &w.logs()]).env("LOGMON_MAX_FILES", "abc"),
+            code: 2,
+            stderr: &["logmon: error: invalid value 'abc' for '--max-files", "set by environment variable LOGMON_MAX_FILES"],
+            leaves: 0,
+        },
+        Case {
+            name: "a bad LOGMON_LOG is named once, and errors still show",
+            setup: |w| run(&["status", "--socket", &w.p("nope.sock")]).env("LOGMON_LOG", "[[[garbage"),
+            code: 1,
+            stderr: &["logmon: warning: LOGMON_LOG=\"[[[garbage\" is not a valid filter", "logmon: error: control socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "launch on a full disk passes the daemon's own error on",
+            setup: |w| {
+                if !w.full_logs() {
+                    return run(&["launch", "--task", "web", "--log-dir", &w.p("skip")]);
+                }
+                run(&["launch", "--task", "web", "--log-dir", &w.logs()])
+            },
+            code: 1,
+            stderr: &["logmon: error:", "No space left on device"],
+            leaves: 0,
+        },
+        Case {
+            name: "a symlink planted at the daemon log is replaced, its target untouched",
+            setup: |w| {
+                std::fs::write(w.p("victim"), b"secret").unwrap();
+                std::os::unix::fs::symlink(w.p("victim"), w.p("logs/.web.logmon.log")).unwrap();
+                run(&["launch", "--task", "web", "--log-dir", &w.logs()]).check(|w| {
+                    assert_eq!(std::fs::read(w.p("victim")).unwrap(), b"secret");
+                    let m = std::fs::symlink_metadata(w.p("logs/.web.logmon.log")).unwrap();
+                    assert!(m.file_type().is_file());
+                })
+            },
+            code: 0,
+            stderr: &["WARN", "the daemon log's name was taken"],
+            leaves: 1,
+        },
+        // ---------------------------------------------- ensure
+        Case {
+            name: "ensure with a state file in a missing directory launches nothing",
+            setup: |w| run(&["ensure", "--state", &w.p("nodir/x/s.json"), "--task", "web", "--log-dir", &w.logs()]),
+            code: 2,
+            stderr: &["logmon: error: cannot write state file", "its directory does not exist", "nothing was launched"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure with a directory as state file launches nothing",
+            setup: |w| run(&["ensure", "--state", &w.p("state"), "--task", "web", "--log-dir", &w.logs()]),
+            code: 2,
+            stderr: &["logmon: error: cannot write state file", "it is a directory"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure never kills a live process the state names that is not the task's logmon",
+            setup: |w| {
+                let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
+                let pid = sleep.id();
+                let start = logmon::process::start_time(pid).unwrap().unwrap();
+                let state = ReattachConfig {
+                    protocol: 1,
+                    pid,
+                    start_time: start,
+                    socket: PathBuf::from(w.p("logs/.web.logmon.sock")),
+                    instance: "0123456789abcdef0123456789abcdef".into(),
+                };
+                std::fs::write(w.p("state/s.json"), serde_json::to_vec(&state).unwrap()).unwrap();
+                run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()])
+                    .check(move |_| {
+                        let alive = sleep.try_wait().unwrap().is_none();
+                        let _ = sleep.kill();
+                        let _ = sleep.wait();
+                        assert!(alive, "ensure killed a process that is not a logmon");
+                    })
+            },
+            code: 0,
+            stderr: &["logmon: note: pid", "is not proven to be task web's logmon"],
+            leaves: 1,
+        },
+        Case {
+            name: "ensure for another task with task en's state leaves en's logmon alone",
+            setup: |w| {
+                let (en, s) = w.launch_with_state("en");
+                run(&["ensure", "--state", &s, "--task", "other", "--log-dir", &w.logs()]).check(move |w| {
+                    assert!(alive(&en), "en's logmon was stopped");
+                    let now = logmon::client::read_state(Path::new(&w.p("state/en.json"))).unwrap();
+                    assert_ne!(now.pid, en.pid, "reattached to en's logmon for task other");
+                })
+            },
+            code: 0,
+            stderr: &["logmon: note: StateOfOtherTask"],
+            leaves: 1,
+        },
+        Case {
+            name: "ensure says it stopped the logmon of a lost state",
+            setup: |w| {
+                w.launch("web");
+                run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()])
+            },
+            code: 0,
+            stderr: &["logmon: note: stopped logmon pid", "without a usable state"],
+            leaves: 1,
+        },
+        Case {
+            name: "ensure warns when its flags differ from the running logmon's",
+            setup: |w| {
+                let (_, s) = w.launch_with_state("web");
+                run(&["ensure", "--state", &s, "--task", "web", "--log-dir", &w.logs(), "--max-files", "3"])
+            },
+            code: 0,
+            stderr: &["logmon: note: logmon pid", "runs with --max-files 10, not 3"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure of a missing log dir",
+            setup: |w| run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.p("nolog")]),
+            code: 2,
+            stderr: &["logmon: error: log directory", "does not exist"],
+            leaves: 0,
+        },
+        // ---------------------------------------------- as another user
+        Case {
+            name: "status --socket as uid 65534 on root's logmon reads the refusal",
+            setup: |w| {
+                let rc = w.launch("web");
+                std::fs::set_permissions(&rc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+                run(&["status", "--socket", rc.socket.to_str().unwrap()]).nobody()
+            },
+            code: 1,
+            stderr: &["logmon: error: logmon refused this client: uid 65534 may not control this logmon"],
+            leaves: 0,
+        },
+        Case {
+            name: "status --state as uid 65534 names the refusal",
+            setup: |w| {
+                let (rc, s) = w.launch_with_state("web");
+                std::fs::set_permissions(&rc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+                std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o644)).unwrap();
+                run(&["status", "--state", &s]).nobody()
+            },
+            code: 1,
+            stderr: &["logmon: error: Refused: logmon pid", "run this as the logmon's owner or as root"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure as uid 65534 says whose logmon it is",
+            setup: |w| {
+                let rc = w.launch("web");
+                std::fs::set_permissions(&rc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+                std::fs::set_permissions(w.p("state"), std::fs::Permissions::from_mode(0o777)).unwrap();
+                run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()]).nobody()
+            },
+            code: 1,
+            stderr: &["logmon: error: the logmon of task web", "belongs to uid 0: run this as"],
+            leaves: 0,
+        },
+    ]
+}
+
+/// Runs `r` and returns (code, stdout, stderr).
+fn execute(r: &mut Run) -> (Option<i32>, String, String) {
+    let mut cmd = logmon(&r.args.iter().map(String::as_str).collect::<Vec<_>>());
+    for (k, v) in &r.env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).stderr(Stdio::piped());
+    match r.stdout {
+        Out::Capture => {
+            cmd.stdout(Stdio::piped());
+        }
+        Out::Full => {
+            cmd.stdout(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            );
+        }
+        Out::Closed => {
+            let (rd, wr) = nix::unistd::pipe().unwrap();
+            drop(rd);
+            cmd.stdout(Stdio::from(wr));
+        }
+    }
+    if r.nobody {
+        // SAFETY: setgroups/setresgid/setresuid are async-signal-safe
+        // syscalls; nothing is allocated between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let id = NOBODY as nix::libc::uid_t;
+                if nix::libc::setgroups(0, std::ptr::null()) != 0
+                    || nix::libc::setresgid(id, id, id) != 0
+                    || nix::libc::setresuid(id, id, id) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let out = cmd.output().unwrap();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn error_matrix() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the matrix runs cases as uid 65534 and mounts a tmpfs; run as root");
+        return;
+    }
+    let mut failures = Vec::new();
+    for case in cases() {
+        let mut w = World::new();
+        let mut r = (case.setup)(&mut w);
+        if r.args.iter().any(|a| a.ends_with("/skip")) {
+            eprintln!("{}: skipped (tmpfs cannot be mounted here)", case.name);
+            continue;
+        }
+        let tree_before = w.tree();
+        let before = w.daemons();
+        let (code, _stdout, stderr) = execute(&mut r);
+        let mut problems = Vec::new();
+        if code != Some(case.code) {
+            problems.push(format!("exit code {code:?}, expected {}", case.code));
+        }
+        if stderr.contains("panicked") {
+            problems.push("panicked".into());
+        }
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        // Lines must contain each expected part, in order, over as many
+        // lines as the case names parts of distinct lines: the first part
+        // names the line kind, the rest must be on the same line unless
+        // the part itself starts a line kind.
+        let mut want_lines: Vec<Vec<&str>> = Vec::new();
+        for part in case.stderr {
+            if part.starts_with("logmon: ") || want_lines.is_empty() {
+                want_lines.push(vec![part]);
+            } else if let Some(l) = want_lines.last_mut() {
+                l.push(part);
+            }
+        }
+        if lines.len() != want_lines.len() {
+            problems.push(format!(
+                "{} stderr lines, expected {}",
+                lines.len(),
+                want_lines.len()
+            ));
+        }
+        for (got, want) in lines.iter().zip(&want_lines) {
+            for part in want {
+                if !got.contains(part) {
+                    problems.push(format!("stderr line {got:?} lacks {part:?}"));
+                }
+            }
+        }
+        let after = w.daemons();
+        let new: Vec<_> = after.difference(&before).collect();
+        if new.len() != case.leaves {
+            problems.push(format!(
+                "{} new logmon processes left running, expected {}",
+                new.len(),
+                case.leaves
+            ));
+        }
+        let created: Vec<_> = w
+            .tree()
+            .difference(&tree_before)
+            .filter(|n| !n.starts_with("logs") && !n.starts_with("state"))
+            .cloned()
+            .collect();
+        if !created.is_empty() {
+            problems.push(format!(
+                "files created outside logs/ and state/: {created:?}"
+            ));
+        }
+        if let Some(check) = r.check.take() {
+            if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&w))) {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                problems.push(format!("check failed: {msg}"));
+            }
+        }
+        if !problems.is_empty() {
+            failures.push(format!(
+                "{}:\n    {}\n    stderr: {stderr:?}",
+                case.name,
+                problems.join("\n    ")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// Defect 7: a refused peer reads the refusal every time, never `Broken
+/// pipe` (the server answers and closes before the Hello is read).
+#[test]
+fn a_refused_client_reads_the_refusal_every_time() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client as uid 65534");
+        return;
+    }
+    let mut w = World::new();
+    let rc = w.launch("web");
+    std::fs::set_permissions(&rc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    for i in 0..20 {
+        let mut r = run(&["status", "--socket", rc.socket.to_str().unwrap()]).nobody();
+        let (code, _, stderr) = execute(&mut r);
+        assert_eq!(code, Some(1), "run {i}: {stderr}");
+        assert!(
+            stderr.contains("may not control this logmon"),
+            "run {i}: {stderr}"
+        );
+    }
+}

@@ -477,3 +477,118 @@ fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
     assert_eq!(text, expected);
     assert!(daemons_of(&logs).is_empty(), "logmon left running");
 }
+
+/// A hook launching the binary under test.
+fn hook_for(cfg: CaptureConfig) -> Hook {
+    let mut h = Hook::new(cfg);
+    h.program = Program::Path(bin());
+    h
+}
+
+/// Issue #19 defect 2: a state naming a live process that is not this
+/// task's logmon (a `sleep` with its real pid and start time) is never
+/// signalled; ensure says so and launches fresh.
+#[test]
+fn a_live_process_named_by_the_state_is_never_killed() {
+    let a = Agent::new();
+    let mut sleep = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = sleep.id();
+    let state = ReattachConfig {
+        protocol: 1,
+        pid,
+        start_time: logmon::process::start_time(pid).unwrap().unwrap(),
+        socket: a.logs().join(".t.logmon.sock"),
+        instance: "0123456789abcdef0123456789abcdef".into(),
+    };
+    let cfg = CaptureConfig::new(TaskName::new("t").unwrap(), a.logs());
+    // Unresponsive and SocketGone both lead to the kill path.
+    let out = hook_for(cfg).prestart(Some(&state)).unwrap();
+    let alive = sleep.try_wait().unwrap().is_none();
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    let _guard = Detached(out.config.clone());
+    assert!(alive, "ensure killed a process that is not a logmon");
+    assert_eq!(out.action, Action::Launched);
+    assert!(
+        out.notes.iter().any(|n| n.contains("not proven")),
+        "{:?}",
+        out.notes
+    );
+}
+
+/// Issue #19 defect 3: `ensure --task other` with task `en`'s state does
+/// not reattach to en's logmon and does not stop it.
+#[test]
+fn ensure_for_another_task_leaves_its_logmon_alone() {
+    let a = Agent::new();
+    let en = hook_for(CaptureConfig::new(TaskName::new("en").unwrap(), a.logs()))
+        .prestart(None)
+        .unwrap()
+        .config;
+    let _g = Detached(en.clone());
+    let other = CaptureConfig::new(TaskName::new("other").unwrap(), a.logs());
+    let out = hook_for(other).prestart(Some(&en)).unwrap();
+    let _g2 = Detached(out.config.clone());
+    assert_eq!(out.action, Action::Launched);
+    assert_ne!(out.config.pid, en.pid);
+    assert!(logmon::process::is_alive_with(en.pid, en.start_time));
+    assert!(out.reason.unwrap().starts_with("StateOfOtherTask"));
+}
+
+/// Issue #12 item 7: with a lost state, a symlink planted at this task's
+/// socket name pointing at another task's socket never gets that logmon
+/// stopped.
+#[test]
+fn a_planted_socket_symlink_never_stops_another_tasks_logmon() {
+    let a = Agent::new();
+    let victim = hook_for(CaptureConfig::new(TaskName::new("v").unwrap(), a.logs()))
+        .prestart(None)
+        .unwrap()
+        .config;
+    let _g = Detached(victim.clone());
+    let mut cfg = CaptureConfig::new(TaskName::new("t").unwrap(), a.logs());
+    let planted = a.logs().join("planted.sock");
+    std::os::unix::fs::symlink(&victim.socket, &planted).unwrap();
+    cfg.socket = planted.clone();
+    let e = logmon::client::Handle::connect_verified(
+        &planted,
+        Duration::from_secs(2),
+        Some(logmon::client::Expect {
+            task: "t",
+            log_dir: logmon::dir::Dir::open(a.logs()).unwrap().id(),
+        }),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not this task's"), "{e}");
+    // The prestart gives up on that socket without touching the victim
+    // (its own daemon then refuses the symlinked socket path, or starts).
+    let _ = hook_for(cfg).prestart(None).map(|o| Detached(o.config));
+    assert!(logmon::process::is_alive_with(
+        victim.pid,
+        victim.start_time
+    ));
+}
+
+/// Issue #12 item 9: the state file replaces a planted symlink as a name;
+/// the symlink's target is never written.
+#[test]
+fn a_symlink_planted_at_the_state_file_is_replaced_not_followed() {
+    let a = Agent::new();
+    let victim = a.logs().join("victim");
+    std::fs::write(&victim, b"secret").unwrap();
+    std::os::unix::fs::symlink(&victim, &a.state).unwrap();
+    let cfg = ReattachConfig {
+        protocol: 1,
+        pid: 1,
+        start_time: 1,
+        socket: "/x".into(),
+        instance: "0123456789abcdef0123456789abcdef".into(),
+    };
+    hook::persist_state(&a.state, &cfg).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    assert!(std::fs::symlink_metadata(&a.state).unwrap().is_file());
+    assert_eq!(hook::load_state(&a.state), Some(cfg));
+}

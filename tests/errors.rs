@@ -176,6 +176,9 @@ enum Out {
     Closed,
 }
 
+/// A check of the world after a case's command.
+type Check = Box<dyn FnOnce(&World)>;
+
 /// What a case runs, set up in its world.
 struct Run {
     args: Vec<String>,
@@ -184,7 +187,7 @@ struct Run {
     /// Run as uid/gid 65534.
     nobody: bool,
     /// A check of the world after the command (victims unchanged, …).
-    check: Option<Box<dyn FnOnce(&World)>>,
+    check: Option<Check>,
 }
 
 fn run(args: &[&str]) -> Run {

@@ -98,9 +98,7 @@ pub enum HookError {
     },
     /// The logmon of this task belongs to another user: this one may
     /// neither use nor stop it.
-    #[error(
-        "the logmon of task {task} ({what}) belongs to uid {uid}: run this as uid {uid} or as root"
-    )]
+    #[error("the logmon of task {task} ({what}) belongs to uid {uid}: run this as {}", as_whom(*.uid))]
     NotOwner {
         /// The task.
         task: String,
@@ -120,6 +118,15 @@ pub enum HookError {
     /// Launching failed.
     #[error(transparent)]
     Launch(#[from] LaunchError),
+}
+
+/// Who may act on a logmon owned by `uid`.
+fn as_whom(uid: u32) -> String {
+    if uid == 0 {
+        "root".into()
+    } else {
+        format!("uid {uid} or as root")
+    }
 }
 
 /// How long an old logmon gets to stop through its socket before it is

@@ -1,5 +1,5 @@
 //! Reading one stream of a task across its rotated files, and following it
-//! (`logmon logs`, DESIGN.md §1 and §6).
+//! (`logmon logs`, DESIGN.md §1, §6 and §9).
 //!
 //! A [`Follower`] yields the bytes of `<task>.<stream>.<N>` in index order as
 //! [`Chunk`]s that carry their file index and offset, so a caller can resume
@@ -11,8 +11,42 @@
 //! What it guarantees, and the tests that prove it (`tests/logs.rs` runs the
 //! real binary; the unit tests are at the end of this file):
 //!
+//! - **Only the stream's log files, nothing outside the directory.** The
+//!   log directory shares its names with the task, which may plant anything
+//!   there, and `logs` often runs as root (the reference's CVE-2022-24683).
+//!   So the directory is opened once, as a [`Dir`], and every later access
+//!   goes through its descriptor: listing, `fstatat(AT_SYMLINK_NOFOLLOW)`,
+//!   and `openat2` refusing any symlink; its path is never walked again.
+//!   Only a regular file with exactly one link at a name
+//!   `<task>.<stream>.<N>` is read: it is looked at first (a FIFO or device
+//!   is never opened), opened `O_NONBLOCK` (a FIFO swapped in meanwhile
+//!   cannot hang the open) and checked again with `fstat` on what was
+//!   opened. Anything else there — a symlink, a hard link (maybe to a host
+//!   file), a FIFO, a directory, a device, a socket — is not read, is not a
+//!   file of the stream (it neither completes the file before it nor counts
+//!   as purged bytes) and is reported once per name ([`Event::NotALogFile`],
+//!   `logmon: note: skipping …` on stderr) when a listing shows it at or
+//!   after the reader's position; reading goes on with the next file. A
+//!   follower renamed away from, or whose path is replaced by a symlink to
+//!   another directory, goes on in the directory it opened: the inotify
+//!   watch is registered on the open directory (`/proc/self/fd/<fd>`, which
+//!   the kernel resolves to the open directory itself). A deleted directory
+//!   ends the reading with [`FollowError::DirRemoved`]. When the active
+//!   file's name is taken by something else, the file already open is read
+//!   on (a writer holding it still appends there) and the name is noted.
+//!   (`only_log_files_are_read_and_each_other_name_is_noted_once`,
+//!   `an_active_file_swapped_for_a_symlink_is_noted_and_the_held_file_read_on`,
+//!   `what_is_opened_is_checked_and_a_fifo_never_blocks_the_open`,
+//!   `following_goes_on_in_the_directory_it_opened`,
+//!   `a_deleted_directory_ends_the_follow_with_a_named_error`; through the
+//!   binary: `a_symlink_at_an_index_is_never_read`,
+//!   `a_hard_link_to_a_file_outside_is_never_read`,
+//!   `a_fifo_or_directory_at_an_index_does_not_hang_logs`,
+//!   `following_never_reads_a_symlink`,
+//!   `following_goes_on_in_the_directory_it_opened_when_the_path_is_swapped`.)
 //! - **Every byte once, in order.** A file is left only when a higher index
-//!   exists *and* a read after that was seen returned end-of-file: the writer
+//!   holding a log file exists *and* a read after that was seen returned
+//!   end-of-file: the writer
 //!   never appends to a file once a later index exists, so nothing written
 //!   to it can come later. Index gaps are skipped silently.
 //!   (`follower_started_before_the_writer_outputs_every_byte`,
@@ -23,7 +57,8 @@
 //!   the number of bytes lost and carries on with the oldest remaining file.
 //!   The count is exact when the size of every lost file was seen once it was
 //!   complete: the watcher thread notes every file created and stats the
-//!   files it completed, even while the caller is not reading. When the
+//!   files it completed, even while the caller is not reading (sizes come
+//!   from `fstatat` through the directory handle, never a path). When the
 //!   writer rotates through more than max-files files before the watcher
 //!   gets to them, the count is a lower bound and the event says so
 //!   (`exact: false`); a file the watcher saw created is never skipped
@@ -1580,5 +1615,45 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             }
         });
+    }
+
+    #[test]
+    fn an_active_file_swapped_for_a_symlink_is_noted_and_the_held_file_read_on() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let secret = secret(d.path());
+        write_files(&logs, &[(0, b"one\n")]);
+        let mut f = Follower::open(&logs, &task(), Stream::Stdout, Options::default()).unwrap();
+        assert!(matches!(f.next_now().unwrap(), Some(Event::Data(_))));
+        assert_eq!(f.next_now().unwrap(), None);
+        // The task moves the active file aside and plants a symlink at its
+        // name; a writer holding the file goes on appending to it.
+        std::fs::rename(logs.join("web.stdout.0"), logs.join("aside")).unwrap();
+        std::os::unix::fs::symlink(&secret, logs.join("web.stdout.0")).unwrap();
+        let mut a = std::fs::OpenOptions::new()
+            .append(true)
+            .open(logs.join("aside"))
+            .unwrap();
+        std::io::Write::write_all(&mut a, b"two\n").unwrap();
+        let mut events = Vec::new();
+        while let Some(ev) = f.next_now().unwrap() {
+            events.push(ev);
+        }
+        assert_eq!(
+            events,
+            vec![
+                Event::Data(Chunk {
+                    index: 0,
+                    offset: 4,
+                    data: Bytes::from_static(b"two\n")
+                }),
+                Event::NotALogFile {
+                    index: 0,
+                    path: logs.join("web.stdout.0"),
+                    what: "a symlink".to_owned()
+                }
+            ]
+        );
     }
 }

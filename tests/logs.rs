@@ -1,6 +1,9 @@
 //! `logmon logs` (issue #7), run as the real binary: reading a stream across
 //! its rotated files, `-n`/`-c` from the end, and `-f` following a live
-//! writer through rotation, index gaps, purge and truncation. Every test
+//! writer through rotation, index gaps, purge and truncation; and (issue
+//! #12) a hostile task planting symlinks, hard links, FIFOs and directories
+//! at the stream's names, or swapping the log directory for a symlink:
+//! nothing outside the directory is ever read, and `logs` never hangs. Every test
 //! checks what a user would: the bytes printed, the notices on stderr, the
 //! exit code. Every process started is killed on drop.
 

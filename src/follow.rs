@@ -496,7 +496,7 @@ impl Listing {
 }
 
 /// Why a name of the stream is not a log file, or `None` if it is one: a
-/// regular file with exactly one link. logmon creates its files with one
+/// regular file with one link (or none, once purged). logmon creates its files with one
 /// link; a second one may be a hard link to a file outside the directory
 /// (e.g. `/etc/shadow`) that the task made, so it is never read. The owner
 /// is not checked: `logs` may read another user's logs.
@@ -504,7 +504,9 @@ fn not_a_log_file(st: &FileStat) -> Option<String> {
     if !is_type(st, SFlag::S_IFREG) {
         return Some(format!("a {}", kind_of(st)));
     }
-    (st.st_nlink != 1).then(|| format!("a regular file with {} links", st.st_nlink))
+    // No link at all: a log file purged since it was opened, still ours
+    // to read to its end.
+    (st.st_nlink > 1).then(|| format!("a regular file with {} links", st.st_nlink))
 }
 
 /// Lists the stream's names through the directory handle and classifies
@@ -1512,6 +1514,12 @@ mod tests {
         assert_eq!(what("hard"), "a regular file with 2 links");
         assert_eq!(what("dir"), "a directory");
         assert!(matches!(open_checked(&dir, "gone").unwrap(), Opened::Gone));
+        // A log file purged right after it was opened has no link left: it
+        // is still read to its end.
+        std::fs::write(logs.join("purged"), b"x").unwrap();
+        let held = File::open(logs.join("purged")).unwrap();
+        std::fs::remove_file(logs.join("purged")).unwrap();
+        assert_eq!(not_a_log_file(&nix::sys::stat::fstat(&held).unwrap()), None);
         let Opened::File(f, _) = open_checked(&dir, "ok").unwrap() else {
             panic!()
         };

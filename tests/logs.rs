@@ -1,13 +1,16 @@
 //! `logmon logs` (issue #7), run as the real binary: reading a stream across
 //! its rotated files, `-n`/`-c` from the end, and `-f` following a live
-//! writer through rotation, index gaps, purge and truncation. Every test
+//! writer through rotation, index gaps, purge and truncation; and (issue
+//! #12) a hostile task planting symlinks, hard links, FIFOs and directories
+//! at the stream's names, or swapping the log directory for a symlink:
+//! nothing outside the directory is ever read, and `logs` never hangs. Every test
 //! checks what a user would: the bytes printed, the notices on stderr, the
 //! exit code. Every process started is killed on drop.
 
 mod common;
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -537,4 +540,240 @@ impl Drop for KillOnDrop<'_> {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+// ---- A hostile task (issue #12, DESIGN §9): the task can plant anything at
+// the stream's names in the shared log directory; `logs` reads only log
+// files (regular, one link), skips anything else with one note per name,
+// and never reads a file outside the directory.
+
+const SECRET: &[u8] = b"root:SECRET-HASH:0:0\n";
+
+/// A log directory `logs` and, outside it, a secret file.
+struct Hostile {
+    _d: tempfile::TempDir,
+    root: PathBuf,
+    logs: PathBuf,
+    secret: PathBuf,
+}
+
+impl Hostile {
+    fn new() -> Hostile {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_path_buf();
+        let logs = root.join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let secret = root.join("shadow");
+        std::fs::write(&secret, SECRET).unwrap();
+        Hostile {
+            _d: d,
+            root,
+            logs,
+            secret,
+        }
+    }
+
+    fn symlink_at(&self, name: &str) {
+        std::os::unix::fs::symlink(&self.secret, self.logs.join(name)).unwrap();
+    }
+
+    /// The note `logs` prints for `name`.
+    fn note(&self, name: &str, what: &str) -> String {
+        format!(
+            "logmon: note: skipping {}: {what}, not a log file",
+            self.logs.join(name).display()
+        )
+    }
+
+    /// Checks that nothing of the secret shows and that it is unchanged.
+    fn assert_no_secret(&self, out: &[u8], err: &str) {
+        let s = String::from_utf8_lossy(out);
+        assert!(!s.contains("SECRET"), "secret in stdout: {s}");
+        assert!(!err.contains("SECRET"), "secret in stderr: {err}");
+        assert_eq!(std::fs::read(&self.secret).unwrap(), SECRET);
+    }
+}
+
+/// The lines of `err`, sorted (one note a name: no repeats allowed).
+fn sorted_lines(err: &str) -> Vec<String> {
+    let mut v: Vec<String> = err.lines().map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_symlink_at_an_index_is_never_read() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    h.symlink_at("web.stdout.1");
+    put(&h.logs, "web.stdout.2", b"two\n");
+    // The highest index too: the tail must not start in it.
+    h.symlink_at("web.stdout.3");
+    put(&h.logs, "web.stderr.0", b"err zero\n");
+    h.symlink_at("web.stderr.1");
+    put(&h.logs, "web.stderr.2", b"err two\n");
+    let n1 = h.note("web.stdout.1", "a symlink");
+    let n3 = h.note("web.stdout.3", "a symlink");
+    let e1 = h.note("web.stderr.1", "a symlink");
+    let cases: [(&[&str], &[u8], Vec<&String>); 9] = [
+        (&[], b"one\ntwo\n", vec![&n1, &n3]),
+        // The last line starts at the end of file 0.
+        (&["-n", "1"], b"two\n", vec![&n1, &n3]),
+        (&["-n", "2"], b"one\ntwo\n", vec![&n1, &n3]),
+        (&["-n", "100"], b"one\ntwo\n", vec![&n1, &n3]),
+        (&["-c", "4"], b"two\n", vec![&n3]),
+        (&["-c", "6"], b"e\ntwo\n", vec![&n1, &n3]),
+        (&["-c", "1KiB"], b"one\ntwo\n", vec![&n1, &n3]),
+        (&["--stderr"], b"err zero\nerr two\n", vec![&e1]),
+        (&["--stderr", "-n", "2"], b"err zero\nerr two\n", vec![&e1]),
+    ];
+    for (extra, want, notes) in cases {
+        let o = logs(&h.logs, extra);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {err}");
+        h.assert_no_secret(&o.stdout, &err);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(want),
+            "{extra:?}"
+        );
+        let mut notes: Vec<String> = notes.into_iter().cloned().collect();
+        notes.sort();
+        assert_eq!(sorted_lines(&err), notes, "{extra:?}");
+    }
+}
+
+#[test]
+fn a_hard_link_to_a_file_outside_is_never_read() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    std::fs::hard_link(&h.secret, h.logs.join("web.stdout.1")).unwrap();
+    put(&h.logs, "web.stdout.2", b"two\n");
+    std::fs::hard_link(&h.secret, h.logs.join("web.stdout.3")).unwrap();
+    // The secret and its two links.
+    let note = |i| h.note(&format!("web.stdout.{i}"), "a regular file with 3 links");
+    for (extra, want) in [
+        (&[][..], &b"one\ntwo\n"[..]),
+        (&["-n", "2"], b"one\ntwo\n"),
+        (&["-c", "8"], b"one\ntwo\n"),
+    ] {
+        let o = logs(&h.logs, extra);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {err}");
+        h.assert_no_secret(&o.stdout, &err);
+        assert_eq!(o.stdout, want, "{extra:?}");
+        assert_eq!(sorted_lines(&err), vec![note(1), note(3)], "{extra:?}");
+    }
+}
+
+/// Runs `logmon logs` to completion, killing it (and failing) if it has
+/// not ended within the timeout: a hang is the failure being tested.
+fn logs_bounded(dir: &Path, extra: &[&str]) -> (Option<i32>, Vec<u8>, String) {
+    let mut child = spawn_logs(dir, extra);
+    let out = Collector::new(child.stdout.take().unwrap());
+    let err = Collector::new(child.stderr.take().unwrap());
+    let ended = wait_until(TIMEOUT, || matches!(child.try_wait(), Ok(Some(_))));
+    if !ended {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "logs {extra:?} hung; stdout: {:?}",
+            String::from_utf8_lossy(&out.get())
+        );
+    }
+    let code = child.wait().unwrap().code();
+    let err = String::from_utf8_lossy(&err.finish()).into_owned();
+    (code, out.finish(), err)
+}
+
+#[test]
+fn a_fifo_or_directory_at_an_index_does_not_hang_logs() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    // No writer will ever open these FIFOs: opening one for reading
+    // without O_NONBLOCK would block for good.
+    nix::unistd::mkfifo(
+        &h.logs.join("web.stdout.1"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    put(&h.logs, "web.stdout.2", b"two\n");
+    std::fs::create_dir(h.logs.join("web.stdout.3")).unwrap();
+    nix::unistd::mkfifo(
+        &h.logs.join("web.stdout.4"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    let notes = vec![
+        h.note("web.stdout.1", "a FIFO"),
+        h.note("web.stdout.3", "a directory"),
+        h.note("web.stdout.4", "a FIFO"),
+    ];
+    for extra in [&[][..], &["-n", "2"], &["-c", "100"]] {
+        let (code, out, err) = logs_bounded(&h.logs, extra);
+        assert_eq!(code, Some(0), "{extra:?}: {err}");
+        assert_eq!(out, b"one\ntwo\n", "{extra:?}");
+        assert_eq!(sorted_lines(&err), notes, "{extra:?}");
+    }
+}
+
+#[test]
+fn following_never_reads_a_symlink() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    h.symlink_at("web.stdout.1");
+    let follow = Follow::start(&h.logs, &["-f"]);
+    follow.expect_output(b"one\n");
+    put(&h.logs, "web.stdout.2", b"two\n");
+    follow.expect_output(b"one\ntwo\n");
+    // Planted while following, ahead of the reader; the secret grows.
+    h.symlink_at("web.stdout.3");
+    append(&h.root, "shadow", b"SECRET MORE\n");
+    put(&h.logs, "web.stdout.4", b"three\n");
+    follow.expect_output(b"one\ntwo\nthree\n");
+    append(&h.logs, "web.stdout.4", b"four\n");
+    follow.expect_output(b"one\ntwo\nthree\nfour\n");
+    let (code, out, err) = follow.interrupt();
+    assert_eq!(code, Some(0));
+    assert_eq!(out, b"one\ntwo\nthree\nfour\n");
+    let s = String::from_utf8_lossy(&out);
+    assert!(
+        !s.contains("SECRET") && !err.contains("SECRET"),
+        "{s} {err}"
+    );
+    assert_eq!(
+        sorted_lines(&err),
+        vec![
+            h.note("web.stdout.1", "a symlink"),
+            h.note("web.stdout.3", "a symlink")
+        ]
+    );
+}
+
+#[test]
+fn following_goes_on_in_the_directory_it_opened_when_the_path_is_swapped() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    let follow = Follow::start(&h.logs, &["-f"]);
+    follow.expect_output(b"one\n");
+    // The task renames the log directory away and puts a symlink to
+    // another directory, full of the stream's names, in its place.
+    let moved = h.root.join("moved");
+    std::fs::rename(&h.logs, &moved).unwrap();
+    let other = h.root.join("other");
+    std::fs::create_dir(&other).unwrap();
+    put(&other, "web.stdout.0", b"SECRET 0\n");
+    put(&other, "web.stdout.1", b"SECRET 1\n");
+    put(&other, "web.stdout.7", b"SECRET 7\n");
+    std::os::unix::fs::symlink(&other, &h.logs).unwrap();
+    // The writer goes on in the directory it opened, too.
+    append(&moved, "web.stdout.0", b"two\n");
+    put(&moved, "web.stdout.1", b"three\n");
+    follow.expect_output(b"one\ntwo\nthree\n");
+    put(&other, "web.stdout.8", b"SECRET 8\n");
+    put(&moved, "web.stdout.2", b"four\n");
+    follow.expect_output(b"one\ntwo\nthree\nfour\n");
+    let (code, out, err) = follow.interrupt();
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+    assert_eq!(out, b"one\ntwo\nthree\nfour\n");
 }

@@ -3,13 +3,18 @@
 //! The reading is [`crate::follow::Follower`]; this module runs it on a
 //! current-thread runtime and writes each chunk to stdout as soon as it is
 //! read (unbuffered: a partial line shows up at once). Notices (bytes
-//! skipped after a purge, a truncated or replaced file) go to stderr, one
-//! line each, prefixed `logmon: `.
+//! skipped after a purge, a truncated or replaced file, a name of the stream
+//! that is not a log file and is skipped unread: `logmon: note: skipping
+//! /l/web.stdout.3: a symlink, not a log file`) go to stderr, one line
+//! each, prefixed `logmon: `. Only regular files with one link, inside the
+//! log directory opened once, are read (DESIGN.md §9; see
+//! [`crate::follow`]).
 //!
 //! Exit codes: 0 at the end of the stream, when stdout is closed by its
 //! reader (`logmon logs | head`: EPIPE, or, while following an idle log,
 //! the pipe reporting that its reader is gone), and on SIGINT (Ctrl-C) or
-//! SIGTERM; 2 when the log directory does not exist; 1 on any other error.
+//! SIGTERM; 2 when the log directory does not exist; 1 on any other error
+//! (the log directory deleted while it was read included).
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};

@@ -1211,7 +1211,7 @@ fn symlink_at_the_diagnostics_log_name_gets_no_diagnostics() {
 /// Another task's live logmon, in its own root-owned directory. Its task
 /// is also called `web` (task names are only unique within one
 /// allocation), so a check of the task name alone cannot tell them apart.
-fn other_task(s: &mut Scene) -> (Run, PathBuf) {
+fn other_task(s: &Scene) -> (Run, PathBuf) {
     let other = s.root().join("other");
     mkdir(&other, 0o755);
     let run = Run::start(&other, "web", &[]).unwrap();
@@ -1227,12 +1227,21 @@ fn assert_other_alive(other: &mut Run, sock: &Path) {
 
 #[test]
 fn ensure_with_a_lost_state_never_stops_another_tasks_logmon_behind_a_planted_socket() {
-    let Some(mut s) = scene() else { return };
-    let (mut other, other_sock) = other_task(&mut s);
-    // The agent lost web's state file (there is none); the task points
-    // web's socket name at the other task's socket.
-    assert!(!s.state().exists());
-    attack(&[Op::symlink(&other_sock, &s.at(".web.logmon.sock"))]);
+    let Some(s) = scene() else { return };
+    let (mut other, other_sock) = other_task(&s);
+    // web ran once (its logmon stopped since), and the agent has lost its
+    // state file; the task points web's socket name at the other task's
+    // socket.
+    let (_, first) = ensure_web(&s).unwrap();
+    let o = run_bounded(logmon(&["stop", "--state", s.state().to_str().unwrap()]));
+    assert_eq!(o.code, Some(0), "stop: {}", o.stderr());
+    assert!(!logmon::process::is_alive_with(
+        first.0.pid,
+        first.0.start_time
+    ));
+    std::fs::remove_file(s.state()).unwrap();
+    let sock = s.at(".web.logmon.sock");
+    attack(&[Op::Unlink(cpath(&sock)), Op::symlink(&other_sock, &sock)]);
     let before = s.snapshot();
     let ensured = ensure_web(&s);
     assert_other_alive(&mut other, &other_sock);
@@ -1247,8 +1256,8 @@ fn ensure_with_a_lost_state_never_stops_another_tasks_logmon_behind_a_planted_so
 
 #[test]
 fn stop_through_a_planted_socket_symlink_never_stops_another_tasks_logmon() {
-    let Some(mut s) = scene() else { return };
-    let (mut other, other_sock) = other_task(&mut s);
+    let Some(s) = scene() else { return };
+    let (mut other, other_sock) = other_task(&s);
     attack(&[Op::symlink(&other_sock, &s.at(".web.logmon.sock"))]);
     let before = s.snapshot();
     // The operator means web's logmon (there is none running).

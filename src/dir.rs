@@ -28,7 +28,11 @@
 //!   `fstat` after the open (`open_own_refuses_foreign_files`);
 //! - a deleted directory is recreated only through the parent descriptor
 //!   held since start ([`Dir::recreate`]), and only if the result is a
-//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`).
+//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`);
+//! - [`Dir::subdir`] creates (`mkdirat`) and opens a directory without
+//!   following a symlink (the control socket's directory), and
+//!   [`Dir::open_path_fd`] gives an `O_PATH` handle of the very inode at a
+//!   name (to chmod the socket just bound, never a name swapped since).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;

@@ -238,6 +238,7 @@ impl StreamCapture {
         s.active_index = self.rotator.index();
         s.active_size = self.rotator.size();
         s.files_recreated = self.rotator.recreated();
+        s.foreign_names = self.rotator.foreign_names();
         s
     }
 

@@ -252,8 +252,12 @@ impl CaptureConfig {
 
     /// The lock file that makes one logmon per task (`.<task>.logmon.lock`).
     pub fn lock_path(&self) -> PathBuf {
-        self.log_dir
-            .join(format!(".{}.logmon.lock", self.task.as_str()))
+        self.log_dir.join(self.lock_name())
+    }
+
+    /// The lock file's name in the log directory.
+    pub fn lock_name(&self) -> String {
+        format!(".{}.logmon.lock", self.task.as_str())
     }
 
     /// Where a launched daemon's own diagnostics go (`.<task>.logmon.log`).

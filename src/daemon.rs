@@ -6,25 +6,40 @@
 //! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
 //!   taken before anything else is touched; a second `run` fails at once and
 //!   names the pid holding it (`tests/capture.rs::second_run_for_the_same_task_is_refused`);
+//! - one logmon per FIFO, whatever the task name: an exclusive flock on the
+//!   open FIFO itself; a second reader is refused naming the pid and task of
+//!   the first (`tests/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`);
+//! - the log directory and the FIFO and socket directories are opened once,
+//!   as [`Dir`]s, and every name in them is resolved through those
+//!   descriptors (DESIGN.md §9): a planted lock or socket name is removed,
+//!   counted in `foreign_names` and warned about, never followed or written
+//!   (`tests/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
+//!   a log directory renamed away or replaced by a symlink is not followed
+//!   (`tests/faults.rs::log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
 //! - the ready line is printed only when FIFOs, files and socket are ready;
 //! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
 //!   partial line included), the active files fsynced, the socket removed,
 //!   and the process exits 0.
 
 use std::cell::RefCell;
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::capture::{pump, StreamCapture};
 use crate::config::{CaptureConfig, ConfigError, Stream};
+use crate::dir::{Dir, FileId};
 use crate::fifo::{self, FifoError};
 use crate::protocol::{ReattachConfig, Welcome, PROTOCOL_VERSION};
 use crate::rotate::{RotateError, Rotator};
@@ -97,21 +112,70 @@ pub struct TaskLock {
     _lock: Flock<File>,
 }
 
-/// Takes the task lock at `path`, writing our pid into it, or fails naming
-/// the pid that holds it.
-pub fn lock_task(path: &Path, task: &str) -> Result<TaskLock, DaemonError> {
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|source| DaemonError::Io {
-            action: "cannot open the task lock",
+/// How often the lock's name is claimed again when the task keeps
+/// replanting it.
+const LOCK_ATTEMPTS: usize = 8;
+
+/// Takes the task lock `name` in `dir`, writing our pid into it, or fails
+/// naming the pid that holds it. The lock file is reused only if it is
+/// logmon's own regular file; anything else at the name (a symlink, a hard
+/// link, another owner's file, a directory…) is removed, never truncated
+/// or written through, and counted in the returned number.
+pub fn lock_task(dir: &Dir, name: &str, task: &str) -> Result<(TaskLock, u64), DaemonError> {
+    let path = dir.display(name);
+    let err = |action: &'static str| {
+        let path = path.clone();
+        move |source: io::Error| DaemonError::Io {
+            action,
             source: io::Error::new(source.kind(), format!("{}: {source}", path.display())),
-        })?;
+        }
+    };
+    let mut foreign = 0;
+    let mut file = None;
+    for _ in 0..LOCK_ATTEMPTS {
+        match dir
+            .open_own(name, OFlag::O_RDWR)
+            .map_err(err("cannot open the task lock"))?
+        {
+            Ok(Some(f)) => {
+                file = Some(f);
+                break;
+            }
+            // A concurrent start's new lock is never removed: O_EXCL, and
+            // on EEXIST look again.
+            Ok(None) => {
+                match dir.open_at(
+                    name,
+                    OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL,
+                    Mode::from_bits_truncate(0o600),
+                ) {
+                    Ok(f) => {
+                        file = Some(f);
+                        break;
+                    }
+                    Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+                    Err(e) => return Err(err("cannot create the task lock")(e)),
+                }
+            }
+            Err(why) => {
+                if dir
+                    .remove_any(name)
+                    .map_err(err("cannot remove what sits at the task lock's name"))?
+                    .is_some()
+                {
+                    foreign += 1;
+                    tracing::warn!(path = %path.display(), found = %why,
+                        "the task lock's name was taken by something logmon did not create; removed it (never followed or written)");
+                }
+            }
+        }
+    }
+    let file = file.ok_or_else(|| {
+        err("cannot create the task lock")(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the name was replanted on every attempt",
+        ))
+    })?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => {
             let pid = format!("{}\n", std::process::id());
@@ -119,9 +183,9 @@ pub fn lock_task(path: &Path, task: &str) -> Result<TaskLock, DaemonError> {
                 .map_err(io_err("cannot write the task lock"))?;
             lock.write_all_at(pid.as_bytes(), 0)
                 .map_err(io_err("cannot write the task lock"))?;
-            Ok(TaskLock { _lock: lock })
+            Ok((TaskLock { _lock: lock }, foreign))
         }
-        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+        Err((file, Errno::EWOULDBLOCK)) => {
             let mut s = String::new();
             let _ = io::Read::read_to_string(&mut &file, &mut s);
             let holder = match s.trim().parse::<u32>() {
@@ -131,7 +195,7 @@ pub fn lock_task(path: &Path, task: &str) -> Result<TaskLock, DaemonError> {
             Err(DaemonError::AlreadyRunning {
                 task: task.to_owned(),
                 holder,
-                lock: path.to_owned(),
+                lock: path,
             })
         }
         Err((_, e)) => Err(DaemonError::Io {
@@ -147,26 +211,82 @@ struct OpenedFifo {
     capacity: usize,
 }
 
-/// Opens (or adopts from systemd's fd store) the FIFO of each stream.
+/// The directories the daemon works in, each opened once (DESIGN.md §9);
+/// the log directory's handle is shared when a FIFO or the socket lives
+/// there too.
+struct Dirs {
+    log: Arc<Dir>,
+    others: Vec<Arc<Dir>>,
+}
+
+impl Dirs {
+    /// The handle of the directory `path` (a FIFO's or the socket's), opened
+    /// by `open` the first time.
+    fn get<E>(
+        &mut self,
+        path: &Path,
+        open: impl FnOnce(&Path) -> Result<Dir, E>,
+    ) -> Result<Arc<Dir>, E> {
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        if let Some(d) = std::iter::once(&self.log)
+            .chain(&self.others)
+            .find(|d| d.path() == abs)
+        {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(open(&abs)?);
+        self.others.push(d.clone());
+        Ok(d)
+    }
+}
+
+/// The directory and name of `path` (an operator's FIFO or socket path).
+fn split(path: &Path) -> Result<(&Path, &OsStr), io::Error> {
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} has no file name", path.display()),
+        )
+    })?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((parent, name))
+}
+
+/// Opens (or adopts from systemd's fd store) the FIFO of each stream, and
+/// takes its reader lock.
 fn open_fifos(
     cfg: &CaptureConfig,
+    dirs: &mut Dirs,
     inherited: &mut systemd::InheritedFds,
 ) -> Result<[OpenedFifo; 2], DaemonError> {
-    let open = |stream: Stream,
-                inherited: &mut systemd::InheritedFds|
-     -> Result<OpenedFifo, DaemonError> {
+    let mut open = |stream: Stream| -> Result<OpenedFifo, DaemonError> {
+        let path = cfg.fifo(stream);
         if let Some(fd) = inherited.take_fifo(stream) {
+            fifo::lock_reader(fd.as_fd(), path)?;
             let capacity = fifo::adopt_reader(&fd, systemd::fifo_fd_name(stream), cfg.pipe_size)?;
             tracing::info!(%stream, "adopted FIFO from systemd's fd store");
             return Ok(OpenedFifo { fd, capacity });
         }
-        let (fd, capacity) = fifo::open_reader(cfg.fifo(stream), cfg.pipe_size)?;
+        let (parent, name) = split(path).map_err(|source| FifoError::Io {
+            action: "resolve",
+            path: path.to_owned(),
+            source,
+        })?;
+        let dir = dirs.get(parent, |p| {
+            Dir::open(p).map_err(|source| FifoError::Io {
+                action: "open the directory of",
+                path: path.to_owned(),
+                source,
+            })
+        })?;
+        let (fd, capacity) = fifo::open_reader_at(&dir, name, cfg.pipe_size)?;
+        fifo::lock_reader(fd.as_fd(), &dir.display(name))?;
         Ok(OpenedFifo { fd, capacity })
     };
-    Ok([
-        open(Stream::Stdout, inherited)?,
-        open(Stream::Stderr, inherited)?,
-    ])
+    Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
 
 /// Where the ready line goes.
@@ -182,12 +302,6 @@ pub enum Ready {
 /// thread; builds its own current-thread runtime.
 pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     cfg.validate()?;
-    if !cfg.log_dir.is_dir() {
-        return Err(RotateError::MissingDir {
-            path: cfg.log_dir.clone(),
-        }
-        .into());
-    }
     // Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
     // write-error policy) rather than kill the daemon.
     // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
@@ -201,21 +315,29 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     // Before anything else opens a descriptor, so a manager that claims
     // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
-    let log_dir = crate::dir::Dir::open(&cfg.log_dir).map_err(|_| RotateError::MissingDir {
-        path: cfg.log_dir.clone(),
-    })?;
-    let _lock = lock_task(&cfg.lock_path(), cfg.task.as_str())?;
-    let fifos = open_fifos(&cfg, &mut inherited)?;
+    // The one walk of the operator's paths: from here on every name is
+    // resolved through these descriptors.
+    let log_dir = Arc::new(
+        Dir::open(&cfg.log_dir).map_err(|_| RotateError::MissingDir {
+            path: cfg.log_dir.clone(),
+        })?,
+    );
+    let mut dirs = Dirs {
+        log: log_dir.clone(),
+        others: Vec::new(),
+    };
+    let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
+    let fifos = open_fifos(&cfg, &mut dirs, &mut inherited)?;
     let rotators = [
-        Rotator::open(
-            &cfg.log_dir,
+        Rotator::open_in(
+            log_dir.clone(),
             &cfg.task,
             Stream::Stdout,
             cfg.max_files,
             cfg.max_file_size,
         )?,
-        Rotator::open(
-            &cfg.log_dir,
+        Rotator::open_in(
+            log_dir.clone(),
             &cfg.task,
             Stream::Stderr,
             cfg.max_files,
@@ -224,9 +346,39 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     ];
     let socket_path =
         std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
-    let listener = match inherited.take_listener() {
-        Some(l) => l,
-        None => server::bind(&socket_path)?,
+    // The socket's directory and name, when logmon binds it itself.
+    let mut bound: Option<(Arc<Dir>, FileId)> = None;
+    let (socket_name, listener, socket_id) = match inherited.take_listener() {
+        Some(l) => {
+            // Under socket activation the socket is systemd's: its identity
+            // is read from its path when it has one (a listener's fstat
+            // shows the socket, not the file), else left zero.
+            let id = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .map_or(FileId { dev: 0, ino: 0 }, |m| {
+                    use std::os::unix::fs::MetadataExt;
+                    FileId {
+                        dev: m.dev(),
+                        ino: m.ino(),
+                    }
+                });
+            (None, l, id)
+        }
+        None => {
+            let (parent, name) = split(&socket_path).map_err(|source| SocketError::Io {
+                action: "resolve",
+                path: socket_path.clone(),
+                source,
+            })?;
+            let dir = dirs.get(parent, server::open_socket_dir)?;
+            let b = server::bind(&dir, name)?;
+            foreign += b.foreign;
+            bound = Some((dir, b.id));
+            (Some(name.to_owned()), b.listener, b.id)
+        }
     };
     // Under socket activation the ready line names the socket systemd gave.
     let socket_path = if inherited.listener_was_inherited() {
@@ -259,12 +411,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         log_dir: log_dir.path().to_owned(),
         log_dir_id: log_dir.id(),
-        // Agent side (#12 item 7): the bound socket's identity, so a client
-        // that came by path can check the path names this very socket.
-        socket_id: nix::sys::stat::lstat(&socket_path)
-            .map_or(crate::dir::FileId { dev: 0, ino: 0 }, |st| {
-                crate::dir::FileId::of(&st)
-            }),
+        socket_id,
     };
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -315,7 +462,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             started: tokio::time::Instant::now(),
             policy: cfg.on_write_error,
             stop: stop_tx.clone(),
-            foreign_names: std::cell::Cell::new(0),
+            foreign_names: std::cell::Cell::new(foreign),
         });
         let server =
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
@@ -362,9 +509,10 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             None => Ok(()),
         }
     });
-    // Never unlink a socket we did not bind (socket activation owns its own).
-    if !inherited.listener_was_inherited() {
-        let _ = std::fs::remove_file(&socket_path);
+    // Never unlink a socket we did not bind (socket activation owns its
+    // own), nor a name the task put in its place.
+    if let (Some((dir, id)), Some(name)) = (bound, socket_name) {
+        server::unlink_if_ours(&dir, &name, id);
     }
     result
 }

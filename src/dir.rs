@@ -28,7 +28,11 @@
 //!   `fstat` after the open (`open_own_refuses_foreign_files`);
 //! - a deleted directory is recreated only through the parent descriptor
 //!   held since start ([`Dir::recreate`]), and only if the result is a
-//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`).
+//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`);
+//! - [`Dir::subdir`] creates (`mkdirat`) and opens a directory without
+//!   following a symlink (the control socket's directory), and
+//!   [`Dir::open_path_fd`] gives an `O_PATH` handle of the very inode at a
+//!   name (to chmod the socket just bound, never a name swapped since).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -405,6 +409,59 @@ impl Dir {
     /// durable.
     pub fn sync(&self) -> io::Result<()> {
         nix::unistd::fsync(&self.fd).map_err(io::Error::from)
+    }
+
+    /// An `O_PATH` descriptor of `name` itself (never following a
+    /// symlink): to `fstat` or `fchmod` (through `/proc/self/fd`) the very
+    /// inode that sits at the name, whatever it is, without opening it.
+    pub fn open_path_fd(&self, name: impl AsRef<OsStr>) -> io::Result<OwnedFd> {
+        let name = one_component(name.as_ref())?;
+        // openat2 refuses any flag besides these with O_PATH.
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            let how = OpenHow::new().flags(flags).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+            match nix::fcntl::openat2(&self.fd, name, how) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(nix::fcntl::openat(&self.fd, name, flags, Mode::empty())?)
+    }
+
+    /// The directory `name` inside this one, created with `mode` when
+    /// missing (`mkdirat`), opened without following a symlink; refused
+    /// unless it is a directory. Its parent (this one) is kept for
+    /// [`Dir::recreate`].
+    pub fn subdir(&self, name: impl AsRef<OsStr>, mode: Mode) -> io::Result<Dir> {
+        let name = one_component(name.as_ref())?;
+        match nix::sys::stat::mkdirat(&self.fd, name, mode) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        let parent = nix::fcntl::openat(
+            &self.fd,
+            ".",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Dir {
+            fd,
+            path: self.path.join(name),
+            id: FileId::of(&st),
+            parent: Some((Arc::new(parent), name.to_owned())),
+        })
     }
 
     /// Whether the directory itself was removed (no link left).

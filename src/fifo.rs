@@ -5,17 +5,32 @@
 //! the task closes or restarts, and the task's write end never gets SIGPIPE
 //! while no logmon reads (it blocks on a full pipe and goes on when a fresh
 //! logmon drains it). Neither open ever blocks.
+//!
+//! Guarantees kept here (unit tests below):
+//! - a FIFO is created and opened through its directory's [`Dir`]
+//!   (`mkfifoat`, `openat2` without symlinks), and what was opened is
+//!   checked with `fstat` to be a FIFO: a symlink, regular file, directory
+//!   or device planted in its place is refused by name, never read
+//!   (`a_regular_file_a_directory_and_a_symlink_are_refused_by_name`);
+//!   the path functions are thin wrappers resolving parent `Dir` + name;
+//! - one reader per FIFO, whatever the task name: [`lock_reader`] takes an
+//!   exclusive `flock` on logmon's open FIFO, and a second reader is
+//!   refused naming the pid and task of the first
+//!   (`a_second_reader_is_refused_naming_the_first`,
+//!   `tests/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`).
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use crate::dir::{self, Dir};
+
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SpliceFFlags};
-use nix::sys::stat::Mode;
+use nix::sys::stat::{Mode, SFlag};
 
 /// A FIFO that cannot be used, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +45,16 @@ pub enum FifoError {
         path: PathBuf,
         /// What it is instead.
         kind: &'static str,
+    },
+    /// Another process already reads this FIFO (holds its reader lock).
+    #[error(
+        "FIFO {path} is already read by {holder}: stop it first, or give this task its own FIFO"
+    )]
+    AlreadyRead {
+        /// The FIFO.
+        path: PathBuf,
+        /// Who: "logmon pid 123 (task web)".
+        holder: String,
     },
     /// The descriptor handed over is not a FIFO.
     #[error("descriptor {name} is not a FIFO")]
@@ -49,96 +74,117 @@ pub enum FifoError {
     },
 }
 
-fn kind_of(ft: std::fs::FileType) -> &'static str {
-    if ft.is_file() {
-        "regular file"
-    } else if ft.is_dir() {
-        "directory"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_char_device() {
-        "character device"
-    } else if ft.is_block_device() {
-        "block device"
-    } else {
-        "special file"
-    }
+/// Opens the directory of `path` (trusted: the operator's) and returns it
+/// with the FIFO's name in it.
+fn dir_and_name(path: &Path) -> Result<(Dir, &OsStr), FifoError> {
+    let io_err = |action, source| FifoError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    };
+    let name = path.file_name().ok_or_else(|| {
+        io_err(
+            "resolve",
+            io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"),
+        )
+    })?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = Dir::open(parent).map_err(|e| io_err("open the directory of", e))?;
+    Ok((dir, name))
 }
 
 /// Makes sure `path` is a FIFO: creates it with mode 0600 when missing,
 /// reuses an existing FIFO, refuses anything else (symlinks included).
+/// Resolved as its directory's [`Dir`] + name ([`ensure_fifo_at`]).
 pub fn ensure_fifo(path: &Path) -> Result<(), FifoError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => Err(FifoError::Symlink(path.to_owned())),
-        Ok(m) if m.file_type().is_fifo() => Ok(()),
-        Ok(m) => Err(FifoError::NotFifo {
-            path: path.to_owned(),
-            kind: kind_of(m.file_type()),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            match nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)) {
-                // Another process created it between our look and mkfifo.
-                Ok(()) | Err(Errno::EEXIST) => ensure_existing(path),
-                Err(e) => Err(FifoError::Io {
-                    action: "create",
-                    path: path.to_owned(),
-                    source: e.into(),
-                }),
-            }
-        }
-        Err(source) => Err(FifoError::Io {
-            action: "inspect",
-            path: path.to_owned(),
-            source,
-        }),
-    }
+    let (dir, name) = dir_and_name(path)?;
+    ensure_fifo_at(&dir, name)
 }
 
-fn ensure_existing(path: &Path) -> Result<(), FifoError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_fifo() => Ok(()),
-        Ok(m) if m.file_type().is_symlink() => Err(FifoError::Symlink(path.to_owned())),
-        Ok(m) => Err(FifoError::NotFifo {
-            path: path.to_owned(),
-            kind: kind_of(m.file_type()),
-        }),
-        Err(source) => Err(FifoError::Io {
-            action: "inspect",
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
-/// Opens `path` O_RDWR with `extra` flags, refusing to follow a symlink and
-/// checking that what was opened is a FIFO (the path may change between the
-/// check and the open).
-fn open_rdwr(path: &Path, extra: i32) -> Result<File, FifoError> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | extra)
-        .open(path)
-        .map_err(|source| {
-            if source.raw_os_error() == Some(nix::libc::ELOOP) {
-                return FifoError::Symlink(path.to_owned());
-            }
-            FifoError::Io {
-                action: "open",
-                path: path.to_owned(),
+/// [`ensure_fifo`] for `name` in `dir`: `fstatat` without following, then
+/// `mkfifoat` when missing.
+pub fn ensure_fifo_at(dir: &Dir, name: &OsStr) -> Result<(), FifoError> {
+    let path = || dir.display(name);
+    let look = |created: bool| -> Result<Option<()>, FifoError> {
+        match dir.stat(name) {
+            Ok(Some(st)) if dir::is_type(&st, SFlag::S_IFLNK) => Err(FifoError::Symlink(path())),
+            Ok(Some(st)) if dir::is_type(&st, SFlag::S_IFIFO) => Ok(Some(())),
+            Ok(Some(st)) => Err(FifoError::NotFifo {
+                path: path(),
+                kind: dir::kind_of(&st),
+            }),
+            Ok(None) if !created => Ok(None),
+            Ok(None) => Err(FifoError::Io {
+                action: "create",
+                path: path(),
+                source: io::Error::new(io::ErrorKind::NotFound, "removed as soon as created"),
+            }),
+            Err(source) => Err(FifoError::Io {
+                action: "inspect",
+                path: path(),
                 source,
-            }
-        })?;
-    let m = f.metadata().map_err(|source| FifoError::Io {
+            }),
+        }
+    };
+    if look(false)?.is_some() {
+        return Ok(());
+    }
+    match dir.mkfifo(name, Mode::from_bits_truncate(0o600)) {
+        Ok(()) => {}
+        // Another process created it between our look and mkfifo.
+        Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+        Err(source) => {
+            return Err(FifoError::Io {
+                action: "create",
+                path: path(),
+                source,
+            })
+        }
+    }
+    look(true).map(|_| ())
+}
+
+/// Opens `name` in `dir` O_RDWR, never following a symlink, and checks
+/// with `fstat` that what was opened is a FIFO (the name may change
+/// between [`ensure_fifo_at`] and the open). The open is non-blocking
+/// (nothing planted can make it hang); `nonblock` says whether the result
+/// stays so.
+fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoError> {
+    let path = || dir.display(name);
+    let f = dir
+        .open_at(name, OFlag::O_RDWR | OFlag::O_NONBLOCK, Mode::empty())
+        .map_err(
+            |source| match Errno::from_raw(source.raw_os_error().unwrap_or(0)) {
+                Errno::ELOOP | Errno::EXDEV => FifoError::Symlink(path()),
+                _ => FifoError::Io {
+                    action: "open",
+                    path: path(),
+                    source,
+                },
+            },
+        )?;
+    let st = nix::sys::stat::fstat(&f).map_err(|e| FifoError::Io {
         action: "inspect",
-        path: path.to_owned(),
-        source,
+        path: path(),
+        source: e.into(),
     })?;
-    if !m.file_type().is_fifo() {
+    if !dir::is_type(&st, SFlag::S_IFIFO) {
         return Err(FifoError::NotFifo {
-            path: path.to_owned(),
-            kind: kind_of(m.file_type()),
+            path: path(),
+            kind: dir::kind_of(&st),
         });
+    }
+    if !nonblock {
+        let io_err = |e: Errno| FifoError::Io {
+            action: "configure",
+            path: path(),
+            source: e.into(),
+        };
+        let fl = OFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFL).map_err(io_err)?);
+        fcntl(&f, FcntlArg::F_SETFL(fl - OFlag::O_NONBLOCK)).map_err(io_err)?;
     }
     Ok(f)
 }
@@ -148,12 +194,22 @@ fn open_rdwr(path: &Path, extra: i32) -> Result<File, FifoError> {
 /// `pipe_size` (capped by `/proc/sys/fs/pipe-max-size`). Returns the fd and
 /// the pipe's capacity.
 pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
-    ensure_fifo(path)?;
-    let f = open_rdwr(path, nix::libc::O_NONBLOCK)?;
+    let (dir, name) = dir_and_name(path)?;
+    open_reader_at(&dir, name, pipe_size)
+}
+
+/// [`open_reader`] for `name` in `dir`.
+pub fn open_reader_at(
+    dir: &Dir,
+    name: &OsStr,
+    pipe_size: u64,
+) -> Result<(OwnedFd, usize), FifoError> {
+    ensure_fifo_at(dir, name)?;
+    let f = open_rdwr_at(dir, name, true)?;
     let fd = OwnedFd::from(f);
     let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| FifoError::Io {
         action: "size",
-        path: path.to_owned(),
+        path: dir.display(name),
         source,
     })?;
     Ok((fd, cap))
@@ -164,8 +220,121 @@ pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), Fifo
 /// blocks while the pipe is full, and the task never gets SIGPIPE/EPIPE while
 /// no logmon is reading. Hand the file to the task as its stdout or stderr.
 pub fn open_task_end(path: &Path) -> Result<File, FifoError> {
-    ensure_fifo(path)?;
-    open_rdwr(path, 0)
+    let (dir, name) = dir_and_name(path)?;
+    open_task_end_at(&dir, name)
+}
+
+/// [`open_task_end`] for `name` in `dir`.
+pub fn open_task_end_at(dir: &Dir, name: &OsStr) -> Result<File, FifoError> {
+    ensure_fifo_at(dir, name)?;
+    open_rdwr_at(dir, name, false)
+}
+
+/// Makes logmon the one reader of the FIFO open at `fd` (shown as `path`):
+/// an exclusive, non-blocking `flock` on it, held as long as the open file
+/// description lives (in systemd's fd store too, so a restarted logmon
+/// adopting the stored descriptor takes it again). Fails naming the
+/// process that holds it.
+pub fn lock_reader(fd: BorrowedFd<'_>, path: &Path) -> Result<(), FifoError> {
+    loop {
+        // SAFETY: flock on a borrowed, open descriptor; no memory is passed.
+        let r =
+            unsafe { nix::libc::flock(fd.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(());
+        }
+        match Errno::last() {
+            Errno::EINTR => continue,
+            Errno::EWOULDBLOCK => {
+                let holder = nix::sys::stat::fstat(fd)
+                    .ok()
+                    .and_then(|st| flock_holder(st.st_dev, st.st_ino))
+                    .map_or_else(|| "another process".to_owned(), describe_pid);
+                return Err(FifoError::AlreadyRead {
+                    path: path.to_owned(),
+                    holder,
+                });
+            }
+            e => {
+                return Err(FifoError::Io {
+                    action: "lock",
+                    path: path.to_owned(),
+                    source: e.into(),
+                })
+            }
+        }
+    }
+}
+
+/// The pid holding a `flock` on the file `dev`:`ino`, from /proc/locks
+/// (`1: FLOCK  ADVISORY  WRITE 123 00:1a:4567 0 EOF`; device numbers in
+/// hex, waiters marked `->` are skipped).
+fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    parse_flock_holder(&text, dev, ino)
+}
+
+fn parse_flock_holder(text: &str, dev: u64, ino: u64) -> Option<u32> {
+    let want = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev), ino);
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let pid = f.get(4)?.parse::<u32>().ok()?;
+        let mut id = f.get(5)?.split(':');
+        let maj = u64::from_str_radix(id.next()?, 16).ok()?;
+        let min = u64::from_str_radix(id.next()?, 16).ok()?;
+        let i = id.next()?.parse::<u64>().ok()?;
+        ((maj, min, i) == want).then_some(pid)
+    })
+}
+
+/// "logmon pid 123 (task web)" from /proc: the task from `--task X` on its
+/// command line, or its `LOGMON_TASK` when readable, else "task unknown".
+fn describe_pid(pid: u32) -> String {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return format!("pid {pid} (no longer running; a copy of its FIFO descriptor is still open, e.g. in systemd's fd store)");
+    };
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let task = task_in_args(&args).or_else(|| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        env.split(|&b| b == 0).find_map(|kv| {
+            kv.strip_prefix(b"LOGMON_TASK=")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    });
+    let task = task.map_or_else(|| "task unknown".to_owned(), |t| format!("task {t}"));
+    let prog = args
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .map_or(a.clone(), |n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    if prog.contains("logmon") {
+        format!("logmon pid {pid} ({task})")
+    } else {
+        format!("process {prog} pid {pid} ({task})")
+    }
+}
+
+fn task_in_args(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--task" {
+            return it.next().cloned();
+        }
+        if let Some(t) = a.strip_prefix("--task=") {
+            return Some(t.to_owned());
+        }
+    }
+    None
 }
 
 /// Checks that an inherited descriptor (systemd's fd store) is a FIFO and
@@ -708,7 +877,7 @@ mod tests {
 
     #[test]
     fn a_missing_fifo_is_created_0600_and_an_existing_one_reused() {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x.fifo");
         ensure_fifo(&p).unwrap();
@@ -789,5 +958,62 @@ mod tests {
         );
         assert_eq!(pk.last_newline(rd.as_fd(), 5).unwrap(), (5, None));
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 300 * 1024);
+    }
+
+    #[test]
+    fn a_second_reader_is_refused_naming_the_first() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (first, _) = open_reader(&p, 4096).unwrap();
+        lock_reader(first.as_fd(), &p).unwrap();
+        // The same open file description (as systemd's fd store hands it
+        // back) takes the lock again.
+        let adopted = first.try_clone().unwrap();
+        lock_reader(adopted.as_fd(), &p).unwrap();
+        let (second, _) = open_reader(&p, 4096).unwrap();
+        let e = lock_reader(second.as_fd(), &p).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, FifoError::AlreadyRead { .. }), "{e:?}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())) && msg.contains("x.fifo"),
+            "{msg}"
+        );
+        drop((first, adopted));
+        lock_reader(second.as_fd(), &p).unwrap();
+    }
+
+    #[test]
+    fn proc_locks_lines_are_matched_by_device_and_inode() {
+        let dev = nix::sys::stat::makedev(0xfd, 1);
+        let text = "1: POSIX  ADVISORY  WRITE 7 fd:01:42 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 8 fd:01:41 0 EOF\n\
+                    3: FLOCK  ADVISORY  WRITE 9 fd:01:42 0 EOF\n";
+        assert_eq!(parse_flock_holder(text, dev, 42), Some(9));
+        assert_eq!(parse_flock_holder(text, dev, 43), None);
+        let args: Vec<String> = ["logmon", "run", "--task", "web"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(task_in_args(&args).as_deref(), Some("web"));
+        let args: Vec<String> = ["logmon", "run", "--task=w2"].map(String::from).to_vec();
+        assert_eq!(task_in_args(&args).as_deref(), Some("w2"));
+    }
+
+    #[test]
+    fn a_fifo_is_opened_through_its_directory_handle() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let name = OsStr::new(".t.stdout.fifo");
+        let (rd, _) = open_reader_at(&dir, name, 4096).unwrap();
+        let mut w = open_task_end_at(&dir, name).unwrap();
+        w.write_all(b"hi\n").unwrap();
+        assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
+        // The task end blocks on a full pipe (no O_NONBLOCK left).
+        let fl = OFlag::from_bits_truncate(fcntl(&w, FcntlArg::F_GETFL).unwrap());
+        assert!(!fl.contains(OFlag::O_NONBLOCK));
+        // A regular file planted in its place is refused, never read.
+        std::fs::remove_file(d.path().join(name)).unwrap();
+        std::fs::write(d.path().join(name), b"secret").unwrap();
+        let e = open_reader_at(&dir, name, 4096).unwrap_err();
+        assert!(e.to_string().contains("regular file"), "{e}");
     }
 }

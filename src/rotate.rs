@@ -12,21 +12,37 @@
 //!   limit ([`plan`]);
 //! - at most `max_files` files per stream are kept, the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<integer>` are
-//!   ever removed ([`scan_indices`]).
+//!   ever removed ([`scan_indices`]), by `unlinkat` on the directory's fd;
+//! - every name is resolved through the log directory's [`Dir`], opened once
+//!   (DESIGN.md §9): a new file is created `O_EXCL|O_NOFOLLOW`, and whatever
+//!   the task planted at its name (symlink, hard link, FIFO, device,
+//!   directory, foreign file) is removed — never followed or written — and
+//!   counted in `foreign_names`, or skipped for the next index when it
+//!   cannot be removed (`planted_names_at_future_indices_are_never_written_through`,
+//!   `tests/capture.rs::planted_*`); a resumed file is appended to only if
+//!   it is logmon's own regular file (`a_foreign_active_file_is_not_resumed`);
+//!   a log directory renamed away or replaced by a symlink is not followed,
+//!   and a deleted one is recreated only through its parent's fd
+//!   (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`,
+//!   `log_dir_swapped_for_a_symlink_mid_run_is_not_followed`).
 //!
 //! The decision of how many bytes go where is the pure function [`plan`]; the
 //! [`Rotator`] owns the files and does what the plan says.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::{fallocate, FallocateFlags};
-use std::path::{Path, PathBuf};
+use nix::fcntl::{fallocate, FallocateFlags, OFlag};
+use nix::sys::stat::Mode;
 
 use crate::config::{Stream, TaskName};
+use crate::dir::{Claim, Dir};
 
 /// An error of the rotated-files layer, naming the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -147,10 +163,31 @@ pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<V
     Ok(out)
 }
 
+/// [`scan_indices`] through a directory handle (no path walked).
+pub fn scan_indices_in(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
+    let mut out: Vec<u64> = dir
+        .list()?
+        .iter()
+        .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// At most one warning about planted names per stream in this long; the
+/// ones in between are counted and reported with the next.
+const FOREIGN_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// How many indices one file creation may skip (names that cannot be
+/// freed) before it gives up and reports a write error (retried later).
+const MAX_SKIPPED_INDICES: u32 = 64;
+
 /// The set of rotated files of one stream, and its active file.
 #[derive(Debug)]
 pub struct Rotator {
-    dir: PathBuf,
+    /// The log directory, opened once; replaced only by
+    /// [`Dir::recreate`] when it was deleted.
+    dir: Arc<Dir>,
     task: TaskName,
     stream: Stream,
     max_files: u32,
@@ -169,6 +206,12 @@ pub struct Rotator {
     at_line_start: bool,
     rotations: u64,
     recreated: u64,
+    /// Names found taken by something logmon did not create.
+    foreign: u64,
+    /// When the last warning about a planted name was logged, and how many
+    /// were not warned about since.
+    foreign_warned: Option<Instant>,
+    foreign_unwarned: u64,
 }
 
 /// A write at least this large preallocates ([`Rotator::active_file`]):
@@ -181,10 +224,8 @@ const RESERVE_MIN_WRITE: usize = 64 * 1024;
 const RESERVE_AHEAD: u64 = 4 * 1024 * 1024;
 
 impl Rotator {
-    /// Resumes `stream` of `task` in `dir`: the highest existing index is
-    /// appended to, byte-exact (a full one is rotated away at the first
-    /// write); an empty directory starts at index 0. Purges down to
-    /// `max_files` right away. Creates no file.
+    /// [`Rotator::open_in`] on the directory at `dir`, opened here (for
+    /// tools and tests; the daemon shares one [`Dir`] between its streams).
     pub fn open(
         dir: &Path,
         task: &TaskName,
@@ -192,18 +233,34 @@ impl Rotator {
         max_files: u32,
         limit: u64,
     ) -> Result<Self, RotateError> {
-        if !dir.is_dir() {
-            return Err(RotateError::MissingDir {
-                path: dir.to_owned(),
-            });
-        }
-        let indices = scan_indices(dir, task, stream).map_err(|source| RotateError::Io {
-            action: "cannot list",
+        let d = Dir::open(dir).map_err(|_| RotateError::MissingDir {
             path: dir.to_owned(),
+        })?;
+        Rotator::open_in(Arc::new(d), task, stream, max_files, limit)
+    }
+
+    /// Resumes `stream` of `task` in `dir`: the highest existing index is
+    /// appended to, byte-exact (a full one is rotated away at the first
+    /// write), if it is logmon's own regular file; anything else there
+    /// (a symlink, a hard link, another owner's file…) is counted as
+    /// foreign and capture starts at the next index. An empty directory
+    /// starts at index 0. Purges down to `max_files` right away. Creates no
+    /// file.
+    pub fn open_in(
+        dir: Arc<Dir>,
+        task: &TaskName,
+        stream: Stream,
+        max_files: u32,
+        limit: u64,
+    ) -> Result<Self, RotateError> {
+        let indices = scan_indices_in(&dir, task, stream).map_err(|source| RotateError::Io {
+            action: "cannot list",
+            path: dir.path().to_owned(),
             source,
         })?;
+        let preallocate = preallocation_pays(&dir);
         let mut r = Rotator {
-            dir: dir.to_owned(),
+            dir,
             task: task.clone(),
             stream,
             max_files: max_files.max(1),
@@ -212,28 +269,46 @@ impl Rotator {
             size: 0,
             file: None,
             reserved: 0,
-            preallocate: preallocation_pays(dir),
+            preallocate,
             inherited: false,
             at_line_start: true,
             rotations: 0,
             recreated: 0,
+            foreign: 0,
+            foreign_warned: None,
+            foreign_unwarned: 0,
         };
         if let Some(&last) = indices.last() {
             r.index = last;
-            let path = r.active_path();
-            match std::fs::metadata(&path) {
-                Ok(m) => r.size = m.len(),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            let name = r.active_name();
+            match r.dir.open_own(&name, OFlag::O_RDONLY) {
+                Ok(Ok(Some(f))) => {
+                    r.size = f
+                        .metadata()
+                        .map_err(|source| RotateError::Io {
+                            action: "cannot stat",
+                            path: r.active_path(),
+                            source,
+                        })?
+                        .len();
+                    if r.size > 0 {
+                        r.at_line_start = last_byte_is_newline(&f);
+                    }
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(why)) => {
+                    // Never append to what the task planted: start afresh
+                    // past it (its name is purged in due course).
+                    r.note_foreign(1, &name, &why);
+                    r.index = last + 1;
+                }
                 Err(source) => {
                     return Err(RotateError::Io {
-                        action: "cannot stat",
-                        path,
+                        action: "cannot open",
+                        path: r.active_path(),
                         source,
                     })
                 }
-            }
-            if r.size > 0 {
-                r.at_line_start = last_byte_is_newline(&r.active_path());
             }
             r.purge()?;
         }
@@ -265,15 +340,58 @@ impl Rotator {
         self.recreated
     }
 
+    /// Names this stream found taken by something logmon did not create
+    /// (removed, or skipped), never written through.
+    pub fn foreign_names(&self) -> u64 {
+        self.foreign
+    }
+
     /// Whether the active file ends at a line boundary (or is empty).
     pub fn at_line_start(&self) -> bool {
         self.at_line_start
     }
 
-    /// Path of the active file.
+    /// The log directory's handle in use.
+    pub fn dir(&self) -> &Arc<Dir> {
+        &self.dir
+    }
+
+    fn active_name(&self) -> String {
+        file_name(&self.task, self.stream, self.index)
+    }
+
+    /// Path of the active file, for messages (never opened by path).
     pub fn active_path(&self) -> PathBuf {
-        self.dir
-            .join(file_name(&self.task, self.stream, self.index))
+        self.dir.display(self.active_name())
+    }
+
+    /// Counts `n` planted names at `name` and warns, at most once per
+    /// [`FOREIGN_WARN_EVERY`] per stream (with the count of the ones in
+    /// between): a task replanting names as fast as it can must not flood
+    /// the diagnostics.
+    fn note_foreign(&mut self, n: u64, name: &str, what: &str) {
+        if n == 0 {
+            return;
+        }
+        self.foreign += n;
+        self.foreign_unwarned += n;
+        let now = Instant::now();
+        if self
+            .foreign_warned
+            .is_none_or(|t| now.duration_since(t) >= FOREIGN_WARN_EVERY)
+        {
+            tracing::warn!(
+                stream = %self.stream,
+                path = %self.dir.display(name).display(),
+                found = what,
+                names = self.foreign_unwarned,
+                total = self.foreign,
+                "a log file name was taken by something logmon did not create; \
+                 removed or skipped it, never followed (more are only counted for a minute)"
+            );
+            self.foreign_warned = Some(now);
+            self.foreign_unwarned = 0;
+        }
     }
 
     /// The active file and the offset to write at, for a write of `len`
@@ -361,43 +479,88 @@ impl Rotator {
         }
     }
 
-    /// Opens (creating it if needed) the active file and purges old ones.
+    /// A deleted log directory is recreated through the parent fd held
+    /// since start, never by walking its path (which the task may have
+    /// replaced with a symlink); a failure is a write error like any other.
+    fn ensure_dir(&mut self) -> Result<(), RotateError> {
+        if !self.dir.is_deleted() {
+            return Ok(());
+        }
+        tracing::warn!(dir = %self.dir.path().display(), "log directory vanished; recreating it through its parent");
+        let again = self.dir.recreate().map_err(|source| RotateError::Io {
+            action: "cannot recreate log directory",
+            path: self.dir.path().to_owned(),
+            source,
+        })?;
+        self.dir = Arc::new(again);
+        self.preallocate = preallocation_pays(&self.dir);
+        Ok(())
+    }
+
+    /// Opens the active file — logmon's own existing one (after `Reopen`,
+    /// or resumed), else a new one created `O_EXCL` — and purges old ones.
+    /// A planted name is removed and counted; one that cannot be freed is
+    /// skipped for the next index.
     fn create_active(&mut self) -> Result<File, RotateError> {
-        let path = self.active_path();
-        if !self.dir.is_dir() {
-            tracing::warn!(dir = %self.dir.display(), "log directory vanished; recreating it");
-            std::fs::create_dir_all(&self.dir).map_err(|source| RotateError::Io {
-                action: "cannot recreate log directory",
-                path: self.dir.clone(),
-                source,
-            })?;
-        }
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .custom_flags(nix::libc::O_CLOEXEC)
-            .mode(0o644)
-            .open(&path)
-            .map_err(|source| RotateError::Io {
-                action: "cannot open",
+        self.ensure_dir()?;
+        let mut skipped = 0;
+        loop {
+            let name = self.active_name();
+            let path = self.active_path();
+            let io_err = |action, source| RotateError::Io {
+                action,
                 path: path.clone(),
                 source,
-            })?;
-        let len = file
-            .metadata()
-            .map_err(|source| RotateError::Io {
-                action: "cannot stat",
-                path: path.clone(),
-                source,
-            })?
-            .len();
-        self.size = len;
-        if len == 0 {
-            self.at_line_start = true;
+            };
+            let mut found = None;
+            match self.dir.open_own(&name, OFlag::O_WRONLY) {
+                Ok(Ok(Some(file))) => {
+                    let len = file.metadata().map_err(|e| io_err("cannot stat", e))?.len();
+                    self.size = len;
+                    if len == 0 {
+                        self.at_line_start = true;
+                    }
+                    self.inherited = len > 0;
+                    self.purge()?;
+                    return Ok(file);
+                }
+                Ok(Ok(None)) => {}
+                // Removed (and counted) by create_own below.
+                Ok(Err(why)) => found = Some(why),
+                Err(e) => return Err(io_err("cannot open", e)),
+            }
+            let claim = self
+                .dir
+                .create_own(&name, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))
+                .map_err(|e| io_err("cannot create", e))?;
+            match claim {
+                Claim::Created { file, removed } => {
+                    let what = removed.first().cloned().or(found).unwrap_or_default();
+                    self.note_foreign(removed.len() as u64, &name, &what);
+                    self.size = 0;
+                    self.at_line_start = true;
+                    self.inherited = false;
+                    self.purge()?;
+                    return Ok(file);
+                }
+                Claim::Occupied { by, removed } => {
+                    self.note_foreign(removed.len() as u64 + 1, &name, &by);
+                    skipped += 1;
+                    if skipped >= MAX_SKIPPED_INDICES {
+                        return Err(io_err(
+                            "cannot create",
+                            io::Error::new(
+                                io::ErrorKind::AlreadyExists,
+                                format!("{skipped} names in a row taken by something else ({by})"),
+                            ),
+                        ));
+                    }
+                    self.index += 1;
+                    self.size = 0;
+                    self.at_line_start = true;
+                }
+            }
         }
-        self.inherited = len > 0;
-        self.purge()?;
-        Ok(file)
     }
 
     /// Records that `n` bytes were written at the end of the active file;
@@ -435,34 +598,44 @@ impl Rotator {
     }
 
     /// Closes the active file so that the next write opens it again by
-    /// path (the `Reopen` request, e.g. after the file was moved away).
+    /// name in the log directory (the `Reopen` request, e.g. after the file
+    /// was moved away).
     pub fn reopen(&mut self) {
         self.sync();
         self.file = None;
-        if !self.active_path().exists() {
+        let ours = matches!(self.dir.stat(self.active_name()), Ok(Some(st))
+            if crate::dir::foreign_reason(&st).is_none());
+        if !ours {
             self.size = 0;
             self.at_line_start = true;
         }
     }
 
-    /// Removes the lowest indices until at most `max_files` remain.
+    /// Removes the lowest indices until at most `max_files` remain, by
+    /// name through the directory fd (a planted symlink's target is never
+    /// touched; a planted directory is left alone).
     fn purge(&self) -> Result<(), RotateError> {
-        let indices =
-            scan_indices(&self.dir, &self.task, self.stream).map_err(|source| RotateError::Io {
+        let indices = scan_indices_in(&self.dir, &self.task, self.stream).map_err(|source| {
+            RotateError::Io {
                 action: "cannot list",
-                path: self.dir.clone(),
+                path: self.dir.path().to_owned(),
                 source,
-            })?;
+            }
+        })?;
         let excess = indices.len().saturating_sub(self.max_files as usize);
         for &old in indices.iter().take(excess) {
             if old >= self.index {
                 break;
             }
-            let path = self.dir.join(file_name(&self.task, self.stream, old));
-            match std::fs::remove_file(&path) {
-                Ok(()) => tracing::debug!(path = %path.display(), "purged"),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot purge"),
+            let name = file_name(&self.task, self.stream, old);
+            match self.dir.remove(&name) {
+                Ok(()) => tracing::debug!(path = %self.dir.display(&name).display(), "purged"),
+                Err(e) if e.raw_os_error() == Some(Errno::EISDIR as i32) => {
+                    tracing::debug!(path = %self.dir.display(&name).display(), "not purging a directory");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.dir.display(&name).display(), error = %e, "cannot purge")
+                }
             }
         }
         Ok(())
@@ -473,17 +646,15 @@ impl Rotator {
 /// does not: there fallocate allocates and zeroes memory pages, work the
 /// write would otherwise do itself. Measured (1 GiB in 64 KiB writes,
 /// median of 6): tmpfs 1023 MB/s with preallocation, 1197 without; ext4
-/// 1592 with, 1457 without.
-fn preallocation_pays(dir: &Path) -> bool {
-    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
-    statfs(dir).map_or(true, |s| s.filesystem_type() != TMPFS_MAGIC)
+/// 1592 with, 1457 without. Asked of the directory's fd (fstatfs).
+fn preallocation_pays(dir: &Dir) -> bool {
+    use nix::sys::statfs::{fstatfs, TMPFS_MAGIC};
+    fstatfs(dir.fd()).map_or(true, |s| s.filesystem_type() != TMPFS_MAGIC)
 }
 
-fn last_byte_is_newline(path: &Path) -> bool {
+/// Whether the open file `f` ends with a newline (or is empty).
+fn last_byte_is_newline(f: &File) -> bool {
     use std::os::unix::fs::FileExt;
-    let Ok(f) = File::open(path) else {
-        return true;
-    };
     let Ok(m) = f.metadata() else { return true };
     if m.len() == 0 {
         return true;
@@ -624,7 +795,7 @@ mod tests {
         // The size readers see is exact; the blocks reach past it (not on
         // tmpfs, where preallocating does not pay).
         assert_eq!(before.len(), data.len() as u64);
-        if preallocation_pays(d.path()) {
+        if preallocation_pays(&Dir::open(d.path()).unwrap()) {
             assert!(
                 before.blocks() * 512 >= RESERVE_AHEAD,
                 "{} blocks",
@@ -689,5 +860,154 @@ mod tests {
         let (_, off) = r.active_file(0).unwrap();
         assert_eq!(off, 0);
         assert!(d.path().join("web.stdout.0").exists());
+    }
+
+    /// Writes `line` through the rotator as capture does (one line).
+    fn put(r: &mut Rotator, line: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        if r.size() + line.len() as u64 > r.limit() {
+            r.rotate();
+        }
+        let (f, off) = r.active_file(line.len()).unwrap();
+        f.write_all_at(line, off).unwrap();
+        r.advance(line.len(), true);
+    }
+
+    #[test]
+    fn planted_names_at_future_indices_are_never_written_through() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret\n").unwrap();
+        // 1: symlink, 2: hard link, 3: FIFO, 4: empty dir, 5: full dir.
+        symlink(&victim, logs.join("web.stdout.1")).unwrap();
+        std::fs::hard_link(&victim, logs.join("web.stdout.2")).unwrap();
+        nix::unistd::mkfifo(&logs.join("web.stdout.3"), Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::create_dir(logs.join("web.stdout.4")).unwrap();
+        std::fs::create_dir(logs.join("web.stdout.5")).unwrap();
+        std::fs::write(logs.join("web.stdout.5/x"), b"x").unwrap();
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 100, 6).unwrap();
+        // The highest index is a non-empty directory: not resumed.
+        assert_eq!(r.index(), 6);
+        assert_eq!(r.foreign_names(), 1);
+        // Start over at 0 to walk through the planted names.
+        r.index = 0;
+        for i in 0..6u8 {
+            put(&mut r, format!("line{i}\n").as_bytes());
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret\n");
+        assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1);
+        for (n, want) in [
+            (0, "line0\n"),
+            (1, "line1\n"),
+            (2, "line2\n"),
+            (3, "line3\n"),
+            (4, "line4\n"),
+        ] {
+            let p = logs.join(format!("web.stdout.{n}"));
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            assert!(m.file_type().is_file(), "{n}");
+            assert_eq!(std::fs::read(&p).unwrap(), want.as_bytes(), "{n}");
+        }
+        // The non-empty directory was skipped: line5 went to index 6.
+        assert!(logs.join("web.stdout.5/x").exists());
+        assert_eq!(
+            std::fs::read(logs.join("web.stdout.6")).unwrap(),
+            b"line5\n"
+        );
+        // 1 (resume) + symlink + hard link + FIFO + dir + the full dir.
+        assert_eq!(r.foreign_names(), 6);
+    }
+
+    #[test]
+    fn a_foreign_active_file_is_not_resumed() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        std::fs::write(logs.join("web.stdout.0"), b"zero\n").unwrap();
+        symlink(&victim, logs.join("web.stdout.1")).unwrap();
+        std::fs::hard_link(&victim, logs.join("web.stderr.1")).unwrap();
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let mut r = Rotator::open(&logs, &task(), stream, 10, 100).unwrap();
+            assert_eq!(r.index(), 2, "{stream}");
+            assert_eq!(r.size(), 0);
+            assert_eq!(r.foreign_names(), 1);
+            put(&mut r, b"new\n");
+            assert_eq!(
+                std::fs::read(logs.join(format!("web.{stream}.2"))).unwrap(),
+                b"new\n"
+            );
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(std::fs::read(logs.join("web.stdout.0")).unwrap(), b"zero\n");
+    }
+
+    #[test]
+    fn purge_unlinks_a_planted_symlink_and_never_its_target() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        symlink(&victim, logs.join("web.stdout.0")).unwrap();
+        std::fs::write(logs.join("web.stdout.1"), b"a\n").unwrap();
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 1, 2).unwrap();
+        assert_eq!(r.index(), 1);
+        assert!(std::fs::symlink_metadata(logs.join("web.stdout.0")).is_err());
+        put(&mut r, b"b\n");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(
+            scan_indices(&logs, &task(), Stream::Stdout).unwrap(),
+            vec![2]
+        );
+    }
+
+    #[test]
+    fn reopen_after_the_file_was_replaced_by_a_symlink_creates_a_new_one() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 3, 100).unwrap();
+        put(&mut r, b"one\n");
+        std::fs::rename(logs.join("web.stdout.0"), logs.join("moved")).unwrap();
+        symlink(&victim, logs.join("web.stdout.0")).unwrap();
+        r.reopen();
+        assert_eq!(r.size(), 0);
+        put(&mut r, b"two\n");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(std::fs::read(logs.join("web.stdout.0")).unwrap(), b"two\n");
+        assert_eq!(std::fs::read(logs.join("moved")).unwrap(), b"one\n");
+        assert_eq!(r.foreign_names(), 1);
+    }
+
+    #[test]
+    fn a_deleted_log_dir_is_recreated_through_its_parent_not_a_planted_symlink() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 3, 4).unwrap();
+        put(&mut r, b"one\n");
+        std::fs::remove_dir_all(&logs).unwrap();
+        put(&mut r, b"two\n");
+        assert_eq!(std::fs::read(logs.join("web.stdout.1")).unwrap(), b"two\n");
+        // Deleted again, and a symlink put in its place: not followed, a
+        // write error instead.
+        std::fs::remove_dir_all(&logs).unwrap();
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, &logs).unwrap();
+        r.rotate();
+        assert!(r.active_file(4).is_err());
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 }

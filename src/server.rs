@@ -7,12 +7,22 @@
 //!   [`HELLO_TIMEOUT`], a flood of connections) costs at most its own
 //!   connection: capture and the other clients go on;
 //! - the socket is created 0600, in a directory created 0700, and a stale
-//!   socket file is replaced only by the caller that holds the task lock.
+//!   socket file is replaced only by the caller that holds the task lock;
+//! - the socket's name is resolved through its directory's [`Dir`] (bound
+//!   through `/proc/self/fd/<dir>/<name>`, chmodded through an `O_PATH`
+//!   descriptor of the bound inode, never by a path the task could swap):
+//!   a symlink, hard link, directory, FIFO, device, or another user's file
+//!   or socket planted at the name is removed (never followed), counted and
+//!   warned about, and logmon starts
+//!   (`tests/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
+//!   a regular file of logmon's own uid is refused by name and left alone
+//!   (`tests/control.rs::regular_file_at_socket_path_is_a_clear_error`).
 
 use std::cell::Cell;
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -26,6 +36,7 @@ use tokio_util::codec::Framed;
 
 use crate::capture::SharedCapture;
 use crate::config::WriteErrorPolicy;
+use crate::dir::{self, Dir, FileId};
 use crate::protocol::{self, Request, Response, Stats, Welcome, PROTOCOL_VERSION};
 
 /// How long a new connection may take to say `Hello`.
@@ -103,69 +114,180 @@ pub fn with_short_path<R>(path: &Path, f: impl FnOnce(&Path) -> io::Result<R>) -
     f(&short)
 }
 
-/// Binds the control socket at `path`, mode 0600, creating its directory
-/// 0700 when missing and replacing a stale socket file. The caller must
-/// hold the task lock: a live daemon's socket is never unlinked otherwise.
-pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError> {
-    let err = |action, source| SocketError::Io {
-        action,
+/// Opens the socket's directory `path`, creating it (and any missing
+/// ancestor) with mode 0700 through its parent's descriptor (`mkdirat`,
+/// then opened without following a symlink).
+pub fn open_socket_dir(path: &Path) -> Result<Dir, SocketError> {
+    let err = |source| SocketError::Io {
+        action: "open the directory of",
         path: path.to_owned(),
         source,
     };
-    if path.file_name().is_some_and(|n| n.len() > 90) {
-        return Err(SocketError::NameTooLong {
-            path: path.to_owned(),
+    match Dir::open(path) {
+        Ok(d) => Ok(d),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(err(e));
+            };
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            open_socket_dir(parent)?
+                .subdir(name, nix::sys::stat::Mode::from_bits_truncate(0o700))
+                .map_err(|e| SocketError::Io {
+                    action: "create the directory of",
+                    path: path.to_owned(),
+                    source: e,
+                })
+        }
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// How often a name replanted under logmon's feet is claimed again before
+/// binding gives up.
+const BIND_ATTEMPTS: usize = 8;
+
+/// The bound control socket.
+#[derive(Debug)]
+pub struct Bound {
+    /// The listening socket.
+    pub listener: std::os::unix::net::UnixListener,
+    /// The (dev, ino) of the socket file bound, to unlink only it at stop.
+    pub id: FileId,
+    /// Names found at the socket's name that logmon did not create.
+    pub foreign: u64,
+}
+
+/// Binds the control socket `name` in `dir`, mode 0600, replacing a stale
+/// socket of ours and removing anything planted there (counted in
+/// [`Bound::foreign`]); a regular file of our own is refused instead. The caller must hold the task lock: a live
+/// daemon's socket is never unlinked otherwise.
+pub fn bind(dir: &Dir, name: &OsStr) -> Result<Bound, SocketError> {
+    let path = dir.display(name);
+    let err = |action, source| SocketError::Io {
+        action,
+        path: path.clone(),
+        source,
+    };
+    if name.len() > 90 {
+        return Err(SocketError::NameTooLong { path });
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut foreign = 0;
+    for _ in 0..BIND_ATTEMPTS {
+        match dir.stat(name).map_err(|e| err("inspect", e))? {
+            None => {}
+            Some(st) if dir::is_type(&st, nix::sys::stat::SFlag::S_IFSOCK) && st.st_uid == euid => {
+                // The task lock proves no logmon of *this* task listens
+                // there, but another program (or task) might: never take
+                // over a live socket.
+                if is_live(&dir.fd_path(name)) {
+                    return Err(SocketError::InUse { path });
+                }
+                dir.remove(name).map_err(|e| err("remove stale", e))?;
+            }
+            // A regular file of our own with one link was not planted by
+            // anyone logmon does not trust: it may be the operator's data
+            // (a mistyped --socket), so it is refused by name, not removed.
+            Some(st) if dir::foreign_reason(&st).is_none() => {
+                return Err(SocketError::NotASocket { path });
+            }
+            Some(st) => {
+                let what = match dir::kind_of(&st) {
+                    "socket" => format!("socket of uid {}", st.st_uid),
+                    k => k.to_owned(),
+                };
+                match dir.remove_any(name) {
+                    Ok(_) => {
+                        foreign += 1;
+                        tracing::warn!(path = %path.display(), found = %what,
+                            "the control socket's name was taken by something logmon did not create; removed it (never followed)");
+                    }
+                    Err(e) if matches!(e.raw_os_error(), Some(c) if c == nix::libc::ENOTEMPTY || c == nix::libc::EEXIST) =>
+                    {
+                        return Err(SocketError::NotASocket { path });
+                    }
+                    Err(e) => return Err(err("remove what sits at", e)),
+                }
+            }
+        }
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(|e| err("create", e.into()))?;
+        let addr = UnixAddr::new(&dir.fd_path(name)).map_err(|e| err("bind", e.into()))?;
+        match socket::bind(fd.as_raw_fd(), &addr) {
+            Ok(()) => {}
+            // Replanted between the look and the bind: claim it again.
+            Err(nix::errno::Errno::EADDRINUSE) => continue,
+            Err(e) => return Err(err("bind", e.into())),
+        }
+        // Before listen(): nobody can connect while the mode is still wide.
+        // The mode is set on the inode found at the name, and only if it is
+        // our socket: a name swapped since the bind is never chmodded.
+        let Some(id) = secure(dir, name, euid).map_err(|e| err("secure", e))? else {
+            continue;
+        };
+        socket::listen(
+            &fd,
+            socket::Backlog::new(1024).unwrap_or(socket::Backlog::MAXCONN),
+        )
+        .map_err(|e| err("listen on", e.into()))?;
+        return Ok(Bound {
+            listener: std::os::unix::net::UnixListener::from(fd),
+            id,
+            foreign,
         });
     }
-    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| err("create the directory of", e))?;
+    Err(err(
+        "bind",
+        io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "the name was replanted on every attempt",
+        ),
+    ))
+}
+
+/// chmods the socket just bound at `name` to 0600 through an `O_PATH`
+/// descriptor of what sits at the name, if that is a socket of ours;
+/// returns its identity, or `None` if something else is there now.
+fn secure(dir: &Dir, name: &OsStr, euid: u32) -> io::Result<Option<FileId>> {
+    let fd = match dir.open_path_fd(name) {
+        Ok(fd) => fd,
+        Err(e) if matches!(e.raw_os_error(), Some(c) if c == nix::libc::ENOENT || c == nix::libc::ELOOP || c == nix::libc::EXDEV) => {
+            return Ok(None)
         }
+        Err(e) => return Err(e),
+    };
+    let st = nix::sys::stat::fstat(&fd)?;
+    if !dir::is_type(&st, nix::sys::stat::SFlag::S_IFSOCK) || st.st_uid != euid {
+        return Ok(None);
     }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            // The task lock proves no logmon of *this* task listens there,
-            // but another program (or task) might: never take over a live
-            // socket.
-            if is_live(path) {
-                return Err(SocketError::InUse {
-                    path: path.to_owned(),
-                });
+    // An O_PATH descriptor cannot be fchmod()ed; its /proc link names the
+    // very inode opened.
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    Ok(Some(FileId::of(&st)))
+}
+
+/// Unlinks the socket `name` in `dir` if it is still the one bound
+/// (`id`): a name the task replaced meanwhile is left alone.
+pub fn unlink_if_ours(dir: &Dir, name: &OsStr, id: FileId) {
+    if let Ok(Some(st)) = dir.stat(name) {
+        if FileId::of(&st) == id {
+            if let Err(e) = dir.remove(name) {
+                tracing::debug!(error = %e, "cannot remove the control socket");
             }
-            std::fs::remove_file(path).map_err(|e| err("remove stale", e))?;
         }
-        Ok(_) => {
-            return Err(SocketError::NotASocket {
-                path: path.to_owned(),
-            })
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err("inspect", e)),
     }
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        None,
-    )
-    .map_err(|e| err("create", e.into()))?;
-    with_short_path(path, |p| {
-        let addr = UnixAddr::new(p).map_err(io::Error::from)?;
-        socket::bind(fd.as_raw_fd(), &addr).map_err(io::Error::from)?;
-        // Before listen(): nobody can connect while the mode is still wide.
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
-    })
-    .map_err(|e| err("bind", e))?;
-    socket::listen(
-        &fd,
-        socket::Backlog::new(1024).unwrap_or(socket::Backlog::MAXCONN),
-    )
-    .map_err(|e| err("listen on", e.into()))?;
-    Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
 /// Whether something listens on the socket at `path`. A refused connect

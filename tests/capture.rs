@@ -937,3 +937,237 @@ fn run_enlarges_the_pipes() {
     assert_eq!(size, 256 * 1024);
     stop(dm);
 }
+
+// ---------------------------------------------------------------------------
+// One reader per FIFO, and names planted by a hostile task (DESIGN.md §9;
+// same uid here — tests/hostile.rs runs the attacker as another uid)
+// ---------------------------------------------------------------------------
+
+/// `status` of the logmon of task `task` in `dir` (default socket).
+fn status(dir: &Path, task: &str) -> logmon::protocol::Stats {
+    logmon::client::Handle::connect_socket(
+        &dir.join(format!(".{task}.logmon.sock")),
+        Duration::from_secs(10),
+    )
+    .expect("connect")
+    .stats()
+    .expect("stats")
+}
+
+/// The stream's *regular* files concatenated in index order (a planted
+/// directory or FIFO at an index is skipped).
+fn read_regular(dir: &Path, task: &str, stream: Stream) -> Vec<u8> {
+    indices(dir, task, stream)
+        .into_iter()
+        .map(|n| dir.join(format!("{task}.{stream}.{n}")))
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file()))
+        .flat_map(|p| std::fs::read(p).unwrap())
+        .collect()
+}
+
+/// A file outside the log dir that must never change.
+struct Victim {
+    path: std::path::PathBuf,
+    meta: std::fs::Metadata,
+}
+
+impl Victim {
+    fn new(dir: &Path) -> Victim {
+        let path = dir.join("victim");
+        std::fs::write(&path, b"secret\n").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        Victim { path, meta }
+    }
+    fn assert_untouched(&self) {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::read(&self.path).unwrap(), b"secret\n");
+        let m = std::fs::metadata(&self.path).unwrap();
+        assert_eq!(
+            (m.len(), m.mode(), m.uid(), m.mtime(), m.mtime_nsec()),
+            (
+                self.meta.len(),
+                self.meta.mode(),
+                self.meta.uid(),
+                self.meta.mtime(),
+                self.meta.mtime_nsec()
+            ),
+            "the victim outside the log dir changed"
+        );
+    }
+}
+
+/// Issue #19 defect 1: a logmon started under another task name on a FIFO
+/// that a running logmon reads is refused, naming the first one's pid and
+/// task; every line then lands in the first one's files.
+#[test]
+fn a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first() {
+    let d = tempfile::tempdir().unwrap();
+    let web = Daemon::start(d.path(), "web", &[]);
+    let web_fifo = fifo(d.path(), "web", Stream::Stdout);
+    let mut second = common::logmon(&[
+        "run",
+        "--task",
+        "web3",
+        "--log-dir",
+        dir_str(d.path()),
+        "--stdout-fifo",
+        web_fifo.to_str().unwrap(),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let exited = wait_until(SOON, || second.try_wait().unwrap().is_some());
+    if !exited {
+        let _ = second.kill();
+    }
+    let out = second.wait_with_output().unwrap();
+    assert!(exited, "the second logmon was not refused: it kept running");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "the second run printed a ready line");
+    assert!(
+        err.contains(web_fifo.to_str().unwrap())
+            && err.contains(&format!("pid {}", web.pid()))
+            && err.contains("task web)"),
+        "must name the FIFO, the first logmon's pid and task: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    write_numbered(&web_fifo, 0, 40);
+    wait_for_size(d.path(), "web", Stream::Stdout, 40 * LINE, SOON);
+    assert!(indices(d.path(), "web3", Stream::Stdout).is_empty());
+    stop(web);
+    assert_numbered(&read_stream(d.path(), "web", Stream::Stdout), 0, 40);
+}
+
+/// Symlinks to a file outside, planted at every future index: each is
+/// removed (never followed), the victim is untouched, every line is in
+/// the stream's real files, and `status` counts the planted names.
+#[test]
+fn planted_symlinks_at_future_indices_are_never_written_through() {
+    let root = tempfile::tempdir().unwrap();
+    let logs = root.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let victim = Victim::new(root.path());
+    let dm = Daemon::start(
+        &logs,
+        "t",
+        &["--max-file-size", "1KiB", "--max-files", "100"],
+    );
+    // Planted while logmon runs (planted before, the highest would be
+    // taken for the active file: see the resume test below).
+    for n in 1..=5 {
+        std::os::unix::fs::symlink(&victim.path, logs.join(format!("t.stdout.{n}"))).unwrap();
+    }
+    // 1 KiB holds 18 lines: 100 lines take indices 0..=5.
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 100);
+    wait_for_size(&logs, "t", Stream::Stdout, 100 * LINE, SOON);
+    let s = status(&logs, "t");
+    assert_eq!(s.stdout.foreign_names, 5, "{:?}", s.stdout);
+    stop(dm);
+    victim.assert_untouched();
+    assert_numbered(&read_stream(&logs, "t", Stream::Stdout), 0, 100);
+    for n in 0..=5 {
+        let m = std::fs::symlink_metadata(logs.join(format!("t.stdout.{n}"))).unwrap();
+        assert!(m.file_type().is_file(), "index {n} is not a regular file");
+    }
+}
+
+/// A directory (empty, and one that cannot be removed) and a FIFO planted
+/// at future indices: capture neither hangs nor loses a line.
+#[test]
+fn planted_dirs_and_fifos_at_future_indices_neither_hang_capture_nor_lose_lines() {
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path();
+    let dm = Daemon::start(
+        logs,
+        "t",
+        &["--max-file-size", "1KiB", "--max-files", "100"],
+    );
+    std::fs::create_dir(logs.join("t.stdout.1")).unwrap();
+    std::fs::create_dir(logs.join("t.stdout.2")).unwrap();
+    std::fs::write(logs.join("t.stdout.2/keep"), b"x").unwrap();
+    nix::unistd::mkfifo(
+        &logs.join("t.stdout.3"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    write_numbered(&fifo(logs, "t", Stream::Stdout), 0, 100);
+    assert!(
+        wait_until(SOON, || read_regular(logs, "t", Stream::Stdout).len()
+            as u64
+            >= 100 * LINE),
+        "capture stalled at {} bytes",
+        read_regular(logs, "t", Stream::Stdout).len()
+    );
+    let s = status(logs, "t");
+    // The empty dir and the FIFO removed, the full dir skipped.
+    assert_eq!(s.stdout.foreign_names, 3, "{:?}", s.stdout);
+    assert_eq!(s.stdout.bytes_dropped, 0);
+    stop(dm);
+    assert!(logs.join("t.stdout.2/keep").exists());
+    assert_numbered(&read_regular(logs, "t", Stream::Stdout), 0, 100);
+}
+
+/// A symlink or a hard link planted at the active (highest) index before
+/// start: logmon does not resume it but starts the next index.
+#[test]
+fn planted_links_at_the_active_index_make_resume_start_the_next_index() {
+    let root = tempfile::tempdir().unwrap();
+    let logs = root.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let victim = Victim::new(root.path());
+    std::fs::write(logs.join("t.stdout.0"), numbered_line(0)).unwrap();
+    std::os::unix::fs::symlink(&victim.path, logs.join("t.stdout.1")).unwrap();
+    std::fs::hard_link(&victim.path, logs.join("t.stderr.0")).unwrap();
+    let victim = Victim {
+        meta: std::fs::metadata(&victim.path).unwrap(),
+        ..victim
+    };
+    let dm = Daemon::start(&logs, "t", &[]);
+    let s = status(&logs, "t");
+    assert_eq!(
+        (s.stdout.active_index, s.stderr.active_index),
+        (2, 1),
+        "{s:?}"
+    );
+    assert_eq!((s.stdout.foreign_names, s.stderr.foreign_names), (1, 1));
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 1, 10);
+    let _w = write_task(&logs, "t", Stream::Stderr, b"err\n");
+    wait_for_size(&logs, "t", Stream::Stdout, 10 * LINE, SOON);
+    assert!(wait_until(SOON, || std::fs::read(logs.join("t.stderr.1"))
+        .is_ok_and(|b| b == b"err\n")));
+    stop(dm);
+    assert_numbered(&std::fs::read(logs.join("t.stdout.2")).unwrap(), 1, 10);
+    victim.assert_untouched();
+}
+
+/// Symlinks at the task lock's and the socket's names (the task's denial
+/// of service, and a redirect of the pid write): `run` starts past them,
+/// the victim is untouched, and `status` counts both.
+#[test]
+fn planted_lock_and_socket_names_do_not_stop_a_start() {
+    let root = tempfile::tempdir().unwrap();
+    let logs = root.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let victim = Victim::new(root.path());
+    std::os::unix::fs::symlink(&victim.path, logs.join(".t.logmon.lock")).unwrap();
+    std::os::unix::fs::symlink(&victim.path, logs.join(".t.logmon.sock")).unwrap();
+    let dm = Daemon::start(&logs, "t", &[]);
+    let s = status(&logs, "t");
+    assert_eq!(s.foreign_names, 2, "{s:?}");
+    let lock = std::fs::symlink_metadata(logs.join(".t.logmon.lock")).unwrap();
+    assert!(lock.file_type().is_file());
+    assert_eq!(
+        std::fs::read_to_string(logs.join(".t.logmon.lock")).unwrap(),
+        format!("{}\n", dm.pid())
+    );
+    let _w = write_task(&logs, "t", Stream::Stdout, b"hello\n");
+    assert!(wait_until(SOON, || read_stream(&logs, "t", Stream::Stdout)
+        == b"hello\n"));
+    stop(dm);
+    victim.assert_untouched();
+    // The socket was ours and is gone; the victim was never unlinked.
+    assert!(std::fs::symlink_metadata(logs.join(".t.logmon.sock")).is_err());
+}

@@ -916,6 +916,16 @@ fn socket_is_0600_in_a_created_0700_directory() {
     assert_eq!(mode(&sock), 0o600, "socket mode");
     assert_eq!(mode(&base.join("sub")), 0o700, "created directory");
     assert_eq!(mode(&base), 0o700, "created parent directory");
+    // Welcome names the very socket file bound and the log directory.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let h = logmon::client::Handle::connect_socket(&sock, Duration::from_secs(10)).unwrap();
+        let m = std::fs::symlink_metadata(&sock).unwrap();
+        let w = h.welcome();
+        assert_eq!((w.socket_id.dev, w.socket_id.ino), (m.dev(), m.ino()));
+        let l = std::fs::metadata(dir.path()).unwrap();
+        assert_eq!((w.log_dir_id.dev, w.log_dir_id.ino), (l.dev(), l.ino()));
+    }
     client::reattach(&ready).unwrap().ping().unwrap();
 
     let d2 = tempfile::tempdir().unwrap();

@@ -1,7 +1,9 @@
 //! Faults underneath a running logmon (DESIGN.md §2, issue #8): a full disk
 //! under both write-error policies, the active file or the whole log
-//! directory deleted, the log directory made read-only, and `Reopen` on
-//! demand. Each test runs the real binary against real FIFOs and checks the
+//! directory deleted, the log directory made read-only, `Reopen` on
+//! demand, and the log directory renamed away or replaced by a symlink
+//! (DESIGN.md §9: logmon goes on in the directory it opened, or fails to
+//! write, and never follows the new path). Each test runs the real binary against real FIFOs and checks the
 //! bytes on disk and the counters of `status`.
 //!
 //! Disk full is produced on a small tmpfs mounted by the test (root only);
@@ -695,6 +697,94 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
     assert_numbered(&lay.stdout(), 200, 400);
     let log = lay.daemon_log_text();
     assert!(log.contains("vanished"), "not in the daemon's log:\n{log}");
+}
+
+/// A directory outside the log dir holding decoys with the stream's names:
+/// a logmon that followed a path there would write or purge them.
+fn decoys(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The first line number in a numbered stream.
+fn first_number(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(&bytes[5..14]).unwrap().parse().unwrap()
+}
+
+/// The log directory renamed away and a symlink to another directory put
+/// at its path mid-run (DESIGN.md §9): logmon goes on in the directory it
+/// opened — files keep going into the renamed one, rotation and purge
+/// included — and nothing is written, created or purged in the symlink's
+/// target.
+#[test]
+fn log_dir_swapped_for_a_symlink_mid_run_is_not_followed() {
+    let d = tempfile::tempdir().unwrap();
+    let lay = Layout::new(d.path());
+    let dm = start(&lay, &["--max-file-size", "4KiB", "--max-files", "3"], None);
+    let fifo = lay.fifo(Stream::Stdout);
+    write_numbered(&fifo, 0, 100);
+    wait_accounted(&lay, 100 * LINE);
+
+    let moved = d.path().join("logs.moved");
+    std::fs::rename(&lay.logs, &moved).unwrap();
+    let target = d.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    for n in 0..8 {
+        std::fs::write(target.join(format!("{TASK}.stdout.{n}")), b"decoy\n").unwrap();
+    }
+    let before = decoys(&target);
+    std::os::unix::fs::symlink(&target, &lay.logs).unwrap();
+
+    write_numbered(&fifo, 100, 600); // about 7 more files
+    let s = wait_accounted(&lay, 600 * LINE);
+    assert_eq!(s.bytes_dropped, 0, "{s:?}");
+    assert_eq!(s.write_errors, 0, "{s:?}");
+    assert_eq!(s.files_recreated, 0, "{s:?}");
+    assert!(s.rotations >= 7, "{s:?}");
+    stop(dm);
+    assert_eq!(decoys(&target), before, "the symlink's target was touched");
+    let got = read_stream(&moved, TASK, Stream::Stdout);
+    assert_eq!(common::indices(&moved, TASK, Stream::Stdout).len(), 3);
+    assert_numbered(&got, first_number(&got), 600);
+}
+
+/// The log directory deleted and a symlink put in its place before logmon
+/// notices: it is never recreated through the symlink — writing fails
+/// (dropped and counted under `drop`), nothing lands in the target.
+#[test]
+fn deleted_log_dir_replaced_by_a_symlink_is_a_write_error_not_a_redirect() {
+    let d = tempfile::tempdir().unwrap();
+    let lay = Layout::new(d.path());
+    let dm = start(&lay, &["--max-file-size", "4KiB"], None);
+    let fifo = lay.fifo(Stream::Stdout);
+    write_numbered(&fifo, 0, 30);
+    wait_accounted(&lay, 30 * LINE);
+    std::fs::remove_dir_all(&lay.logs).unwrap();
+    let target = d.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, &lay.logs).unwrap();
+
+    write_numbered(&fifo, 30, 60);
+    let s = wait_accounted(&lay, 60 * LINE);
+    assert_eq!(s.bytes_dropped, 30 * LINE, "{s:?}");
+    assert!(s.write_errors > 0, "{s:?}");
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        0,
+        "logmon wrote through the symlink"
+    );
+    stop(dm);
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
 }
 
 /// `chattr -i` on drop.

@@ -268,7 +268,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         .map_err(io_err("cannot start the runtime"))?;
     let local = tokio::task::LocalSet::new();
     let socket_shown = socket_path.display().to_string();
-    let sandbox = crate::sandbox::Policy::run(log_dir.fd(), &cfg.log_dir, &socket_path);
+    let sandbox = crate::sandbox::Policy::run(&log_dir, &socket_path);
     let result = local.block_on(&rt, async move {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut sigterm =

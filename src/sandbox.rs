@@ -29,14 +29,21 @@
 //!      (purge, a planted name removed by `Dir::create_own`), remove
 //!      directories (an empty directory planted at one of our names). Not
 //!      allowed: FIFOs, sockets and symlinks (all made before confinement),
-//!      rename/link (`Refer`), device ioctls, and **making directories**: a
-//!      log directory deleted mid-run cannot usefully be recreated under
-//!      Landlock — rules attach to the inode opened at start, so a new
-//!      directory at the same path would get no right at all unless the
-//!      whole parent were opened up (in `/var/log/tasks` that is all of
-//!      `/var/log`). With the sandbox on, a deleted log directory therefore
-//!      falls into the write-error policy (`drop` counts, `block` holds the
-//!      task) until logmon is restarted; that trade is deliberate;
+//!      rename/link (`Refer`), device ioctls;
+//!    - beneath the log directory's **parent** (its descriptor, held by
+//!      `Dir` since start): the same rights plus making directories. This
+//!      is the price of the vanished-directory path
+//!      (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`):
+//!      Landlock rules attach to inodes, so a directory recreated at the
+//!      same path is a new inode that no rule on the old one covers; only a
+//!      rule on the parent reaches it. The perimeter is therefore the
+//!      parent's tree (for the reference's `<alloc>/alloc/logs`, the
+//!      task's own `alloc` directory; for `/var/log/tasks`, `/var/log`).
+//!      Inside it, what logmon touches is still limited to names in the log
+//!      directory by `Dir` (openat2 beneath its descriptor); Landlock is the
+//!      second line. Dropping this rule makes the perimeter the log
+//!      directory alone, and a deleted log directory then falls into the
+//!      write-error policy instead of being recreated;
 //!    - in the socket's directory when it is not the log directory: remove
 //!      a file (the socket is unlinked at stop);
 //!    - `/dev/null`: write (capture discards peeked copies into it and the
@@ -106,6 +113,8 @@ use landlock::{
 };
 use nix::libc;
 use serde::{Deserialize, Serialize};
+
+use crate::dir::Dir;
 
 /// What is in force, as `status` reports it (`"sandbox": {…}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +191,9 @@ pub enum Profile {
 pub enum Grant {
     /// Everything the capture needs in the log directory (module docs).
     LogDir,
+    /// [`Grant::LogDir`] and making directories: on the log directory's
+    /// parent, so a deleted log directory can be recreated and written.
+    LogDirParent,
     /// Read the directory and its files.
     ReadOnly,
     /// Remove files (the socket's directory).
@@ -204,6 +216,7 @@ impl Grant {
                     | AccessFs::RemoveFile
                     | AccessFs::RemoveDir
             }
+            Grant::LogDirParent => Grant::LogDir.access() | AccessFs::MakeDir,
             Grant::ReadOnly => AccessFs::ReadDir | AccessFs::ReadFile,
             Grant::RemoveFiles => AccessFs::RemoveFile.into(),
             Grant::WriteFile => AccessFs::WriteFile.into(),
@@ -250,16 +263,20 @@ impl<'a> Policy<'a> {
         self
     }
 
-    /// `run`'s policy: the log directory (by its descriptor), the socket's
-    /// directory when elsewhere (to unlink the socket at stop), `/dev/null`.
-    pub fn run(log_dir: BorrowedFd<'a>, log_dir_path: &Path, socket: &Path) -> Self {
-        let mut p = Policy::new(Profile::Run)
-            .fd(log_dir, Grant::LogDir)
+    /// `run`'s policy: the log directory and its parent (by the
+    /// descriptors opened at start), the socket's directory when elsewhere
+    /// (to unlink the socket at stop), `/dev/null`, `pipe-max-size`.
+    pub fn run(log_dir: &'a Dir, socket: &Path) -> Self {
+        let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
+        if let Some(parent) = log_dir.parent_fd() {
+            p = p.fd(parent, Grant::LogDirParent);
+        }
+        p = p
             .path("/dev/null", Grant::WriteFile)
             .path("/proc/sys/fs/pipe-max-size", Grant::ReadFile);
         let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
         if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if abs(dir) != abs(log_dir_path) {
+            if abs(dir) != abs(log_dir.path()) {
                 p = p.path(dir, Grant::RemoveFiles);
             }
         }
@@ -602,6 +619,8 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
         libc::SYS_fdatasync,
         libc::SYS_ftruncate,
         libc::SYS_fallocate,
+        // futimens: a trimmed preallocation keeps its mtime.
+        libc::SYS_utimensat,
         libc::SYS_splice,
         libc::SYS_tee,
         libc::SYS_pipe2,
@@ -631,6 +650,8 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
         libc::SYS_stat,
         libc::SYS_lstat,
         libc::SYS_unlink,
+        // std's create_dir_all (a deleted log directory recreated).
+        libc::SYS_mkdir,
         libc::SYS_readlink,
         libc::SYS_access,
         libc::SYS_dup2,
@@ -711,11 +732,12 @@ mod tests {
     #[test]
     fn the_socket_directory_gets_a_rule_only_when_it_is_elsewhere() {
         let d = tempfile::tempdir().unwrap();
-        let f = std::fs::File::open(d.path()).unwrap();
-        let same = Policy::run(f.as_fd(), d.path(), &d.path().join("x.sock"));
-        assert_eq!(same.rules.len(), 3);
-        let other = Policy::run(f.as_fd(), d.path(), Path::new("/run/x/x.sock"));
-        assert_eq!(other.rules.len(), 4);
-        assert_eq!(other.rules[3].1, Grant::RemoveFiles);
+        let dir = Dir::open(d.path()).unwrap();
+        let same = Policy::run(&dir, &d.path().join("x.sock"));
+        assert_eq!(same.rules.len(), 4);
+        assert_eq!(same.rules[1].1, Grant::LogDirParent);
+        let other = Policy::run(&dir, Path::new("/run/x/x.sock"));
+        assert_eq!(other.rules.len(), 5);
+        assert_eq!(other.rules[4].1, Grant::RemoveFiles);
     }
 }

@@ -127,7 +127,7 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
     pub pipe_size: u64,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
-    #[arg(long, env = "LOGMON_NO_SANDBOX")]
+    #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
 }
 
@@ -209,7 +209,7 @@ pub struct LogsArgs {
     #[arg(short = 'c', long = "bytes", value_parser = parse_size_arg)]
     pub bytes: Option<u64>,
     /// Do not confine this reader (Landlock, seccomp, capabilities): for debugging.
-    #[arg(long, env = "LOGMON_NO_SANDBOX")]
+    #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
 }
 

@@ -420,6 +420,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         .map_err(io_err("cannot start the runtime"))?;
     let local = tokio::task::LocalSet::new();
     let socket_shown = socket_path.display().to_string();
+    let sandbox = crate::sandbox::Policy::run(&log_dir, &socket_path);
     let result = local.block_on(&rt, async move {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut sigterm =
@@ -456,6 +457,8 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
                 stop_rx.clone(),
             )));
         }
+        // Confined before the ready line, on the only thread (DESIGN.md §10).
+        crate::sandbox::confine(&sandbox);
         let state = Rc::new(ServerState {
             welcome,
             captures,

@@ -204,6 +204,13 @@ impl Dir {
         self.fd.as_fd()
     }
 
+    /// The parent directory's descriptor (`O_PATH`), held since
+    /// [`Dir::open`] for [`Dir::recreate`]; the sandbox grants it the
+    /// rights a recreated directory needs.
+    pub fn parent_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.parent.as_ref().map(|(fd, _)| fd.as_fd())
+    }
+
     /// A path naming `name` inside this directory through its descriptor
     /// (`/proc/self/fd/<fd>/<name>`), for calls that only take a path
     /// (bind, connect). The kernel resolves it from the open directory;

@@ -42,5 +42,6 @@ pub mod hook;
 pub mod process;
 pub mod protocol;
 pub mod rotate;
+pub mod sandbox;
 pub mod server;
 pub mod systemd;

@@ -113,6 +113,8 @@ pub struct Stats {
     /// Names of the task's control files (lock, FIFOs, socket) that were
     /// taken by something logmon did not create and were removed.
     pub foreign_names: u64,
+    /// The self-confinement in force (DESIGN.md §10).
+    pub sandbox: crate::sandbox::Status,
 }
 
 /// The reattach config: the ready line `run` prints and the state an agent

@@ -339,6 +339,7 @@ impl ServerState {
             stdout: self.captures[0].borrow().stats(),
             stderr: self.captures[1].borrow().stats(),
             foreign_names: self.foreign_names.get(),
+            sandbox: crate::sandbox::current(),
         }
     }
 }

@@ -46,6 +46,8 @@ pub fn run(a: &LogsArgs) -> CliResult {
         start,
         follow: a.follow,
     };
+    // Before the runtime and the `notify` thread exist (DESIGN.md §10).
+    crate::sandbox::confine(&crate::sandbox::Policy::logs(&a.log_dir));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -226,6 +226,9 @@ pub struct RunArgs {
     /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
     pub pipe_size: u64,
+    /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
+    #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_sandbox: bool,
 }
 
 impl RunArgs {
@@ -305,6 +308,9 @@ pub struct LogsArgs {
     /// Start this many bytes from the end.
     #[arg(short = 'c', long = "bytes", value_parser = parse_size_arg)]
     pub bytes: Option<u64>,
+    /// Do not confine this reader (Landlock, seccomp, capabilities): for debugging.
+    #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_sandbox: bool,
 }
 
 /// `exec`'s flags.
@@ -352,13 +358,19 @@ fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
 pub fn dispatch(cli: Cli) -> i32 {
     let launched_run = matches!(cli.command, Command::Run(_)) && crate::diag::launched();
     let result = match cli.command {
-        Command::Run(a) => control::run(&a),
+        Command::Run(a) => {
+            crate::sandbox::set_disabled(a.no_sandbox);
+            control::run(&a)
+        }
         Command::Launch(a) => control::launch(&a),
         Command::Ensure(a) => control::ensure(&a),
         Command::Reattach(a) => control::reattach(&a),
         Command::Status(a) => control::status(&a),
         Command::Stop(a) => control::stop(&a),
-        Command::Logs(a) => logs::run(&a),
+        Command::Logs(a) => {
+            crate::sandbox::set_disabled(a.no_sandbox);
+            logs::run(&a)
+        }
         Command::Exec(a) => exec::run(&a),
     };
     match result {

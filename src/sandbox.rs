@@ -1,0 +1,743 @@
+//! Self-confinement (DESIGN.md §10): once `run` is set up, and before
+//! `logs` reads anything, logmon takes away from itself everything it does
+//! not need, so that a bug a hostile task finds in it cannot become a host
+//! compromise.
+//!
+//! [`confine`] applies, in this order:
+//! 1. `PR_SET_NO_NEW_PRIVS`: nothing logmon could still execute gains
+//!    privileges (and Landlock and seccomp require it without
+//!    `CAP_SYS_ADMIN`);
+//! 2. every capability dropped: bounding set first (that needs
+//!    `CAP_SETPCAP`, which is dropped last), the ambient set cleared, then
+//!    effective, permitted and inheritable emptied. logmon keeps its uid:
+//!    root still owns what it created, so its own files stay writable
+//!    without `CAP_DAC_OVERRIDE`;
+//! 3. a Landlock ruleset, best effort across ABI versions (an older kernel
+//!    enforces what it knows, and `status` says `partial (ABI N)`).
+//!    Handled: every filesystem right of ABI 7, TCP bind and connect (ABI
+//!    4), and the signal and abstract-unix-socket scopes (ABI 6). The
+//!    rights are pinned to ABI 7, the newest this was tested on (the
+//!    `landlock` crate's own advice): ABI 9's `RESOLVE_UNIX` would also
+//!    need rules for the journald and `NOTIFY_SOCKET` paths. Allowed:
+//!    - in the log directory (`run`; the rule is built from the directory
+//!      descriptor opened at start, never from the path, which the task may
+//!      have swapped for a symlink by now): read directory (resume, purge
+//!      scans, `Dir::list`), read file (a resumed file's last byte), write
+//!      file (capture, the lost-bytes marker), truncate (trimming a
+//!      preallocation, the lock's pid), create regular files (the next log
+//!      file, a vanished active file recreated, Reopen), remove files
+//!      (purge, a planted name removed by `Dir::create_own`), remove
+//!      directories (an empty directory planted at one of our names). Not
+//!      allowed: FIFOs, sockets and symlinks (all made before confinement),
+//!      rename/link (`Refer`), device ioctls;
+//!    - beneath the log directory's **parent** (its descriptor, held by
+//!      `Dir` since start): the same rights plus making directories. This
+//!      is the price of the vanished-directory path
+//!      (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`):
+//!      Landlock rules attach to inodes, so a directory recreated at the
+//!      same path is a new inode that no rule on the old one covers; only a
+//!      rule on the parent reaches it. The perimeter is therefore the
+//!      parent's tree (for the reference's `<alloc>/alloc/logs`, the
+//!      task's own `alloc` directory; for `/var/log/tasks`, `/var/log`).
+//!      Inside it, what logmon touches is still limited to names in the log
+//!      directory by `Dir` (openat2 beneath its descriptor); Landlock is the
+//!      second line. Dropping this rule makes the perimeter the log
+//!      directory alone, and a deleted log directory then falls into the
+//!      write-error policy instead of being recreated;
+//!    - in the socket's directory when it is not the log directory: remove
+//!      a file (the socket is unlinked at stop);
+//!    - `/dev/null`: write (capture discards peeked copies into it and the
+//!      ready line replaces stdout with it);
+//!    - `/proc/sys/fs/pipe-max-size`: read (each stream's scratch pipe is
+//!      sized when its capture starts, after confinement);
+//!    - `logs`: read directory and read file in the log directory, nothing
+//!      else.
+//!
+//!    Connecting to a *path* unix socket needs no Landlock right before ABI
+//!    9, so `sd_notify` and journald keep working. Abstract unix sockets are
+//!    scoped, except when `NOTIFY_SOCKET` names an abstract socket
+//!    (`@…`): scoping would then cut `READY=1`, `STATUS=` and the fd store;
+//! 4. a seccomp filter (allow-list, default action `ENOSYS`, never a kill,
+//!    installed with `TSYNC` so it covers every thread): a call logmon does
+//!    not make fails with "Function not implemented", which shows in its
+//!    log and in a test, while capture goes on. `ENOSYS` rather than `EPERM`
+//!    because it is what a library sees on an older kernel and falls back
+//!    from (`clone3` → `clone`, `statx` → `fstatat`). Arguments are checked
+//!    where it matters: `socket` only for `AF_UNIX` (no TCP or UDP, even
+//!    on a kernel without Landlock ABI 4), `ioctl` only for the handful of
+//!    requests logmon and its runtime make (no `TIOCSTI` into an operator's
+//!    terminal from `logs`), `tgkill` only to itself (`abort`); `logs` may
+//!    start threads (`clone` with `CLONE_THREAD`; the `notify` watcher)
+//!    but `run` may not start anything. No `execve`, `ptrace`, `mount`,
+//!    `bind`, `listen`, `kill`, `setuid`… (the full list is [`syscalls`]).
+//!
+//! Seccomp builder: `seccompiler` (rust-vmm, Firecracker's and Cloud
+//! Hypervisor's filter compiler): pure Rust, no libseccomp C library to link
+//! into a static binary, small, maintained by a team that ships it in
+//! production VMMs, and it builds the filter from syscall numbers of the
+//! target (x86_64, aarch64, riscv64; elsewhere seccomp reports
+//! `unsupported`). A call made with a foreign architecture's ABI (i386
+//! `int 0x80`) is killed by its architecture check: logmon never makes one.
+//!
+//! Threads: Landlock, `no_new_privs` and capabilities are per thread and
+//! inherited by threads created later. `run` confines itself on its only
+//! thread (the current-thread tokio runtime starts none: no blocking pool
+//! is used, `tokio::signal` uses a self-pipe); `logs` confines itself
+//! before its runtime and the `notify` thread exist. [`confine`] installs
+//! seccomp with `TSYNC` all the same, and warns when called with more than
+//! one thread. (Landlock's `TSYNC`, ABI 8, is not requested: on an ABI 7
+//! kernel asking for it turns the status into "partial".)
+//!
+//! `--no-sandbox` / `LOGMON_NO_SANDBOX=1` ([`set_disabled`]) skips all of
+//! it, for debugging; `status` then says `off (--no-sandbox)`.
+//!
+//! Tests: `tests/sandbox.rs` — a running logmon's `/proc/<pid>/task/*/status`
+//! (`NoNewPrivs: 1`, `Seccomp: 2`, no capabilities) and its `status` JSON;
+//! `--no-sandbox`; every thread of `logs -f`; a child confined by
+//! [`confine`] that can do every file operation logmon needs in its
+//! directory and nothing outside it, no TCP, no exec, and survives an
+//! unknown syscall; and the rarely taken paths of a confined daemon (disk
+//! full under both policies, vanished file, Reopen, rotation and purge,
+//! SIGTERM drain) losing no line. The unit tests below check the filter
+//! compiles for this target and the status strings.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, PathBeneath,
+    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use nix::libc;
+use serde::{Deserialize, Serialize};
+
+use crate::dir::Dir;
+
+/// What is in force, as `status` reports it (`"sandbox": {…}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// `PR_SET_NO_NEW_PRIVS` is set.
+    pub no_new_privs: bool,
+    /// `"none"` when every set is empty, else what is left and why.
+    pub capabilities: String,
+    /// `"ABI 7, enforced"`, `"partial (ABI N)"`, `"unsupported"`, or why not.
+    pub landlock: String,
+    /// `"filter"` when the seccomp filter is installed, else why not.
+    pub seccomp: String,
+}
+
+/// What `status` says with `--no-sandbox`.
+pub const OFF: &str = "off (--no-sandbox)";
+
+impl Status {
+    /// The status of a process that did not confine itself.
+    pub fn off() -> Status {
+        Status {
+            no_new_privs: false,
+            capabilities: OFF.into(),
+            landlock: OFF.into(),
+            seccomp: OFF.into(),
+        }
+    }
+
+    /// Whether every layer is fully in force.
+    pub fn is_full(&self) -> bool {
+        self.no_new_privs
+            && self.capabilities == "none"
+            && self.landlock.ends_with(", enforced")
+            && self.seccomp == "filter"
+    }
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status {
+            no_new_privs: false,
+            capabilities: "not confined".into(),
+            landlock: "not confined".into(),
+            seccomp: "not confined".into(),
+        }
+    }
+}
+
+static DISABLED: AtomicBool = AtomicBool::new(false);
+static CURRENT: OnceLock<Status> = OnceLock::new();
+
+/// Turns confinement off for this process (`--no-sandbox`).
+pub fn set_disabled(disabled: bool) {
+    DISABLED.store(disabled, Ordering::Relaxed);
+}
+
+/// What [`confine`] put in force in this process ([`Status::default`] before
+/// it ran).
+pub fn current() -> Status {
+    CURRENT.get().cloned().unwrap_or_default()
+}
+
+/// Which system calls the process keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// The capture daemon: no new threads or processes.
+    Run,
+    /// The reader: threads (the inotify watcher), inotify.
+    Logs,
+}
+
+/// What a rule grants beneath a directory (or on a file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Everything the capture needs in the log directory (module docs).
+    LogDir,
+    /// [`Grant::LogDir`] and making directories: on the log directory's
+    /// parent, so a deleted log directory can be recreated and written.
+    LogDirParent,
+    /// Read the directory and its files.
+    ReadOnly,
+    /// Remove files (the socket's directory).
+    RemoveFiles,
+    /// Write an existing file (`/dev/null`).
+    WriteFile,
+    /// Read an existing file (`/proc/sys/fs/pipe-max-size`).
+    ReadFile,
+}
+
+impl Grant {
+    fn access(self) -> BitFlags<AccessFs> {
+        match self {
+            Grant::LogDir => {
+                AccessFs::ReadDir
+                    | AccessFs::ReadFile
+                    | AccessFs::WriteFile
+                    | AccessFs::Truncate
+                    | AccessFs::MakeReg
+                    | AccessFs::RemoveFile
+                    | AccessFs::RemoveDir
+            }
+            Grant::LogDirParent => Grant::LogDir.access() | AccessFs::MakeDir,
+            Grant::ReadOnly => AccessFs::ReadDir | AccessFs::ReadFile,
+            Grant::RemoveFiles => AccessFs::RemoveFile.into(),
+            Grant::WriteFile => AccessFs::WriteFile.into(),
+            Grant::ReadFile => AccessFs::ReadFile.into(),
+        }
+    }
+}
+
+/// Where a rule applies.
+#[derive(Debug)]
+enum Target<'a> {
+    /// A descriptor opened earlier (never re-resolved).
+    Fd(BorrowedFd<'a>),
+    /// A trusted path, opened `O_PATH` when confining.
+    Path(PathBuf),
+}
+
+/// What the process may still do once confined.
+#[derive(Debug)]
+pub struct Policy<'a> {
+    profile: Profile,
+    rules: Vec<(Target<'a>, Grant)>,
+}
+
+impl<'a> Policy<'a> {
+    /// A policy allowing nothing on the filesystem.
+    pub fn new(profile: Profile) -> Policy<'a> {
+        Policy {
+            profile,
+            rules: Vec::new(),
+        }
+    }
+
+    /// Grants `grant` beneath the directory (or on the file) open as `fd`.
+    pub fn fd(mut self, fd: BorrowedFd<'a>, grant: Grant) -> Self {
+        self.rules.push((Target::Fd(fd), grant));
+        self
+    }
+
+    /// Grants `grant` beneath `path` (resolved when confining; use only for
+    /// paths the task cannot swap).
+    pub fn path(mut self, path: impl Into<PathBuf>, grant: Grant) -> Self {
+        self.rules.push((Target::Path(path.into()), grant));
+        self
+    }
+
+    /// `run`'s policy: the log directory and its parent (by the
+    /// descriptors opened at start), the socket's directory when elsewhere
+    /// (to unlink the socket at stop), `/dev/null`, `pipe-max-size`.
+    pub fn run(log_dir: &'a Dir, socket: &Path) -> Self {
+        let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
+        if let Some(parent) = log_dir.parent_fd() {
+            p = p.fd(parent, Grant::LogDirParent);
+        }
+        p = p
+            .path("/dev/null", Grant::WriteFile)
+            .path("/proc/sys/fs/pipe-max-size", Grant::ReadFile);
+        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+        if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if abs(dir) != abs(log_dir.path()) {
+                p = p.path(dir, Grant::RemoveFiles);
+            }
+        }
+        p
+    }
+
+    /// `logs`' policy: read the log directory, nothing else.
+    pub fn logs(log_dir: &Path) -> Self {
+        Policy::new(Profile::Logs).path(log_dir, Grant::ReadOnly)
+    }
+}
+
+/// Confines the calling process by `policy` (module docs), unless
+/// [`set_disabled`] turned it off; logs what is in force once and returns
+/// it (also kept for [`current`]). A layer the kernel refuses is reported
+/// in the status and a warning, never a failure: capture must go on.
+pub fn confine(policy: &Policy<'_>) -> Status {
+    let status = if DISABLED.load(Ordering::Relaxed) {
+        Status::off()
+    } else {
+        confine_now(policy)
+    };
+    if status.is_full() || status == Status::off() {
+        tracing::info!(
+            no_new_privs = status.no_new_privs,
+            capabilities = %status.capabilities,
+            landlock = %status.landlock,
+            seccomp = %status.seccomp,
+            "sandbox"
+        );
+    } else {
+        tracing::warn!(
+            no_new_privs = status.no_new_privs,
+            capabilities = %status.capabilities,
+            landlock = %status.landlock,
+            seccomp = %status.seccomp,
+            "sandbox only partly in force"
+        );
+    }
+    let _ = CURRENT.set(status.clone());
+    status
+}
+
+fn confine_now(policy: &Policy<'_>) -> Status {
+    let threads = thread_count();
+    if threads > 1 {
+        tracing::warn!(
+            threads,
+            "confining with more than one thread: only seccomp (and Landlock from ABI 8) cover the others"
+        );
+    }
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes no pointers.
+    let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
+    let capabilities = drop_capabilities();
+    let landlock = landlock(policy);
+    let seccomp = seccomp(policy.profile);
+    Status {
+        no_new_privs: nnp,
+        capabilities,
+        landlock,
+        seccomp,
+    }
+}
+
+/// Threads in this process (1 when it cannot tell).
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count())
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Empties the bounding, ambient, effective, permitted and inheritable
+/// sets; says `"none"` or what is left.
+fn drop_capabilities() -> String {
+    let mut bounding_kept = 0u32;
+    for cap in 0..64 {
+        // SAFETY: PR_CAPBSET_READ/DROP take an integer, no pointers.
+        let has = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) };
+        if has < 0 {
+            break; // EINVAL: past the last capability.
+        }
+        // SAFETY: as above.
+        if has == 1 && unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+            bounding_kept += 1;
+        }
+    }
+    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes no pointers; failing (an old
+    // kernel without ambient capabilities) leaves nothing to clear.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: capset reads a v3 header and two data structs, both live and
+    // laid out as the kernel's (repr(C), three u32 each).
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    if rc != 0 {
+        return format!("kept (capset: {})", std::io::Error::last_os_error());
+    }
+    if bounding_kept > 0 {
+        // Only without CAP_SETPCAP (not root): no_new_privs keeps an exec
+        // from regaining them anyway.
+        return format!("none (bounding set kept: {bounding_kept} without CAP_SETPCAP)");
+    }
+    "none".into()
+}
+
+/// The Landlock ABI whose rights are handled (module docs).
+const LANDLOCK_ABI: ABI = ABI::V7;
+
+/// Whether `NOTIFY_SOCKET` names an abstract socket, which scoping would cut.
+fn notify_socket_is_abstract() -> bool {
+    std::env::var_os("NOTIFY_SOCKET").is_some_and(|v| v.as_encoded_bytes().first() == Some(&b'@'))
+}
+
+fn landlock(policy: &Policy<'_>) -> String {
+    match landlock_inner(policy) {
+        Ok(s) => s,
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn landlock_inner(policy: &Policy<'_>) -> Result<String, Box<dyn std::error::Error>> {
+    let mut scopes = Scope::from_all(LANDLOCK_ABI);
+    if notify_socket_is_abstract() {
+        scopes.remove(Scope::AbstractUnixSocket);
+    }
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(LANDLOCK_ABI))?
+        .handle_access(AccessNet::from_all(LANDLOCK_ABI))?
+        .scope(scopes)?
+        .create()?;
+    for (target, grant) in &policy.rules {
+        let fd: OwnedFd = match target {
+            Target::Fd(fd) => fd.try_clone_to_owned()?,
+            Target::Path(p) => match PathFd::new(p) {
+                Ok(fd) => fd.as_fd().try_clone_to_owned()?,
+                // A missing directory gets no rule: nothing there to allow
+                // (the command reports it by itself).
+                Err(e) => {
+                    tracing::debug!(path = %p.display(), error = %e, "no Landlock rule");
+                    continue;
+                }
+            },
+        };
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, grant.access()))?;
+    }
+    let st = ruleset.restrict_self()?;
+    let abi = match st.landlock {
+        LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
+        _ => 0,
+    };
+    Ok(match st.ruleset {
+        RulesetStatus::FullyEnforced => format!("ABI {abi}, enforced"),
+        RulesetStatus::PartiallyEnforced => format!("partial (ABI {abi})"),
+        RulesetStatus::NotEnforced => "unsupported".into(),
+    })
+}
+
+fn seccomp(profile: Profile) -> String {
+    let arch = match seccompiler::TargetArch::try_from(std::env::consts::ARCH) {
+        Ok(a) => a,
+        Err(_) => return "unsupported".into(),
+    };
+    let filter = match build_filter(profile, arch) {
+        Ok(f) => f,
+        Err(e) => return format!("error: {e}"),
+    };
+    match seccompiler::apply_filter_all_threads(&filter) {
+        Ok(()) => "filter".into(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Compiles `profile`'s allow-list for `arch`.
+pub fn build_filter(
+    profile: Profile,
+    arch: seccompiler::TargetArch,
+) -> Result<seccompiler::BpfProgram, seccompiler::Error> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
+        SeccompFilter, SeccompRule,
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for nr in syscalls(profile) {
+        rules.insert(nr, Vec::new());
+    }
+    let one_of = |arg: u8, values: &[u64]| -> Result<Vec<SeccompRule>, seccompiler::Error> {
+        values
+            .iter()
+            .map(|&v| -> Result<SeccompRule, seccompiler::Error> {
+                Ok(SeccompRule::new(vec![Cond::new(
+                    arg,
+                    Len::Dword,
+                    Op::Eq,
+                    v,
+                )?])?)
+            })
+            .collect()
+    };
+    rules.insert(libc::SYS_socket, one_of(0, &[libc::AF_UNIX as u64])?);
+    rules.insert(libc::SYS_socketpair, one_of(0, &[libc::AF_UNIX as u64])?);
+    rules.insert(
+        libc::SYS_ioctl,
+        one_of(
+            1,
+            &[
+                libc::FIONREAD,
+                libc::FIONBIO,
+                libc::FIOCLEX,
+                libc::FIONCLEX,
+                libc::TCGETS,
+                libc::TIOCGWINSZ,
+            ]
+            // The request type differs between libc targets.
+            .map(|r| {
+                #[allow(clippy::unnecessary_cast)]
+                let r = r as u64;
+                r
+            }),
+        )?,
+    );
+    rules.insert(
+        libc::SYS_tgkill,
+        one_of(0, &[u64::from(std::process::id())])?,
+    );
+    if profile == Profile::Logs {
+        let thread = libc::CLONE_THREAD as u64;
+        rules.insert(
+            libc::SYS_clone,
+            vec![SeccompRule::new(vec![Cond::new(
+                0,
+                Len::Qword,
+                Op::MaskedEq(thread),
+                thread,
+            )?])?],
+        );
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        SeccompAction::Allow,
+        arch,
+    )?;
+    filter.try_into().map_err(seccompiler::Error::Backend)
+}
+
+/// The system calls `profile` keeps without argument checks (`socket`,
+/// `socketpair`, `ioctl`, `tgkill` and `logs`' `clone` are added with
+/// theirs). Found with `strace -f` of a daemon through rotation, purge,
+/// Reopen, a vanished file, disk full, stats, Stop and SIGTERM, and of
+/// `logs -f` across rotations.
+pub fn syscalls(profile: Profile) -> Vec<i64> {
+    let mut v = vec![
+        // Memory, signals, time, identity: the Rust and tokio runtime.
+        libc::SYS_brk,
+        libc::SYS_mmap,
+        libc::SYS_munmap,
+        libc::SYS_mremap,
+        libc::SYS_mprotect,
+        libc::SYS_madvise,
+        libc::SYS_futex,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_rt_sigaction,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_sigaltstack,
+        libc::SYS_restart_syscall,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        libc::SYS_getpid,
+        libc::SYS_gettid,
+        libc::SYS_getuid,
+        libc::SYS_geteuid,
+        libc::SYS_getgid,
+        libc::SYS_getegid,
+        libc::SYS_sched_yield,
+        libc::SYS_sched_getaffinity,
+        libc::SYS_clock_gettime,
+        libc::SYS_clock_getres,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_nanosleep,
+        libc::SYS_gettimeofday,
+        libc::SYS_getrandom,
+        libc::SYS_prlimit64,
+        libc::SYS_uname,
+        // Files and pipes: capture, rotation, purge, Reopen, the lock.
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_preadv,
+        libc::SYS_pwritev,
+        libc::SYS_lseek,
+        libc::SYS_close,
+        libc::SYS_dup,
+        libc::SYS_dup3,
+        libc::SYS_fcntl,
+        libc::SYS_fstat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_statfs,
+        libc::SYS_fstatfs,
+        libc::SYS_faccessat,
+        libc::SYS_faccessat2,
+        libc::SYS_openat,
+        libc::SYS_openat2,
+        libc::SYS_getdents64,
+        libc::SYS_unlinkat,
+        // Landlock answers it (EACCES) when the log directory is recreated.
+        libc::SYS_mkdirat,
+        libc::SYS_readlinkat,
+        libc::SYS_flock,
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_ftruncate,
+        libc::SYS_fallocate,
+        // futimens: a trimmed preallocation keeps its mtime.
+        libc::SYS_utimensat,
+        libc::SYS_splice,
+        libc::SYS_tee,
+        libc::SYS_pipe2,
+        // The event loop, signals, the control socket, sd_notify, journald.
+        libc::SYS_epoll_create1,
+        libc::SYS_epoll_ctl,
+        libc::SYS_epoll_pwait,
+        libc::SYS_epoll_pwait2,
+        libc::SYS_eventfd2,
+        libc::SYS_ppoll,
+        libc::SYS_signalfd4,
+        libc::SYS_accept4,
+        libc::SYS_connect,
+        libc::SYS_recvfrom,
+        libc::SYS_recvmsg,
+        libc::SYS_sendto,
+        libc::SYS_sendmsg,
+        libc::SYS_getsockopt,
+        libc::SYS_setsockopt,
+        libc::SYS_getsockname,
+        libc::SYS_getpeername,
+        libc::SYS_shutdown,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        libc::SYS_open,
+        libc::SYS_stat,
+        libc::SYS_lstat,
+        libc::SYS_unlink,
+        // std's create_dir_all (a deleted log directory recreated).
+        libc::SYS_mkdir,
+        libc::SYS_readlink,
+        libc::SYS_access,
+        libc::SYS_dup2,
+        libc::SYS_pipe,
+        libc::SYS_poll,
+        libc::SYS_epoll_wait,
+        libc::SYS_accept,
+        libc::SYS_arch_prctl,
+    ]);
+    if profile == Profile::Logs {
+        // The `notify` watcher: its thread and inotify.
+        v.extend([
+            libc::SYS_inotify_init1,
+            libc::SYS_inotify_add_watch,
+            libc::SYS_inotify_rm_watch,
+            libc::SYS_set_robust_list,
+            libc::SYS_rseq,
+            libc::SYS_prctl,
+        ]);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_filters_compile_for_this_target() {
+        let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH).unwrap();
+        for p in [Profile::Run, Profile::Logs] {
+            assert!(!build_filter(p, arch).unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn run_cannot_start_threads_or_programs_and_logs_cannot_exec() {
+        let run = syscalls(Profile::Run);
+        let logs = syscalls(Profile::Logs);
+        for nr in [
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_ptrace,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_kill,
+            libc::SYS_setuid,
+            libc::SYS_mount,
+        ] {
+            assert!(!run.contains(&nr), "run allows syscall {nr}");
+            if nr != libc::SYS_clone {
+                assert!(!logs.contains(&nr), "logs allows syscall {nr}");
+            }
+        }
+    }
+
+    #[test]
+    fn off_is_not_full_and_says_why() {
+        let s = Status::off();
+        assert!(!s.is_full());
+        assert_eq!(s.landlock, "off (--no-sandbox)");
+        let full = Status {
+            no_new_privs: true,
+            capabilities: "none".into(),
+            landlock: "ABI 7, enforced".into(),
+            seccomp: "filter".into(),
+        };
+        assert!(full.is_full());
+        assert_eq!(
+            serde_json::to_value(&full).unwrap(),
+            serde_json::json!({"no_new_privs": true, "capabilities": "none",
+                "landlock": "ABI 7, enforced", "seccomp": "filter"})
+        );
+    }
+
+    #[test]
+    fn the_socket_directory_gets_a_rule_only_when_it_is_elsewhere() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let same = Policy::run(&dir, &d.path().join("x.sock"));
+        assert_eq!(same.rules.len(), 4);
+        assert_eq!(same.rules[1].1, Grant::LogDirParent);
+        let other = Policy::run(&dir, Path::new("/run/x/x.sock"));
+        assert_eq!(other.rules.len(), 5);
+        assert_eq!(other.rules[4].1, Grant::RemoveFiles);
+    }
+}

@@ -1,0 +1,736 @@
+//! Self-confinement (DESIGN.md §10, issue 17), through the real binary and
+//! through the library's own [`logmon::sandbox::confine`].
+//!
+//! This target has its own `main` (`harness = false` in Cargo.toml): the
+//! probe that confines itself must be a process with one thread, which
+//! libtest's runner is not. Run as `cargo test --test sandbox [FILTER]`;
+//! the same executable re-runs itself as the probe child.
+//!
+//! What is checked:
+//! - every thread of a running `run` and of a `logs -f` shows
+//!   `NoNewPrivs: 1`, `Seccomp: 2` and empty capability sets, and `status`
+//!   says the same (`daemon_is_confined_in_every_thread`,
+//!   `logs_follow_is_confined_in_every_thread`);
+//! - `--no-sandbox` and `LOGMON_NO_SANDBOX=1` turn it off and `status`
+//!   says so (`no_sandbox_turns_it_off_and_says_so`);
+//! - a child confined by `confine` with a log directory can do every file
+//!   operation logmon needs in it, and cannot read, create, truncate,
+//!   rename or remove outside it (not even through a symlink planted
+//!   inside), cannot connect TCP, cannot start a program, and survives a
+//!   system call outside the filter (`probe_*`);
+//! - the rarely taken paths of a confined daemon lose no line and leave no
+//!   "Function not implemented" / "Permission denied" in its log: disk full
+//!   (RLIMIT_FSIZE) under `block` and `drop`, a vanished active file,
+//!   Reopen, rotation with purge, SIGTERM drain (`rare_paths_*`).
+
+mod common;
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use logmon::config::Stream;
+use nix::sys::signal::Signal;
+
+type Test = (&'static str, fn());
+
+fn main() {
+    if let Some(dir) = std::env::var_os("LOGMON_SANDBOX_PROBE") {
+        probe_child(Path::new(&dir));
+        return;
+    }
+    let tests: &[Test] = &[
+        (
+            "daemon_is_confined_in_every_thread",
+            daemon_is_confined_in_every_thread,
+        ),
+        (
+            "no_sandbox_turns_it_off_and_says_so",
+            no_sandbox_turns_it_off_and_says_so,
+        ),
+        (
+            "logs_follow_is_confined_in_every_thread",
+            logs_follow_is_confined_in_every_thread,
+        ),
+        (
+            "probe_can_do_what_logmon_needs_inside_and_nothing_outside",
+            probe_can_do_what_logmon_needs_inside_and_nothing_outside,
+        ),
+        (
+            "rare_paths_disk_full_block_loses_nothing",
+            rare_paths_disk_full_block_loses_nothing,
+        ),
+        (
+            "rare_paths_disk_full_drop_recovers",
+            rare_paths_disk_full_drop_recovers,
+        ),
+        (
+            "rare_paths_vanished_file_reopen_and_stop",
+            rare_paths_vanished_file_reopen_and_stop,
+        ),
+        (
+            "rare_paths_rotation_purge_and_sigterm_drain",
+            rare_paths_rotation_purge_and_sigterm_drain,
+        ),
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in tests {
+            println!("{name}: test");
+        }
+        return;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let exact = args.iter().any(|a| a == "--exact");
+    let selected: Vec<&Test> = tests
+        .iter()
+        .filter(|(name, _)| {
+            filters.is_empty()
+                || filters.iter().any(|f| {
+                    if exact {
+                        name == f
+                    } else {
+                        name.contains(f.as_str())
+                    }
+                })
+        })
+        .collect();
+    println!("\nrunning {} tests", selected.len());
+    let mut failed = Vec::new();
+    for (name, f) in selected {
+        let ok = std::panic::catch_unwind(f).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failed.push(*name);
+        }
+    }
+    if failed.is_empty() {
+        println!("\ntest result: ok.");
+    } else {
+        println!("\nfailures: {failed:?}\ntest result: FAILED.");
+        std::process::exit(101);
+    }
+}
+
+/// Every `task/*/status` of `pid`, as (tid, text).
+fn thread_status(pid: i32) -> Vec<(String, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(e.path().join("status")).unwrap();
+            (tid, text)
+        })
+        .collect()
+}
+
+fn field<'a>(status: &'a str, name: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
+        .trim()
+}
+
+fn assert_confined(pid: i32) {
+    let threads = thread_status(pid);
+    assert!(!threads.is_empty());
+    for (tid, st) in &threads {
+        assert_eq!(field(st, "NoNewPrivs"), "1", "thread {tid}");
+        assert_eq!(field(st, "Seccomp"), "2", "thread {tid}");
+        for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            assert_eq!(field(st, cap), "0000000000000000", "{cap} of thread {tid}");
+        }
+    }
+}
+
+/// `logmon status --socket P` as JSON.
+fn status_json(socket: &Path) -> serde_json::Value {
+    let out = logmon(&["status", "--socket", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A `run` with stderr collected, for the "no missed permission" check.
+struct Run {
+    daemon: Daemon,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Run {
+    fn start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut args = vec!["run", "--task", "t", "--log-dir", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut cmd = logmon(&args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let shown = stderr.clone();
+        let daemon = Daemon::from_child(child, move || shown.lock().unwrap().clone());
+        Run { daemon, stderr }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.daemon.ready.socket.clone()
+    }
+
+    fn stats(&self) -> logmon::protocol::Stats {
+        logmon::client::Handle::connect_socket(&self.socket(), Duration::from_secs(5))
+            .unwrap()
+            .stats()
+            .unwrap()
+    }
+
+    /// Stops through the socket, waits, and checks logmon's own log for
+    /// a call the sandbox refused.
+    fn stop_and_check(self) {
+        let h =
+            logmon::client::Handle::connect_socket(&self.socket(), Duration::from_secs(5)).unwrap();
+        h.stop(Duration::from_secs(20)).unwrap();
+        let code = self.daemon.wait();
+        assert_eq!(code, Some(0));
+        check_log(&self.stderr.lock().unwrap());
+    }
+}
+
+/// A missing syscall shows as ENOSYS, a missing Landlock right as EACCES.
+fn check_log(log: &str) {
+    for bad in [
+        "Function not implemented",
+        "Permission denied",
+        "os error 38",
+        "os error 13",
+    ] {
+        assert!(!log.contains(bad), "logmon's log mentions {bad:?}:\n{log}");
+    }
+    assert!(
+        log.contains("sandbox") && log.contains("ABI"),
+        "no sandbox line in:\n{log}"
+    );
+}
+
+fn daemon_is_confined_in_every_thread() {
+    let d = tempfile::tempdir().unwrap();
+    let run = Run::start(d.path(), &[], &[]);
+    assert_confined(run.daemon.pid());
+    let st = status_json(&run.socket());
+    let sb = &st["sandbox"];
+    assert_eq!(sb["no_new_privs"], true, "{st}");
+    assert_eq!(sb["capabilities"], "none", "{st}");
+    assert_eq!(sb["seccomp"], "filter", "{st}");
+    let ll = sb["landlock"].as_str().unwrap();
+    assert!(
+        ll.ends_with(", enforced") || ll.starts_with("partial") || ll == "unsupported",
+        "{ll}"
+    );
+    // This kernel has Landlock (ABI 7 when written); say so if it does.
+    if Path::new("/sys/kernel/security/landlock").exists() || ll != "unsupported" {
+        assert!(ll.starts_with("ABI "), "{ll}");
+    }
+    run.stop_and_check();
+}
+
+fn no_sandbox_turns_it_off_and_says_so() {
+    for (flags, env) in [
+        (&["--no-sandbox"][..], &[][..]),
+        (&[][..], &[("LOGMON_NO_SANDBOX", "1")][..]),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let run = Run::start(d.path(), flags, env);
+        let st = &thread_status(run.daemon.pid())[0].1;
+        assert_eq!(field(st, "NoNewPrivs"), "0");
+        assert_eq!(field(st, "Seccomp"), "0");
+        let json = status_json(&run.socket());
+        assert_eq!(
+            json["sandbox"],
+            serde_json::json!({"no_new_privs": false, "capabilities": "off (--no-sandbox)",
+                "landlock": "off (--no-sandbox)", "seccomp": "off (--no-sandbox)"})
+        );
+        let h =
+            logmon::client::Handle::connect_socket(&run.socket(), Duration::from_secs(5)).unwrap();
+        h.stop(Duration::from_secs(20)).unwrap();
+        assert_eq!(run.daemon.wait(), Some(0));
+    }
+}
+
+fn logs_follow_is_confined_in_every_thread() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("t.stdout.0"), "first\n").unwrap();
+    let out_path = d.path().join("out");
+    let err_path = d.path().join("err");
+    let mut child = logmon(&[
+        "logs",
+        "--log-dir",
+        d.path().to_str().unwrap(),
+        "--task",
+        "t",
+        "-f",
+    ])
+    .stdout(std::fs::File::create(&out_path).unwrap())
+    .stderr(std::fs::File::create(&err_path).unwrap())
+    .spawn()
+    .unwrap();
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid = child.id() as i32;
+    let guard = Kill(&mut child);
+    let read = || std::fs::read_to_string(&out_path).unwrap_or_default();
+    assert!(wait_until(Duration::from_secs(10), || read() == "first\n"));
+    // The notify watcher thread exists by now, and is confined too.
+    assert!(thread_status(pid).len() >= 2, "no watcher thread?");
+    assert_confined(pid);
+    // Following still works across a rotation.
+    std::fs::write(d.path().join("t.stdout.1"), "second\n").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || read() == "first\nsecond\n"),
+        "{:?}",
+        read()
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    let st = guard.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0));
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    assert!(
+        !err.contains("not implemented") && !err.contains("denied"),
+        "{err}"
+    );
+}
+
+/// The probe child: confines itself like `run`, then tries things and
+/// prints `name=ok` or `name=<errno>` per line.
+fn probe_child(inside: &Path) {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let outside = PathBuf::from(std::env::var_os("LOGMON_SANDBOX_OUTSIDE").unwrap());
+    let port: u16 = std::env::var("LOGMON_SANDBOX_PORT")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Made before confinement: Landlock must still refuse the connect.
+    let tcp = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Stream,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let dir = logmon::dir::Dir::open(inside).unwrap();
+    let status =
+        logmon::sandbox::confine(&logmon::sandbox::Policy::run(&dir, &inside.join("t.sock")));
+    println!("status={}", serde_json::to_string(&status).unwrap());
+    let report = |name: &str, r: std::io::Result<()>| match r {
+        Ok(()) => println!("{name}=ok"),
+        Err(e) => println!("{name}={}", e.raw_os_error().unwrap_or(-1)),
+    };
+    let rw = OFlag::O_RDWR;
+    let m = Mode::from_bits_truncate(0o644);
+    // Inside: everything rotation, purge, Reopen and the claims need.
+    report(
+        "create",
+        dir.create_own("t.stdout.0", rw, m).and_then(|c| match c {
+            logmon::dir::Claim::Created { file, .. } => {
+                std::io::Write::write_all(&mut &file, b"hello\n")?;
+                nix::fcntl::fallocate(
+                    &file,
+                    nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    4096,
+                )?;
+                file.set_len(6)?;
+                file.sync_data()
+            }
+            logmon::dir::Claim::Occupied { by, .. } => Err(std::io::Error::other(by)),
+        }),
+    );
+    report(
+        "append",
+        dir.open_own("t.stdout.0", OFlag::O_WRONLY | OFlag::O_APPEND)
+            .and_then(|r| match r {
+                Ok(Some(f)) => std::io::Write::write_all(&mut &f, b"more\n"),
+                _ => Err(std::io::Error::other("not ours")),
+            }),
+    );
+    report(
+        "read",
+        dir.open_at("t.stdout.0", OFlag::O_RDONLY, Mode::empty())
+            .and_then(|mut f| {
+                let mut s = String::new();
+                f.read_to_string(&mut s)?;
+                assert_eq!(s, "hello\nmore\n");
+                Ok(())
+            }),
+    );
+    report(
+        "truncate_open",
+        dir.open_at(
+            "t.stdout.0",
+            OFlag::O_WRONLY | OFlag::O_TRUNC,
+            Mode::empty(),
+        )
+        .map(drop),
+    );
+    report("list", dir.list().map(drop));
+    report("stat", dir.stat("t.stdout.0").map(drop));
+    report("claim_planted_dir", {
+        dir.create_own("t.stdout.1", rw, m).and_then(|c| match c {
+            logmon::dir::Claim::Created { removed, .. } if removed == ["directory"] => Ok(()),
+            other => Err(std::io::Error::other(format!("{other:?}"))),
+        })
+    });
+    report("remove", dir.remove("t.stdout.0"));
+    report(
+        "devnull",
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map(drop),
+    );
+    report(
+        "pipe_max_size",
+        std::fs::read_to_string("/proc/sys/fs/pipe-max-size").map(drop),
+    );
+    // Outside: nothing.
+    let secret = outside.join("secret");
+    report("out_read", std::fs::File::open(&secret).map(drop));
+    report(
+        "out_create",
+        std::fs::File::create(outside.join("new")).map(drop),
+    );
+    report(
+        "out_truncate",
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&secret)
+            .map(drop),
+    );
+    report(
+        "out_rename",
+        std::fs::rename(&secret, outside.join("renamed")),
+    );
+    report("out_remove", std::fs::remove_file(&secret));
+    report("out_mkdir", std::fs::create_dir(outside.join("d")));
+    report(
+        "through_symlink",
+        std::fs::File::open(inside.join("link")).map(drop),
+    );
+    // Network: the socket made before, and a new one.
+    let addr = nix::libc::sockaddr_in {
+        sin_family: nix::libc::AF_INET as nix::libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: nix::libc::in_addr {
+            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: connect reads a live sockaddr_in of the given size.
+    let r = unsafe {
+        nix::libc::connect(
+            tcp.as_raw_fd(),
+            (&addr as *const nix::libc::sockaddr_in).cast(),
+            std::mem::size_of::<nix::libc::sockaddr_in>() as nix::libc::socklen_t,
+        )
+    };
+    report(
+        "tcp_connect",
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        },
+    );
+    report(
+        "tcp_socket",
+        std::net::TcpStream::connect(("127.0.0.1", port)).map(drop),
+    );
+    // Processes.
+    report("exec", Command::new("/bin/true").status().map(drop));
+    // SAFETY: ptrace(PTRACE_TRACEME) takes no pointers; the filter answers
+    // it before the kernel would act.
+    let r =
+        unsafe { nix::libc::syscall(nix::libc::SYS_ptrace, nix::libc::PTRACE_TRACEME, 0, 0, 0) };
+    report(
+        "unknown_syscall",
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        },
+    );
+    drop(tcp);
+    println!("alive=ok");
+}
+
+fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
+    // The log directory's parent is inside the perimeter too (a deleted
+    // log directory is recreated there), so "outside" is beyond it.
+    let d = tempfile::tempdir().unwrap();
+    let inside = d.path().join("alloc").join("logs");
+    let outside = d.path().join("elsewhere");
+    std::fs::create_dir_all(&inside).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret"), "secret\n").unwrap();
+    std::fs::create_dir(inside.join("t.stdout.1")).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), inside.join("link")).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("LOGMON_SANDBOX_PROBE", &inside)
+        .env("LOGMON_SANDBOX_OUTSIDE", &outside)
+        .env("LOGMON_SANDBOX_PORT", port.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "probe failed: {out:?}\n{text}");
+    let get = |k: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {text}"))
+            .to_owned()
+    };
+    let status: logmon::sandbox::Status = serde_json::from_str(&get("status")).unwrap();
+    assert!(status.is_full(), "{status:?}");
+    for ok in [
+        "create",
+        "append",
+        "read",
+        "truncate_open",
+        "list",
+        "stat",
+        "claim_planted_dir",
+        "remove",
+        "devnull",
+        "pipe_max_size",
+        "alive",
+    ] {
+        assert_eq!(get(ok), "ok", "{ok} inside the log directory\n{text}");
+    }
+    let eacces = nix::libc::EACCES.to_string();
+    let eperm = nix::libc::EPERM.to_string();
+    let enosys = nix::libc::ENOSYS.to_string();
+    // Landlock answers the filesystem and TCP: EACCES.
+    for denied in [
+        "out_read",
+        "out_create",
+        "out_truncate",
+        "out_remove",
+        "through_symlink",
+        "tcp_connect",
+    ] {
+        assert_eq!(get(denied), eacces, "{denied}\n{text}");
+    }
+    // rename, mkdir, a new TCP socket, starting a program, ptrace: the seccomp
+    // filter (never a kill: the probe went on to say alive=ok).
+    for denied in [
+        "out_rename",
+        "out_mkdir",
+        "tcp_socket",
+        "exec",
+        "unknown_syscall",
+    ] {
+        let e = get(denied);
+        assert!(
+            e == enosys || e == eacces || e == eperm,
+            "{denied}={e}\n{text}"
+        );
+    }
+    assert_eq!(get("unknown_syscall"), enosys);
+    // Nothing outside changed.
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret")).unwrap(),
+        "secret\n"
+    );
+    let names: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["secret"]);
+    drop(listener);
+}
+
+/// Sets the soft RLIMIT_FSIZE of `pid` (the hard limit stays).
+fn set_fsize(pid: i32, soft: u64) {
+    let mut old = nix::libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reading the limit into a live, owned struct.
+    let r = unsafe {
+        nix::libc::prlimit(
+            pid,
+            nix::libc::RLIMIT_FSIZE,
+            std::ptr::null(),
+            &mut old as *mut _,
+        )
+    };
+    assert_eq!(r, 0);
+    let new = nix::libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: the new limit is a live struct; the old one is not wanted.
+    let r = unsafe {
+        nix::libc::prlimit(
+            pid,
+            nix::libc::RLIMIT_FSIZE,
+            &new as *const _,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+const UNLIMITED: u64 = nix::libc::RLIM_INFINITY;
+
+fn rare_paths_disk_full_block_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let run = Run::start(d.path(), &["--on-write-error", "block"], &[]);
+    let fifo = fifo(d.path(), "t", Stream::Stdout);
+    write_numbered(&fifo, 0, 10);
+    let line = numbered_line(0).len() as u64;
+    assert!(wait_until(Duration::from_secs(10), || {
+        read_stream(d.path(), "t", Stream::Stdout).len() as u64 == 10 * line
+    }));
+    set_fsize(run.daemon.pid(), 12 * line);
+    write_numbered(&fifo, 10, 40);
+    assert!(
+        wait_until(Duration::from_secs(10), || run.stats().stdout.write_errors
+            > 0),
+        "no write error under RLIMIT_FSIZE"
+    );
+    set_fsize(run.daemon.pid(), UNLIMITED);
+    assert!(wait_until(Duration::from_secs(10), || {
+        read_stream(d.path(), "t", Stream::Stdout).len() as u64 == 40 * line
+    }));
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 40);
+    assert_eq!(run.stats().stdout.bytes_dropped, 0);
+    run.stop_and_check();
+}
+
+fn rare_paths_disk_full_drop_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let run = Run::start(d.path(), &["--on-write-error", "drop"], &[]);
+    let fifo = fifo(d.path(), "t", Stream::Stdout);
+    let line = numbered_line(0).len() as u64;
+    write_numbered(&fifo, 0, 10);
+    assert!(wait_until(Duration::from_secs(10), || {
+        read_stream(d.path(), "t", Stream::Stdout).len() as u64 == 10 * line
+    }));
+    set_fsize(run.daemon.pid(), 10 * line);
+    write_numbered(&fifo, 10, 20);
+    assert!(wait_until(Duration::from_secs(10), || run
+        .stats()
+        .stdout
+        .bytes_dropped
+        > 0));
+    set_fsize(run.daemon.pid(), UNLIMITED);
+    // Past the one-second retry, the next bytes go in after the marker.
+    std::thread::sleep(Duration::from_millis(1200));
+    write_numbered(&fifo, 20, 30);
+    let text = || String::from_utf8(read_stream(d.path(), "t", Stream::Stdout)).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || text()
+            .contains(&numbered_line(29))),
+        "{}",
+        text()
+    );
+    let t = text();
+    assert!(t.contains("logmon: dropped"), "{t}");
+    for i in (0..10).chain(20..30) {
+        assert!(t.contains(&numbered_line(i)), "line {i} missing:\n{t}");
+    }
+    run.stop_and_check();
+}
+
+fn rare_paths_vanished_file_reopen_and_stop() {
+    let d = tempfile::tempdir().unwrap();
+    let run = Run::start(d.path(), &[], &[]);
+    let fifo = fifo(d.path(), "t", Stream::Stdout);
+    write_numbered(&fifo, 0, 10);
+    let active = d.path().join("t.stdout.0");
+    assert!(wait_until(Duration::from_secs(10), || active.exists()
+        && std::fs::metadata(&active).unwrap().len() > 0));
+    // Vanished active file: recreated on the next write.
+    std::fs::remove_file(&active).unwrap();
+    write_numbered(&fifo, 10, 20);
+    assert!(wait_until(Duration::from_secs(10), || {
+        String::from_utf8(read_stream(d.path(), "t", Stream::Stdout))
+            .unwrap()
+            .contains(&numbered_line(19))
+    }));
+    // Reopen after the operator removed the files.
+    for n in indices(d.path(), "t", Stream::Stdout) {
+        std::fs::remove_file(d.path().join(format!("t.stdout.{n}"))).unwrap();
+    }
+    logmon::client::Handle::connect_socket(&run.socket(), Duration::from_secs(5))
+        .unwrap()
+        .reopen()
+        .unwrap();
+    write_numbered(&fifo, 20, 30);
+    assert!(wait_until(Duration::from_secs(10), || {
+        read_stream(d.path(), "t", Stream::Stdout).len() == 10 * numbered_line(0).len()
+    }));
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 20, 30);
+    // Stop drains what is still in the pipe.
+    write_numbered(&fifo, 30, 40);
+    run.stop_and_check();
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 20, 40);
+}
+
+fn rare_paths_rotation_purge_and_sigterm_drain() {
+    let d = tempfile::tempdir().unwrap();
+    let run = Run::start(
+        d.path(),
+        &["--max-file-size", "2KiB", "--max-files", "3"],
+        &[],
+    );
+    let fifo = fifo(d.path(), "t", Stream::Stdout);
+    // Kept open so the daemon's drain at SIGTERM finds the bytes.
+    let _task_end = logmon::fifo::open_task_end(&fifo).unwrap();
+    write_numbered(&fifo, 0, 1000);
+    run.daemon.signal(Signal::SIGTERM);
+    let stderr = run.stderr.clone();
+    assert_eq!(run.daemon.wait(), Some(0));
+    check_log(&stderr.lock().unwrap());
+    let files = files(d.path(), "t", Stream::Stdout);
+    assert!(files.len() <= 3, "{} files kept", files.len());
+    assert!(files.iter().all(|(_, b)| !b.is_empty() && b.len() <= 2048));
+    let all = read_stream(d.path(), "t", Stream::Stdout);
+    let first: u64 = std::str::from_utf8(&all[5..14]).unwrap().parse().unwrap();
+    assert!(first > 0, "nothing was purged");
+    assert_numbered(&all, first, 1000);
+}

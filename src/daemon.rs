@@ -420,7 +420,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         .map_err(io_err("cannot start the runtime"))?;
     let local = tokio::task::LocalSet::new();
     let socket_shown = socket_path.display().to_string();
-    let sandbox = crate::sandbox::Policy::run(&log_dir, &socket_path);
+    let socket_for_sandbox = socket_path.clone();
     let result = local.block_on(&rt, async move {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut sigterm =
@@ -457,8 +457,14 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
                 stop_rx.clone(),
             )));
         }
+        if ready == Ready::Stdout {
+            // A launched daemon's stderr moves to its diagnostics log, opened
+            // through the log directory's handle (DESIGN.md §9), before the
+            // sandbox narrows what may be opened.
+            crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
+        }
         // Confined before the ready line, on the only thread (DESIGN.md §10).
-        crate::sandbox::confine(&sandbox);
+        crate::sandbox::confine(&crate::sandbox::Policy::run(&log_dir, &socket_for_sandbox));
         let state = Rc::new(ServerState {
             welcome,
             captures,
@@ -471,8 +477,6 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
         if ready == Ready::Stdout {
-            // Agent side (#12 item 3): a launched daemon's stderr moves to its log.
-            crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
             print_ready(&ready_cfg)?;
         }
         systemd::notify_ready(&state);

@@ -99,7 +99,8 @@ fn main() {
                 })
         })
         .collect();
-    println!("\nrunning {} tests", selected.len());
+    let total = selected.len();
+    println!("\nrunning {total} tests");
     let mut failed = Vec::new();
     for (name, f) in selected {
         let ok = std::panic::catch_unwind(f).is_ok();
@@ -108,10 +109,17 @@ fn main() {
             failed.push(*name);
         }
     }
+    // The closing line in libtest's shape, so CI and runners count these.
+    let counts = format!(
+        "{} passed; {} failed; 0 ignored; 0 measured; {} filtered out",
+        total - failed.len(),
+        failed.len(),
+        tests.len() - total
+    );
     if failed.is_empty() {
-        println!("\ntest result: ok.");
+        println!("\ntest result: ok. {counts}");
     } else {
-        println!("\nfailures: {failed:?}\ntest result: FAILED.");
+        println!("\nfailures: {failed:?}\ntest result: FAILED. {counts}");
         std::process::exit(101);
     }
 }

@@ -269,7 +269,18 @@ impl<'a> Policy<'a> {
     pub fn run(log_dir: &'a Dir, socket: &Path) -> Self {
         let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
         if let Some(parent) = log_dir.parent_fd() {
-            p = p.fd(parent, Grant::LogDirParent);
+            // Never the whole file system: a log directory right under `/`
+            // is not recreated under the sandbox (the write-error policy
+            // applies instead).
+            let root = nix::sys::stat::stat("/").ok();
+            let here = nix::sys::stat::fstat(parent).ok();
+            let is_root = match (root, here) {
+                (Some(r), Some(h)) => r.st_dev == h.st_dev && r.st_ino == h.st_ino,
+                _ => true,
+            };
+            if !is_root {
+                p = p.fd(parent, Grant::LogDirParent);
+            }
         }
         p = p
             .path("/dev/null", Grant::WriteFile)

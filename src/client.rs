@@ -356,6 +356,9 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
         .into(),
     );
     flag("--pipe-size", cfg.pipe_size.to_string().into());
+    if cfg.no_sandbox {
+        a.push("--no-sandbox".into());
+    }
     a
 }
 

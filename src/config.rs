@@ -199,6 +199,9 @@ pub struct CaptureConfig {
     pub on_write_error: WriteErrorPolicy,
     /// Control socket path.
     pub socket: PathBuf,
+    /// Run without self-confinement (`--no-sandbox`, DESIGN.md §10): passed
+    /// on to a launched daemon so the flag means the same by every route.
+    pub no_sandbox: bool,
 }
 
 impl CaptureConfig {
@@ -216,6 +219,7 @@ impl CaptureConfig {
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             pipe_size: DEFAULT_PIPE_SIZE,
             on_write_error: WriteErrorPolicy::Drop,
+            no_sandbox: false,
         }
     }
 

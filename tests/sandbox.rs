@@ -53,6 +53,10 @@ fn main() {
             no_sandbox_turns_it_off_and_says_so,
         ),
         (
+            "launch_passes_no_sandbox_on_and_confines_by_default",
+            launch_passes_no_sandbox_on_and_confines_by_default,
+        ),
+        (
             "logs_follow_is_confined_in_every_thread",
             logs_follow_is_confined_in_every_thread,
         ),
@@ -285,6 +289,30 @@ fn no_sandbox_turns_it_off_and_says_so() {
             logmon::client::Handle::connect_socket(&run.socket(), Duration::from_secs(5)).unwrap();
         h.stop(Duration::from_secs(20)).unwrap();
         assert_eq!(run.daemon.wait(), Some(0));
+    }
+}
+
+/// A daemon started through `launch` (the agent's route) is confined like
+/// `run`, and `launch --no-sandbox` reaches the daemon it starts.
+fn launch_passes_no_sandbox_on_and_confines_by_default() {
+    for (flags, seccomp) in [(&[][..], "2"), (&["--no-sandbox"][..], "0")] {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_str().unwrap();
+        let mut args = vec!["launch", "--task", "t", "--log-dir", dir];
+        args.extend_from_slice(flags);
+        let out = logmon(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ready: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let pid = ready["pid"].as_i64().unwrap() as i32;
+        let socket = std::path::PathBuf::from(ready["socket"].as_str().unwrap());
+        let st = &thread_status(pid)[0].1;
+        let h = logmon::client::Handle::connect_socket(&socket, Duration::from_secs(5)).unwrap();
+        h.stop(Duration::from_secs(20)).unwrap();
+        assert_eq!(field(st, "Seccomp"), seccomp, "launch {flags:?}");
     }
 }
 

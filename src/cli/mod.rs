@@ -248,6 +248,7 @@ impl RunArgs {
         c.max_file_size = self.max_file_size;
         c.on_write_error = self.on_write_error;
         c.pipe_size = self.pipe_size;
+        c.no_sandbox = self.no_sandbox;
         c.validate()?;
         Ok(c)
     }

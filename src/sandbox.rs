@@ -104,7 +104,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -283,9 +283,10 @@ impl<'a> Policy<'a> {
         p
     }
 
-    /// `logs`' policy: read the log directory, nothing else.
-    pub fn logs(log_dir: &Path) -> Self {
-        Policy::new(Profile::Logs).path(log_dir, Grant::ReadOnly)
+    /// `logs`' policy: read the log directory (the one open as `log_dir`,
+    /// never re-resolved from its path), nothing else.
+    pub fn logs(log_dir: &'a Dir) -> Self {
+        Policy::new(Profile::Logs).fd(log_dir.fd(), Grant::ReadOnly)
     }
 }
 
@@ -730,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn the_socket_directory_gets_a_rule_only_when_it_is_elsewhere() {
+    fn rules_come_from_the_descriptors_opened_at_start() {
         use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
         let dir = Dir::open(d.path()).unwrap();
@@ -753,6 +754,13 @@ mod tests {
             matches!(other.rules[4].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
             "{:?}",
             other.rules[4].0
+        );
+        // `logs` too: the directory it opened, not where its path leads.
+        let logs = Policy::logs(&sock);
+        assert!(
+            matches!(logs.rules[..], [(Target::Fd(fd), Grant::ReadOnly)] if fd.as_raw_fd() == sock.fd().as_raw_fd()),
+            "{:?}",
+            logs.rules
         );
         std::fs::remove_file(s.path()).unwrap();
         std::fs::rename(&moved, s.path()).unwrap();

@@ -420,7 +420,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         .map_err(io_err("cannot start the runtime"))?;
     let local = tokio::task::LocalSet::new();
     let socket_shown = socket_path.display().to_string();
-    let socket_for_sandbox = socket_path.clone();
+    let socket_dir = bound.as_ref().map(|(d, _)| d.clone());
     let result = local.block_on(&rt, async move {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut sigterm =
@@ -464,7 +464,10 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
         }
         // Confined before the ready line, on the only thread (DESIGN.md §10).
-        crate::sandbox::confine(&crate::sandbox::Policy::run(&log_dir, &socket_for_sandbox));
+        crate::sandbox::confine(&crate::sandbox::Policy::run(
+            &log_dir,
+            socket_dir.as_deref(),
+        ));
         let state = Rc::new(ServerState {
             welcome,
             captures,

@@ -600,6 +600,24 @@ fn open_checked(dir: &Dir, name: &str) -> io::Result<Opened> {
     })
 }
 
+/// Opens the log directory at `dir` as a [`Dir`] (the one walk of its
+/// path), for [`Follower::open_dir`]; a missing one is
+/// [`FollowError::MissingDir`].
+pub fn open_log_dir(dir: &Path) -> Result<Dir, FollowError> {
+    Dir::open(dir).map_err(|source| match source.raw_os_error() {
+        Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
+            FollowError::MissingDir {
+                path: dir.to_path_buf(),
+            }
+        }
+        _ => FollowError::Io {
+            action: "open",
+            path: dir.to_path_buf(),
+            source,
+        },
+    })
+}
+
 /// Reads (and, with [`Options::follow`], follows) one stream of a task
 /// across its numbered files. See the [module docs](self) for the
 /// guarantees.
@@ -635,19 +653,7 @@ impl Follower {
         stream: Stream,
         opts: Options,
     ) -> Result<Self, FollowError> {
-        let handle = Dir::open(dir).map_err(|source| match source.raw_os_error() {
-            Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
-                FollowError::MissingDir {
-                    path: dir.to_path_buf(),
-                }
-            }
-            _ => FollowError::Io {
-                action: "open",
-                path: dir.to_path_buf(),
-                source,
-            },
-        })?;
-        Self::open_dir(Arc::new(handle), task, stream, opts)
+        Self::open_dir(Arc::new(open_log_dir(dir)?), task, stream, opts)
     }
 
     /// Opens `stream` of `task` in an open directory. With `opts.follow`

@@ -13,6 +13,8 @@
 //! - at most `max_files` files per stream are kept, the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<integer>` are
 //!   ever removed ([`scan_indices`]), by `unlinkat` on the directory's fd;
+//!   N is at most [`MAX_INDEX`], so a name planted at a huge index cannot
+//!   overflow the numbering (`a_planted_name_at_the_largest_index_cannot_overflow_the_numbering`);
 //! - every name is resolved through the log directory's [`Dir`], opened once
 //!   (DESIGN.md §9): a new file is created `O_EXCL|O_NOFOLLOW`, and whatever
 //!   the task planted at its name (symlink, hard link, FIFO, device,
@@ -128,6 +130,12 @@ pub fn file_name(task: &TaskName, stream: Stream, index: u64) -> String {
     format!("{}.{}.{}", task.as_str(), stream.as_str(), index)
 }
 
+/// The largest index that is a stream's file. Rotation never gets near it
+/// (2^63 files), but a task can plant a name with any number: one above
+/// this is not a file of the stream, so resuming past a planted name never
+/// overflows the numbering.
+pub const MAX_INDEX: u64 = i64::MAX as u64;
+
 /// Parses `name` as `<task>.<stream>.<N>` and returns N; `None` for any other
 /// name, including non-canonical numbers such as `007` (never written by
 /// logmon, so never purged by it).
@@ -143,7 +151,7 @@ pub fn parse_index(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
     {
         return None;
     }
-    rest.parse().ok()
+    rest.parse().ok().filter(|&n| n <= MAX_INDEX)
 }
 
 /// The indices of `task`'s `stream` files in `dir`, ascending.
@@ -945,6 +953,45 @@ mod tests {
         }
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
         assert_eq!(std::fs::read(logs.join("web.stdout.0")).unwrap(), b"zero\n");
+    }
+
+    #[test]
+    fn a_planted_name_at_the_largest_index_cannot_overflow_the_numbering() {
+        use std::os::unix::fs::symlink;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::write(logs.join("web.stdout.4"), b"four\n").unwrap();
+        // What the task plants: names at indices no rotation ever reaches.
+        symlink("/nowhere", logs.join(format!("web.stdout.{}", u64::MAX))).unwrap();
+        symlink(
+            "/nowhere",
+            logs.join(format!("web.stdout.{}", MAX_INDEX + 1)),
+        )
+        .unwrap();
+        assert_eq!(
+            parse_index(&format!("web.stdout.{}", u64::MAX), &task(), Stream::Stdout),
+            None
+        );
+        assert_eq!(
+            parse_index(&format!("web.stdout.{MAX_INDEX}"), &task(), Stream::Stdout),
+            Some(MAX_INDEX)
+        );
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!(r.index(), 4);
+        put(&mut r, b"more\n");
+        assert_eq!(
+            std::fs::read(logs.join("web.stdout.4")).unwrap(),
+            b"four\nmore\n"
+        );
+        // One index below the bound: the next file goes past it, no wrap.
+        symlink(
+            "/nowhere",
+            logs.join(format!("web.stdout.{}", MAX_INDEX - 1)),
+        )
+        .unwrap();
+        let r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!(r.index(), MAX_INDEX);
     }
 
     #[test]

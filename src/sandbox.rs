@@ -44,8 +44,9 @@
 //!      second line. Dropping this rule makes the perimeter the log
 //!      directory alone, and a deleted log directory then falls into the
 //!      write-error policy instead of being recreated;
-//!    - in the socket's directory when it is not the log directory: remove
-//!      a file (the socket is unlinked at stop);
+//!    - in the socket's directory when logmon bound the socket there and
+//!      it is not the log directory (its descriptor opened at start, never
+//!      the path): remove a file (the socket is unlinked at stop);
 //!    - `/dev/null`: write (capture discards peeked copies into it and the
 //!      ready line replaces stdout with it);
 //!    - `/proc/sys/fs/pipe-max-size`: read (each stream's scratch pipe is
@@ -103,7 +104,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -263,10 +264,12 @@ impl<'a> Policy<'a> {
         self
     }
 
-    /// `run`'s policy: the log directory and its parent (by the
-    /// descriptors opened at start), the socket's directory when elsewhere
-    /// (to unlink the socket at stop), `/dev/null`, `pipe-max-size`.
-    pub fn run(log_dir: &'a Dir, socket: &Path) -> Self {
+    /// `run`'s policy: the log directory and its parent, the directory of
+    /// the socket logmon bound when elsewhere (to unlink the socket at
+    /// stop), all by the descriptors opened at start (the task may have
+    /// swapped their paths for symlinks since), `/dev/null`,
+    /// `pipe-max-size`.
+    pub fn run(log_dir: &'a Dir, socket_dir: Option<&'a Dir>) -> Self {
         let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
         if let Some(parent) = log_dir.parent_fd() {
             // Never the whole file system: a log directory right under `/`
@@ -285,18 +288,16 @@ impl<'a> Policy<'a> {
         p = p
             .path("/dev/null", Grant::WriteFile)
             .path("/proc/sys/fs/pipe-max-size", Grant::ReadFile);
-        let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
-        if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if abs(dir) != abs(log_dir.path()) {
-                p = p.path(dir, Grant::RemoveFiles);
-            }
+        if let Some(dir) = socket_dir.filter(|d| d.id() != log_dir.id()) {
+            p = p.fd(dir.fd(), Grant::RemoveFiles);
         }
         p
     }
 
-    /// `logs`' policy: read the log directory, nothing else.
-    pub fn logs(log_dir: &Path) -> Self {
-        Policy::new(Profile::Logs).path(log_dir, Grant::ReadOnly)
+    /// `logs`' policy: read the log directory (the one open as `log_dir`,
+    /// never re-resolved from its path), nothing else.
+    pub fn logs(log_dir: &'a Dir) -> Self {
+        Policy::new(Profile::Logs).fd(log_dir.fd(), Grant::ReadOnly)
     }
 }
 
@@ -741,14 +742,38 @@ mod tests {
     }
 
     #[test]
-    fn the_socket_directory_gets_a_rule_only_when_it_is_elsewhere() {
+    fn rules_come_from_the_descriptors_opened_at_start() {
+        use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
         let dir = Dir::open(d.path()).unwrap();
-        let same = Policy::run(&dir, &d.path().join("x.sock"));
+        let again = Dir::open(d.path()).unwrap();
+        let same = Policy::run(&dir, Some(&again));
         assert_eq!(same.rules.len(), 4);
         assert_eq!(same.rules[1].1, Grant::LogDirParent);
-        let other = Policy::run(&dir, Path::new("/run/x/x.sock"));
+        let s = tempfile::tempdir().unwrap();
+        let sock = Dir::open(s.path()).unwrap();
+        // The task swaps the socket directory's path for a symlink before
+        // logmon confines itself: the rule is still on the directory
+        // opened at start, never on where the path leads now.
+        let moved = s.path().with_extension("moved");
+        std::fs::rename(s.path(), &moved).unwrap();
+        std::os::unix::fs::symlink("/etc", s.path()).unwrap();
+        let other = Policy::run(&dir, Some(&sock));
         assert_eq!(other.rules.len(), 5);
         assert_eq!(other.rules[4].1, Grant::RemoveFiles);
+        assert!(
+            matches!(other.rules[4].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
+            "{:?}",
+            other.rules[4].0
+        );
+        // `logs` too: the directory it opened, not where its path leads.
+        let logs = Policy::logs(&sock);
+        assert!(
+            matches!(logs.rules[..], [(Target::Fd(fd), Grant::ReadOnly)] if fd.as_raw_fd() == sock.fd().as_raw_fd()),
+            "{:?}",
+            logs.rules
+        );
+        std::fs::remove_file(s.path()).unwrap();
+        std::fs::rename(&moved, s.path()).unwrap();
     }
 }

@@ -21,7 +21,9 @@
 //! - the rarely taken paths of a confined daemon lose no line and leave no
 //!   "Function not implemented" / "Permission denied" in its log: disk full
 //!   (RLIMIT_FSIZE) under `block` and `drop`, a vanished active file,
-//!   Reopen, rotation with purge, SIGTERM drain (`rare_paths_*`).
+//!   Reopen, rotation with purge, SIGTERM drain (`rare_paths_*`), and a
+//!   socket in a directory of its own unlinked at stop
+//!   (`a_socket_in_another_directory_is_removed_at_stop`).
 
 mod common;
 
@@ -79,6 +81,10 @@ fn main() {
         (
             "rare_paths_rotation_purge_and_sigterm_drain",
             rare_paths_rotation_purge_and_sigterm_drain,
+        ),
+        (
+            "a_socket_in_another_directory_is_removed_at_stop",
+            a_socket_in_another_directory_is_removed_at_stop,
         ),
     ];
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -383,8 +389,7 @@ fn probe_child(inside: &Path) {
     )
     .unwrap();
     let dir = logmon::dir::Dir::open(inside).unwrap();
-    let status =
-        logmon::sandbox::confine(&logmon::sandbox::Policy::run(&dir, &inside.join("t.sock")));
+    let status = logmon::sandbox::confine(&logmon::sandbox::Policy::run(&dir, Some(&dir)));
     println!("status={}", serde_json::to_string(&status).unwrap());
     let report = |name: &str, r: std::io::Result<()>| match r {
         Ok(()) => println!("{name}=ok"),
@@ -769,4 +774,22 @@ fn rare_paths_rotation_purge_and_sigterm_drain() {
     let first: u64 = std::str::from_utf8(&all[5..14]).unwrap().parse().unwrap();
     assert!(first > 0, "nothing was purged");
     assert_numbered(&all, first, 1000);
+}
+
+/// The control socket in a directory of its own is unlinked at stop by a
+/// confined daemon (its directory's Landlock rule comes from the
+/// descriptor opened at start).
+fn a_socket_in_another_directory_is_removed_at_stop() {
+    // Neither beneath the log directory nor beneath its parent (which has
+    // a rule of its own).
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let s = tempfile::tempdir().unwrap();
+    let sock = s.path().join("w.sock");
+    let dm = Daemon::start(&logs, "w", &["--socket", sock.to_str().unwrap()]);
+    assert!(sock.exists());
+    dm.signal(Signal::SIGTERM);
+    assert_eq!(dm.wait(), Some(0));
+    assert!(!sock.exists(), "socket left behind after stop");
 }

@@ -18,6 +18,7 @@
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -26,7 +27,7 @@ use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Stream;
-use crate::follow::{Event, FollowError, Follower, Options, Start};
+use crate::follow::{open_log_dir, Event, FollowError, Follower, Options, Start};
 
 use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_USAGE};
 
@@ -46,14 +47,17 @@ pub fn run(a: &LogsArgs) -> CliResult {
         start,
         follow: a.follow,
     };
-    // Before the runtime and the `notify` thread exist (DESIGN.md §10).
-    crate::sandbox::confine(&crate::sandbox::Policy::logs(&a.log_dir));
+    // The one walk of the path; confined to that very directory (not to
+    // whatever the path names by then), before the runtime and the
+    // `notify` thread exist (DESIGN.md §9, §10).
+    let dir = Arc::new(open_log_dir(&a.log_dir).map_err(cli_error)?);
+    crate::sandbox::confine(&crate::sandbox::Policy::logs(&dir));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
     rt.block_on(async {
-        let follower = Follower::open(&a.log_dir, &a.task, stream, opts).map_err(cli_error)?;
+        let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
         pump(follower).await
     })
 }

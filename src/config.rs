@@ -34,6 +34,14 @@ pub enum ConfigError {
         /// The rejected text.
         input: String,
     },
+    /// A `--meta KEY=VALUE` pair cannot be used.
+    #[error("invalid metadata {pair:?}: {why}")]
+    InvalidMeta {
+        /// The rejected pair.
+        pair: String,
+        /// Why it was rejected.
+        why: &'static str,
+    },
     /// A numeric limit is out of range.
     #[error("invalid {what}: {why}")]
     OutOfRange {

@@ -39,6 +39,8 @@ pub mod dir;
 pub mod fifo;
 pub mod follow;
 pub mod hook;
+pub mod index;
+pub mod meta;
 pub mod process;
 pub mod protocol;
 pub mod rotate;

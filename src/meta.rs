@@ -1,0 +1,252 @@
+//! Task metadata (DESIGN.md §11): `--meta KEY=VALUE` pairs an agent
+//! attaches to a task (namespace, job, group, alloc id, node…), shown in
+//! `status`, carried by `logs --format json` and by the shipper, and kept
+//! by `ensure` across relaunches.
+//!
+//! Validated before anything is started ([`Meta::insert`]): keys are
+//! 1–64 bytes of `[A-Za-z0-9_.-]` (so they can become header names such as
+//! `Logmon-Meta-<key>` and subject tokens); values are UTF-8 without control
+//! characters, at most 1 KiB; at most 32 pairs. Kept in the log directory
+//! as `.<task>.logmon.meta` (JSON), written atomically by the daemon
+//! through the directory handle. That file is for readers only: it sits in
+//! a directory the task can write, so logmon never takes metadata *from*
+//! it; the agent's copy lives in its state file.
+//!
+//! Tests: the unit tests below.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use crate::config::{ConfigError, TaskName};
+use crate::dir::{Claim, Dir};
+
+/// Most pairs per task.
+pub const MAX_PAIRS: usize = 32;
+/// Longest key, in bytes.
+pub const MAX_KEY: usize = 64;
+/// Longest value, in bytes.
+pub const MAX_VALUE: usize = 1024;
+
+/// `.<task>.logmon.meta`: the readers' copy of a task's metadata.
+pub fn file_name(task: &TaskName) -> String {
+    format!(".{}.logmon.meta", task.as_str())
+}
+
+/// A task's metadata: validated keys and values, in key order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    try_from = "BTreeMap<String, String>",
+    into = "BTreeMap<String, String>"
+)]
+pub struct Meta(BTreeMap<String, String>);
+
+impl Meta {
+    /// No metadata.
+    pub fn new() -> Meta {
+        Meta::default()
+    }
+
+    /// Adds `key = value` after validating both; a repeated key keeps the
+    /// last value.
+    pub fn insert(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let bad = |why: &'static str| ConfigError::InvalidMeta {
+            pair: format!("{key}={value}"),
+            why,
+        };
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(bad("the key must be 1 to 64 bytes"));
+        }
+        if !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            return Err(bad(
+                "the key may hold only letters, digits, '_', '-' and '.'",
+            ));
+        }
+        if value.len() > MAX_VALUE {
+            return Err(bad("the value must be at most 1024 bytes"));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(bad("the value must not contain control characters"));
+        }
+        if !self.0.contains_key(key) && self.0.len() >= MAX_PAIRS {
+            return Err(bad("at most 32 metadata pairs per task"));
+        }
+        self.0.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
+
+    /// Parses one `KEY=VALUE` argument into this set.
+    pub fn insert_pair(&mut self, pair: &str) -> Result<(), ConfigError> {
+        match pair.split_once('=') {
+            Some((k, v)) => self.insert(k, v),
+            None => Err(ConfigError::InvalidMeta {
+                pair: pair.to_owned(),
+                why: "expected KEY=VALUE",
+            }),
+        }
+    }
+
+    /// The pairs, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Whether there is no metadata.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The pairs as a map (for JSON output).
+    pub fn as_map(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+}
+
+impl TryFrom<BTreeMap<String, String>> for Meta {
+    type Error = ConfigError;
+    fn try_from(map: BTreeMap<String, String>) -> Result<Meta, ConfigError> {
+        let mut m = Meta::new();
+        for (k, v) in &map {
+            m.insert(k, v)?;
+        }
+        Ok(m)
+    }
+}
+
+impl From<Meta> for BTreeMap<String, String> {
+    fn from(m: Meta) -> Self {
+        m.0
+    }
+}
+
+/// Writes `meta` as the readers' copy of `task`'s metadata: a temp name
+/// created `O_EXCL` (a planted name is removed, never followed), fsynced,
+/// renamed over `.<task>.logmon.meta` within the directory.
+pub fn store(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = file_name(task);
+    let tmp = format!("{name}.tmp.{}", std::process::id());
+    let json = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    let mut file = match dir.create_own(&tmp, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))? {
+        Claim::Created { file, .. } => file,
+        Claim::Occupied { by, .. } => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} is taken by a {by}", dir.display(&tmp).display()),
+            ))
+        }
+    };
+    let written = file
+        .write_all(&json)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| dir.rename(&tmp, &name));
+    if written.is_err() {
+        let _ = dir.remove(&tmp);
+    }
+    written
+}
+
+/// Reads the readers' copy of `task`'s metadata. Only a regular file with
+/// one link owned by root or by the caller's euid is trusted (a task
+/// cannot forge one: its files have its own uid); anything else, a missing
+/// file or one that does not validate is `None`.
+pub fn load(dir: &Dir, task: &TaskName) -> Option<Meta> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut file = dir
+        .open_at(
+            file_name(task),
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        )
+        .ok()?;
+    let m = file.metadata().ok()?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if !m.is_file() || m.nlink() != 1 || (m.uid() != 0 && m.uid() != euid) || m.len() > 64 * 1024 {
+        return None;
+    }
+    let mut s = String::new();
+    file.read_to_string(&mut s).ok()?;
+    serde_json::from_str(&s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_pairs_are_kept_in_key_order_and_the_last_value_wins() {
+        let mut m = Meta::new();
+        for p in ["job=web", "namespace=prod", "alloc_id=9f-3", "job=api"] {
+            m.insert_pair(p).unwrap();
+        }
+        let pairs: Vec<_> = m.iter().collect();
+        assert_eq!(
+            pairs,
+            vec![("alloc_id", "9f-3"), ("job", "api"), ("namespace", "prod")]
+        );
+        assert_eq!(m.insert_pair("empty="), Ok(()));
+        assert_eq!(m.get("empty"), Some(""));
+    }
+
+    #[test]
+    fn bad_pairs_are_named_errors() {
+        let mut m = Meta::new();
+        for bad in [
+            "novalue",
+            "=x",
+            "a b=x",
+            "a/b=x",
+            "k=line\nbreak",
+            "k=\u{1b}[31m",
+        ] {
+            let e = m.insert_pair(bad).unwrap_err();
+            assert!(e.to_string().contains("metadata"), "{bad:?}: {e}");
+        }
+        assert!(m.insert_pair(&format!("k={}", "x".repeat(1025))).is_err());
+        assert!(m.insert_pair(&format!("{}=v", "k".repeat(65))).is_err());
+        for i in 0..MAX_PAIRS {
+            m.insert_pair(&format!("k{i}=v")).unwrap();
+        }
+        assert!(m.insert_pair("one_more=v").is_err());
+    }
+
+    #[test]
+    fn json_round_trip_validates() {
+        let mut m = Meta::new();
+        m.insert("job", "web").unwrap();
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(s, r#"{"job":"web"}"#);
+        assert_eq!(serde_json::from_str::<Meta>(&s).unwrap(), m);
+        assert!(serde_json::from_str::<Meta>(r#"{"a b":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn store_then_load_through_the_directory_handle() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let task = TaskName::new("web").unwrap();
+        assert_eq!(load(&dir, &task), None);
+        let mut m = Meta::new();
+        m.insert("job", "web").unwrap();
+        // A symlink planted at the name is replaced, never followed.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join(file_name(&task))).unwrap();
+        assert_eq!(load(&dir, &task), None);
+        store(&dir, &task, &m).unwrap();
+        assert_eq!(load(&dir, &task), Some(m));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+}

@@ -507,7 +507,7 @@ summarize() {
     }
     # Before/after: logmon (this tree) against logmon-base (LOGMON_BASE), run
     # interleaved in the same repetitions; every repetition shown for the spread.
-    function cmp_base(    m, ka, kb, i, q, nm, lbl, agg, va, vb, a, b) {
+    function cmp_base(    m, ka, kb, i, q, nm, lbl, agg, va, vb, a, b, f) {
         nb = 0
         for (m = 1; m <= NM; m++) if ((MO[m] SUBSEP "logmon") in HAVE && (MO[m] SUBSEP "logmon-base") in HAVE) nb++
         if (nb == 0) return
@@ -521,8 +521,8 @@ summarize() {
             if (!(ka in HAVE) || !(kb in HAVE)) continue
             for (i = 1; i <= 4; i++) {
                 va = V[ka SUBSEP q[i]]; vb = V[kb SUBSEP q[i]]
-                if (q[i] == "r") { a = mx(va); b = mx(vb) } else { a = med(va); b = med(vb) }
-                printf "| %s | %s | %s (%s) | %s (%s) | %s |\n", MO[m], lbl[i], a, va, b, vb, (b + 0 > 0 ? sprintf("%.3f", a / b) : "n/a")
+                if (q[i] == "r") { a = mx(va); b = mx(vb); f = "%d" } else { a = med(va); b = med(vb); f = (q[i] == "c" ? "%.3f" : "%.1f") }
+                printf "| %s | %s | " f " (%s) | " f " (%s) | %s |\n", MO[m], lbl[i], a, va, b, vb, (b + 0 > 0 ? sprintf("%.3f", a / b) : "n/a")
             }
             printf "| %s | verdicts | %s | %s | |\n", MO[m], verd(ka), verd(kb)
         }

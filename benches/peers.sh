@@ -513,8 +513,8 @@ summarize() {
         if (nb == 0) return
         print "## before / after: logmon (after) vs logmon-base (before), same run, interleaved"
         print ""
-        print "| mode | measure | after: logmon, per rep | before: logmon-base, per rep | after / before |"
-        print "|---|---|---|---|---|"
+        print "| mode | measure | after: logmon, per rep | before: logmon-base, per rep | after / before | paired: per-rep ratio, median (min-max) |"
+        print "|---|---|---|---|---|---|"
         split("w c r d", q, " "); split("write MB/s (median)|CPU s/GB (median)|peak RSS KiB (max)|drain MB/s (median)", lbl, "|")
         for (m = 1; m <= NM; m++) {
             ka = MO[m] SUBSEP "logmon"; kb = MO[m] SUBSEP "logmon-base"
@@ -522,11 +522,20 @@ summarize() {
             for (i = 1; i <= 4; i++) {
                 va = V[ka SUBSEP q[i]]; vb = V[kb SUBSEP q[i]]
                 if (q[i] == "r") { a = mx(va); b = mx(vb); f = "%d" } else { a = med(va); b = med(vb); f = (q[i] == "c" ? "%.3f" : "%.1f") }
-                printf "| %s | %s | " f " (%s) | " f " (%s) | %s |\n", MO[m], lbl[i], a, va, b, vb, (b + 0 > 0 ? sprintf("%.3f", a / b) : "n/a")
+                printf "| %s | %s | " f " (%s) | " f " (%s) | %s | %s |\n", MO[m], lbl[i], a, va, b, vb, (b + 0 > 0 ? sprintf("%.3f", a / b) : "n/a"), paired(va, vb)
             }
-            printf "| %s | verdicts | %s | %s | |\n", MO[m], verd(ka), verd(kb)
+            printf "| %s | verdicts | %s | %s | | |\n", MO[m], verd(ka), verd(kb)
         }
         print ""
+    }
+    # The two run back to back in each repetition, so the ratio within a
+    # repetition cancels most of the drift that the machine adds between them.
+    function paired(va, vb,    n, x, y, i, r) {
+        n = split(va, x, " ")
+        if (n != split(vb, y, " ")) return "n/a"
+        r = ""
+        for (i = 1; i <= n; i++) { if (y[i] + 0 == 0) return "n/a"; r = r (r == "" ? "" : " ") x[i] / y[i] }
+        return sprintf("%.3f (%.3f-%.3f)", med(r), mn(r), mx(r))
     }
     function tgt(a, b, what, op, goal,    r, ok) {
         if (a == "" || b == "" || b + 0 == 0) { printf "| %s | n/a (not measured) | %s %s | - |\n", what, op, goal; return }

@@ -30,6 +30,14 @@
 # Targets (performance issue): launch-to-ready <= 5 ms median; summed PSS of
 # 1,000 instances <= 1 GiB; 0 wakeups when idle; each still captures; all
 # stopped cleanly.  The machine's load skews latencies: run it quiet.
+#
+# Before/after: with LOGMON_BASE=/path/to/an/older/logmon, N instances of
+# each binary are measured in the same invocation, interleaved: launches and
+# run samples alternate between the two (order swapped every round), one idle
+# window counts both, capture and stop check both (each stopped by its own
+# binary).  PSS is comparable: each binary's pages are shared among its own N.
+# The report gives a table per binary and the ratio logmon / logmon-base.
+# Unset, nothing changes.
 # Everything started is stopped and the temp dir removed on exit.
 set -euo pipefail
 
@@ -48,6 +56,8 @@ usage: $0 [-n N] [-i SECS] [-c K] [-s M] [-k]
   -c K     instances whose capture is checked (default: all)
   -s M     exec-to-ready samples of 'logmon run' (default: min(N, 100))
   -k       keep the temp dir (logs, states) for inspection
+env LOGMON_BASE=BINARY also runs N instances of that (older) logmon, interleaved,
+         and reports logmon / logmon-base
 EOF
     exit 2
 }
@@ -66,7 +76,7 @@ say() { echo "footprint.sh: $*" >&2; }
 
 # ---- cleanup: every instance we launched, then the temp dir -----------------
 TMP=
-declare -a PID START
+declare -a PID START VAR JJ # per instance: pid, start time, binary (variant), index within it
 cleanup() {
     set +e
     local k left=0
@@ -112,14 +122,18 @@ zombie() { # zombie K: exited, still waiting for PID 1 to reap it
 }
 
 # ---- limits --------------------------------------------------------------
-need=$((N * 16 + 256))
+LOGMON_BASE=${LOGMON_BASE:-}
+VARS=(logmon)
+[ -z "$LOGMON_BASE" ] || VARS+=(logmon-base)
+NV=${#VARS[@]}
+need=$((N * NV * 16 + 256))
 soft=$(ulimit -Sn); hard=$(ulimit -Hn)
 if [ "$soft" != unlimited ] && ((soft < need)); then
     if [ "$hard" = unlimited ] || ((hard >= need)); then ulimit -n "$need"; else ulimit -n "$hard"; fi
 fi
 say "ulimit -n: $(ulimit -Sn) (was $soft; each instance holds ~12 fds of its own, inherited limit)"
 uproc=$(ulimit -u)
-[ "$uproc" = unlimited ] || ((uproc > N + 200)) || die "ulimit -u is $uproc: too low for $N instances"
+[ "$uproc" = unlimited ] || ((uproc > N * NV + 200)) || die "ulimit -u is $uproc: too low for $N instances"
 if [ "$(id -u)" != 0 ]; then
     say "note: not root: /proc/sys/fs/pipe-user-pages-soft=$(cat /proc/sys/fs/pipe-user-pages-soft) pages caps this user's pipes;" \
         "past it logmon keeps 4 KiB..64 KiB pipes (it warns in each .tK.logmon.log)"
@@ -132,6 +146,14 @@ say "building logmon (cargo build --release)"
 # The build target is pinned in .cargo/config.toml (static link).
 LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
+declare -A BIN=([logmon]=$LOGMON)
+if [ -n "$LOGMON_BASE" ]; then
+    LOGMON_BASE=$(readlink -f "$LOGMON_BASE")
+    [ -x "$LOGMON_BASE" ] || die "LOGMON_BASE: no executable at $LOGMON_BASE"
+    BIN[logmon-base]=$LOGMON_BASE
+fi
+# round J's order of the variants: rotated each round, so drift hits both alike
+order() { local j=$1 i; for ((i = 0; i < NV; i++)); do echo "${VARS[$(((i + j - 1) % NV))]}"; done; }
 TMP=$(mktemp -d /tmp/logmon-fp.XXXXXX)
 gcc -O2 -Wall -Wextra -o "$TMP/timecmd" "$ROOT/benches/tools/timecmd.c" || die "compiling timecmd.c failed"
 
@@ -146,59 +168,71 @@ ms() { awk -v u="$1" 'BEGIN { if (u == "-") print "-"; else printf "%.2f", u / 1
 
 # ---- 1. launch ---------------------------------------------------------------
 cat >&2 <<EOF
-footprint.sh: $N instances x 2 FIFOs under $TMP; load $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs
+footprint.sh: $N instances x 2 FIFOs (x ${VARS[*]}) under $TMP; load $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs
 EOF
-: >"$TMP/launch_ready.us"; : >"$TMP/launch_exit.us"
+[ -z "$LOGMON_BASE" ] || say "logmon: $LOGMON; logmon-base: $LOGMON_BASE"
+declare -A FAILS=()
+for v in "${VARS[@]}"; do : >"$TMP/$v.launch_ready.us"; : >"$TMP/$v.launch_exit.us"; FAILS[$v]=0; done
 T0=$SECONDS
 fails=0
-for ((k = 1; k <= N; k++)); do
-    d=$TMP/i$k
-    mkdir "$d"
-    if ! "$TMP/timecmd" wait -- "$LOGMON" launch --task "t$k" --log-dir "$d" >"$d/state.json" 2>"$d/launch.err"; then
-        fails=$((fails + 1))
-        say "launch $k failed: $(tail -3 "$d/launch.err" | tr '\n' ' ')"
-        ((fails < 5)) || die "too many launch failures"
-        continue
-    fi
-    t=$(grep -o 'ready_us=[0-9]* exit_us=[0-9]*' "$d/launch.err" | tail -1)
-    [[ $t =~ ready_us=([0-9]+)\ exit_us=([0-9]+) ]] || die "launch $k: no timing in $d/launch.err"
-    echo "${BASH_REMATCH[1]}" >>"$TMP/launch_ready.us"
-    echo "${BASH_REMATCH[2]}" >>"$TMP/launch_exit.us"
-    json=$(<"$d/state.json")
-    [[ $json =~ \"pid\":([0-9]+) ]] || die "launch $k: no pid in $(head -c 300 "$d/state.json")"
-    PID[$k]=${BASH_REMATCH[1]}
-    [[ $json =~ \"start_time\":([0-9]+) ]] || die "launch $k: no start_time in the ready line"
-    START[$k]=${BASH_REMATCH[1]}
-    ((k % 100 != 0)) || say "  launched $k/$N ($((SECONDS - T0)) s)"
+k=0
+for ((j = 1; j <= N; j++)); do
+    for v in $(order "$j"); do
+        k=$((k + 1))
+        VAR[$k]=$v JJ[$k]=$j
+        d=$TMP/i$k
+        mkdir "$d"
+        if ! "$TMP/timecmd" wait -- "${BIN[$v]}" launch --task "t$k" --log-dir "$d" >"$d/state.json" 2>"$d/launch.err"; then
+            fails=$((fails + 1)) FAILS[$v]=$((FAILS[$v] + 1))
+            say "launch $k ($v) failed: $(tail -3 "$d/launch.err" | tr '\n' ' ')"
+            ((fails < 5)) || die "too many launch failures"
+            continue
+        fi
+        t=$(grep -o 'ready_us=[0-9]* exit_us=[0-9]*' "$d/launch.err" | tail -1)
+        [[ $t =~ ready_us=([0-9]+)\ exit_us=([0-9]+) ]] || die "launch $k: no timing in $d/launch.err"
+        echo "${BASH_REMATCH[1]}" >>"$TMP/$v.launch_ready.us"
+        echo "${BASH_REMATCH[2]}" >>"$TMP/$v.launch_exit.us"
+        json=$(<"$d/state.json")
+        [[ $json =~ \"pid\":([0-9]+) ]] || die "launch $k: no pid in $(head -c 300 "$d/state.json")"
+        PID[$k]=${BASH_REMATCH[1]}
+        [[ $json =~ \"start_time\":([0-9]+) ]] || die "launch $k: no start_time in the ready line"
+        START[$k]=${BASH_REMATCH[1]}
+    done
+    ((j % 100 != 0)) || say "  launched $j/$N ($((SECONDS - T0)) s)"
 done
+TOT=$k
 LAUNCHED=${#PID[@]}
-say "launched $LAUNCHED/$N in $((SECONDS - T0)) s ($fails failed)"
-read -r LR50 LR90 LR99 LRMAX <<<"$(pct "$TMP/launch_ready.us")"
-read -r LE50 LE90 LE99 LEMAX <<<"$(pct "$TMP/launch_exit.us")"
+say "launched $LAUNCHED/$TOT in $((SECONDS - T0)) s ($fails failed)"
 
 # ---- 2. exec-to-ready of `run` --------------------------------------------------
-: >"$TMP/run_ready.us"; : >"$TMP/run_stop.us"
-for ((k = 1; k <= SAMPLES; k++)); do
-    d=$TMP/r$k
-    mkdir "$d"
-    if "$TMP/timecmd" term -- "$LOGMON" run --task "r$k" --log-dir "$d" >/dev/null 2>"$d/run.err"; then
-        t=$(grep -o 'ready_us=[0-9]* exit_us=[0-9]*' "$d/run.err" | tail -1)
-        [[ $t =~ ready_us=([0-9]+)\ exit_us=([0-9]+) ]] || continue
-        echo "${BASH_REMATCH[1]}" >>"$TMP/run_ready.us"
-        echo $((BASH_REMATCH[2] - BASH_REMATCH[1])) >>"$TMP/run_stop.us"
-    else
-        say "run sample $k failed: $(tail -2 "$d/run.err" | tr '\n' ' ')"
-    fi
-    rm -rf "$d"
+for v in "${VARS[@]}"; do : >"$TMP/$v.run_ready.us"; : >"$TMP/$v.run_stop.us"; done
+k=0
+for ((j = 1; j <= SAMPLES; j++)); do
+    for v in $(order "$j"); do
+        k=$((k + 1))
+        d=$TMP/r$k
+        mkdir "$d"
+        if "$TMP/timecmd" term -- "${BIN[$v]}" run --task "r$k" --log-dir "$d" >/dev/null 2>"$d/run.err"; then
+            t=$(grep -o 'ready_us=[0-9]* exit_us=[0-9]*' "$d/run.err" | tail -1)
+            [[ $t =~ ready_us=([0-9]+)\ exit_us=([0-9]+) ]] || continue
+            echo "${BASH_REMATCH[1]}" >>"$TMP/$v.run_ready.us"
+            echo $((BASH_REMATCH[2] - BASH_REMATCH[1])) >>"$TMP/$v.run_stop.us"
+        else
+            say "run sample $k ($v) failed: $(tail -2 "$d/run.err" | tr '\n' ' ')"
+        fi
+        rm -rf "$d"
+    done
 done
-read -r RR50 RR90 RR99 RRMAX <<<"$(pct "$TMP/run_ready.us")"
-read -r RS50 RS90 RS99 RSMAX <<<"$(pct "$TMP/run_stop.us")"
 
 # ---- 3./4. memory and idle wakeups ---------------------------------------------
-live_pids() { local k; for ((k = 1; k <= N; k++)); do alive "$k" && echo "${PID[$k]}"; done; return 0; }
-mem() { # prints "sum_pss_kib n pss_min pss_med pss_max rss_med priv_med threads_total anon_med" (KiB)
+live_pids() { # live_pids VARIANT
+    local k
+    for ((k = 1; k <= TOT; k++)); do [ "${VAR[$k]}" = "$1" ] && alive "$k" && echo "${PID[$k]}"; done
+    return 0
+}
+mem() { # mem VARIANT: "sum_pss_kib n pss_min pss_med pss_max rss_med priv_med threads_total anon_med" (KiB)
     local -a files=() pids
-    mapfile -t pids < <(live_pids)
+    mapfile -t pids < <(live_pids "$1")
     local p
     for p in "${pids[@]}"; do files+=("/proc/$p/smaps_rollup"); done
     [ ${#files[@]} -gt 0 ] || { echo "0 0 0 0 0 0 0 0 0"; return; }
@@ -217,9 +251,9 @@ mem() { # prints "sum_pss_kib n pss_min pss_med pss_max rss_med priv_med threads
         END { mn = mx = pss[1]; for (i = 2; i <= n; i++) { if (pss[i] < mn) mn = pss[i]; if (pss[i] > mx) mx = pss[i] }
               printf "%d %d %d %d %d %d %d %d %d\n", sum, n, mn, med(pss), mx, med(rss), med(priv), th, med(anon) }' "${files[@]}" 2>/dev/null
 }
-switches() { # sum of voluntary / nonvoluntary switches and utime+stime ticks, per pid
+switches() { # switches VARIANT: voluntary / nonvoluntary switches and utime+stime ticks, per pid
     local p
-    for p in $(live_pids); do
+    for p in $(live_pids "$1"); do
         awk -v p="$p" '/^voluntary_ctxt_switches/ { v += $2 } /^nonvoluntary_ctxt_switches/ { nv += $2 }
             END { printf "%s %d %d", p, v, nv }' /proc/"$p"/task/*/status 2>/dev/null || continue
         { read -r st <"/proc/$p/stat"; } 2>/dev/null || continue
@@ -230,18 +264,27 @@ switches() { # sum of voluntary / nonvoluntary switches and utime+stime ticks, p
 }
 
 sleep 1
-read -r PSS1 NP1 PMIN1 PMED1 PMAX1 RSSMED1 PRIVMED1 THREADS1 ANON1 <<<"$(mem)"
-say "memory after launch: summed PSS $((PSS1 / 1024)) MiB over $NP1 instances; idle window ${IDLE}s starts"
-switches >"$TMP/sw.before"
+declare -A MEM1 MEM2 WAKE
+for v in "${VARS[@]}"; do
+    MEM1[$v]=$(mem "$v")
+    read -r PSS1 NP1 _ <<<"${MEM1[$v]}"
+    say "memory after launch ($v): summed PSS $((PSS1 / 1024)) MiB over $NP1 instances"
+done
+say "idle window ${IDLE}s starts"
+for v in "${VARS[@]}"; do switches "$v" >"$TMP/$v.sw.before"; done
 sleep "$IDLE"
-switches >"$TMP/sw.after"
-read -r WAKE_V WAKE_NV WAKE_TICKS WOKEN <<<"$(awk 'NR == FNR { v[$1] = $2; nv[$1] = $3; t[$1] = $4; next }
+for v in "${VARS[@]}"; do switches "$v" >"$TMP/$v.sw.after"; done
+for v in "${VARS[@]}"; do
+    WAKE[$v]=$(awk 'NR == FNR { v[$1] = $2; nv[$1] = $3; t[$1] = $4; next }
     ($1 in v) { dv = $2 - v[$1]; dn = $3 - nv[$1]; dt = $4 - t[$1]; V += dv; NV += dn; T += dt; if (dv + dn > 0) W++ }
-    END { printf "%d %d %d %d\n", V, NV, T, W }' "$TMP/sw.before" "$TMP/sw.after")"
-say "idle: $WAKE_V voluntary + $WAKE_NV involuntary switches, $WAKE_TICKS CPU ticks, $WOKEN instance(s) woke in ${IDLE}s"
+    END { printf "%d %d %d %d\n", V, NV, T, W }' "$TMP/$v.sw.before" "$TMP/$v.sw.after")
+    read -r WAKE_V WAKE_NV WAKE_TICKS WOKEN <<<"${WAKE[$v]}"
+    say "idle ($v): $WAKE_V voluntary + $WAKE_NV involuntary switches, $WAKE_TICKS CPU ticks, $WOKEN instance(s) woke in ${IDLE}s"
+done
 
 # ---- 5. capture check --------------------------------------------------------------
-for ((k = 1; k <= CHECK; k++)); do
+for ((k = 1; k <= TOT; k++)); do
+    ((JJ[k] <= CHECK)) || continue
     alive "$k" || continue
     d=$TMP/i$k
     printf 'footprint t%d stdout\n' "$k" 1<>"$d/.t$k.stdout.fifo"
@@ -253,12 +296,13 @@ landed() { # landed K: both lines are in the files
     { read -r l2 <"$d/t$1.stderr.0"; } 2>/dev/null || true
     [ "$l1" = "footprint t$1 stdout" ] && [ "$l2" = "footprint t$1 stderr" ]
 }
-OKCAP=0
+declare -A OKCAP=()
+for v in "${VARS[@]}"; do OKCAP[$v]=0; done
 declare -A PENDING=()
-for ((k = 1; k <= CHECK; k++)); do PENDING[$k]=1; done
+for ((k = 1; k <= TOT; k++)); do ((JJ[k] > CHECK)) || PENDING[$k]=1; done
 for _ in $(seq 100); do
     for k in "${!PENDING[@]}"; do
-        if landed "$k"; then unset "PENDING[$k]"; OKCAP=$((OKCAP + 1)); fi
+        if landed "$k"; then unset "PENDING[$k]"; OKCAP[${VAR[$k]}]=$((OKCAP[${VAR[$k]}] + 1)); fi
     done
     [ ${#PENDING[@]} -gt 0 ] || break
     sleep 0.1
@@ -266,38 +310,61 @@ done
 if [ ${#PENDING[@]} -gt 0 ]; then
     say "capture failed in ${#PENDING[@]} instance(s), e.g. $(printf 'i%s ' "${!PENDING[@]}" | cut -d' ' -f1-5)"
 fi
-say "capture: $OKCAP/$CHECK instances wrote both lines into their files"
-read -r PSS2 NP2 PMIN2 PMED2 PMAX2 RSSMED2 PRIVMED2 THREADS2 ANON2 <<<"$(mem)"
+for v in "${VARS[@]}"; do
+    say "capture ($v): ${OKCAP[$v]}/$CHECK instances wrote both lines into their files"
+    MEM2[$v]=$(mem "$v")
+done
 
 # ---- 6. stop -------------------------------------------------------------------------
-: >"$TMP/stop.us"
-STOPOK=0
+declare -A STOPOK=() NLAUNCHED=() LEFT=() SOCKS=() ZOMBIES=()
+for v in "${VARS[@]}"; do : >"$TMP/$v.stop.us"; STOPOK[$v]=0 NLAUNCHED[$v]=0 LEFT[$v]=0 SOCKS[$v]=0 ZOMBIES[$v]=0; done
 T0=$SECONDS
-for ((k = 1; k <= N; k++)); do
+for ((k = 1; k <= TOT; k++)); do
     [ -n "${PID[$k]:-}" ] || continue
-    d=$TMP/i$k
-    if "$TMP/timecmd" wait -- "$LOGMON" stop --state "$d/state.json" >/dev/null 2>"$d/stop.err"; then
-        STOPOK=$((STOPOK + 1))
+    v=${VAR[$k]} d=$TMP/i$k
+    NLAUNCHED[$v]=$((NLAUNCHED[$v] + 1))
+    if "$TMP/timecmd" wait -- "${BIN[$v]}" stop --state "$d/state.json" >/dev/null 2>"$d/stop.err"; then
+        STOPOK[$v]=$((STOPOK[$v] + 1))
         t=$(grep -o 'exit_us=[0-9]*' "$d/stop.err" | tail -1)
-        echo "${t#exit_us=}" >>"$TMP/stop.us"
+        echo "${t#exit_us=}" >>"$TMP/$v.stop.us"
     else
-        say "stop $k failed: $(grep -v '_us=' "$d/stop.err" | tail -2 | tr '\n' ' ')"
+        say "stop $k ($v) failed: $(grep -v '_us=' "$d/stop.err" | tail -2 | tr '\n' ' ')"
     fi
 done
-read -r ST50 ST90 ST99 STMAX <<<"$(pct "$TMP/stop.us")"
-LEFT=0; SOCKS=0; ZOMBIES=0
-for ((k = 1; k <= N; k++)); do
-    alive "$k" && LEFT=$((LEFT + 1))
-    zombie "$k" && ZOMBIES=$((ZOMBIES + 1))
-    [ -e "$TMP/i$k/.t$k.logmon.sock" ] && SOCKS=$((SOCKS + 1))
+for ((k = 1; k <= TOT; k++)); do
+    v=${VAR[$k]}
+    alive "$k" && LEFT[$v]=$((LEFT[$v] + 1))
+    zombie "$k" && ZOMBIES[$v]=$((ZOMBIES[$v] + 1))
+    [ -e "$TMP/i$k/.t$k.logmon.sock" ] && SOCKS[$v]=$((SOCKS[$v] + 1))
 done
-say "stopped $STOPOK/$LAUNCHED in $((SECONDS - T0)) s; $LEFT left alive, $SOCKS socket(s) left ($ZOMBIES exited but not yet reaped by PID 1)"
+for v in "${VARS[@]}"; do
+    say "stopped ($v) ${STOPOK[$v]}/${NLAUNCHED[$v]} in $((SECONDS - T0)) s; ${LEFT[$v]} left alive, ${SOCKS[$v]} socket(s) left (${ZOMBIES[$v]} exited but not yet reaped by PID 1)"
+done
 
 # ---- report ----------------------------------------------------------------------------
 verdict() { if eval "$1"; then echo PASS; else echo FAIL; fi; }
-cat <<EOF
+declare -A CMP=() # CMP[variant,measure] for the before/after table
+report() { # report VARIANT: the table of that binary's instances
+    local v=$1 title="" LR50 LR90 LR99 LRMAX LE50 LE90 LE99 LEMAX RR50 RR90 RR99 RRMAX RS50 RS90 RS99 RSMAX ST50 ST90 ST99 STMAX
+    local PSS1 NP1 PMIN1 PMED1 PMAX1 RSSMED1 PRIVMED1 THREADS1 ANON1 PSS2 NP2 PMIN2 PMED2 PMAX2 RSSMED2 PRIVMED2 THREADS2 ANON2
+    local WAKE_V WAKE_NV WAKE_TICKS WOKEN
+    local LAUNCHED=${NLAUNCHED[$v]} fails=${FAILS[$v]} OKCAP=${OKCAP[$v]} STOPOK=${STOPOK[$v]} LEFT=${LEFT[$v]} SOCKS=${SOCKS[$v]} ZOMBIES=${ZOMBIES[$v]}
+    read -r LR50 LR90 LR99 LRMAX <<<"$(pct "$TMP/$v.launch_ready.us")"
+    read -r LE50 LE90 LE99 LEMAX <<<"$(pct "$TMP/$v.launch_exit.us")"
+    read -r RR50 RR90 RR99 RRMAX <<<"$(pct "$TMP/$v.run_ready.us")"
+    read -r RS50 RS90 RS99 RSMAX <<<"$(pct "$TMP/$v.run_stop.us")"
+    read -r ST50 ST90 ST99 STMAX <<<"$(pct "$TMP/$v.stop.us")"
+    read -r PSS1 NP1 PMIN1 PMED1 PMAX1 RSSMED1 PRIVMED1 THREADS1 ANON1 <<<"${MEM1[$v]}"
+    read -r PSS2 NP2 PMIN2 PMED2 PMAX2 RSSMED2 PRIVMED2 THREADS2 ANON2 <<<"${MEM2[$v]}"
+    read -r WAKE_V WAKE_NV WAKE_TICKS WOKEN <<<"${WAKE[$v]}"
+    CMP[$v,le50]=$LE50 CMP[$v,le99]=$LE99 CMP[$v,lr50]=$LR50 CMP[$v,lr99]=$LR99 CMP[$v,rr50]=$RR50 CMP[$v,rr99]=$RR99
+    CMP[$v,rs50]=$RS50 CMP[$v,st50]=$ST50 CMP[$v,pss1]=$((NP1 > 0 ? PSS1 / NP1 : 0)) CMP[$v,pss2]=$((NP2 > 0 ? PSS2 / NP2 : 0))
+    CMP[$v,pmed1]=$PMED1 CMP[$v,rss1]=$RSSMED1 CMP[$v,priv1]=$PRIVMED1 CMP[$v,threads]=$THREADS1
+    CMP[$v,wake]="$WAKE_V / $WAKE_NV, $WAKE_TICKS ticks" CMP[$v,cap]="$OKCAP / $CHECK" CMP[$v,stop]="$STOPOK / $LAUNCHED, $LEFT left, $SOCKS sockets"
+    [ -z "$LOGMON_BASE" ] || title=" - $v: ${BIN[$v]}"
+    cat <<EOF
 
-# logmon footprint: $N instances ($((2 * N)) FIFOs), $(nproc) CPUs, $(date -Is)
+# logmon footprint: $N instances ($((2 * N)) FIFOs), $(nproc) CPUs, $(date -Is)$title
 
 | measure | value | target | result |
 |---|---|---|---|
@@ -315,6 +382,44 @@ cat <<EOF
 | capture: both lines landed | $OKCAP / $CHECK | all checked | $(verdict "(( OKCAP == CHECK ))") |
 | \`logmon stop --state\` exit 0 | $STOPOK / $LAUNCHED (ms p50 / p99 / max: $(ms "$ST50") / $(ms "$ST99") / $(ms "$STMAX")) | all | $(verdict "(( STOPOK == LAUNCHED ))") |
 | left alive / sockets left after stop | $LEFT / $SOCKS ($ZOMBIES exited, not yet reaped by PID 1) | 0 / 0 | $(verdict "(( LEFT == 0 && SOCKS == 0 ))") |
+EOF
+}
+for v in "${VARS[@]}"; do report "$v"; done
+if [ -n "$LOGMON_BASE" ]; then
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'; }
+    row() { # row LABEL KEY [ms]: after, before, after / before
+        local a=${CMP[logmon,$2]} b=${CMP[logmon-base,$2]} fa fb
+        if [ "${3:-}" = ms ]; then fa=$(ms "$a") fb=$(ms "$b"); else fa=$a fb=$b; fi
+        echo "| $1 | $fa | $fb | $(ratio "$a" "$b") |"
+    }
+    cat <<EOF
+
+# before / after: logmon (after, ${BIN[logmon]}) vs logmon-base (before, ${BIN[logmon-base]})
+
+$N instances of each, launched alternately (order swapped each round), one shared idle window.
+
+| measure | after: logmon | before: logmon-base | after / before |
+|---|---|---|---|
+$(row "\`launch\` until exit, ms p50" le50 ms)
+$(row "\`launch\` until exit, ms p99" le99 ms)
+$(row "\`launch\` until config printed, ms p50" lr50 ms)
+$(row "\`launch\` until config printed, ms p99" lr99 ms)
+$(row "exec of \`run\` to ready, ms p50" rr50 ms)
+$(row "exec of \`run\` to ready, ms p99" rr99 ms)
+$(row "\`run\` SIGTERM to exit, ms p50" rs50 ms)
+$(row "\`stop --state\`, ms p50" st50 ms)
+$(row "PSS per instance KiB, mean (idle)" pss1)
+$(row "PSS per instance KiB, mean (after capture)" pss2)
+$(row "PSS per instance KiB, median (idle)" pmed1)
+$(row "RSS per instance KiB, median (idle)" rss1)
+$(row "private per instance KiB, median (idle)" priv1)
+$(row "threads, all instances" threads)
+| idle ${IDLE} s: switches voluntary / involuntary, CPU ticks | ${CMP[logmon,wake]} | ${CMP[logmon-base,wake]} | |
+| capture: both lines landed | ${CMP[logmon,cap]} | ${CMP[logmon-base,cap]} | |
+| stop exit 0, left alive, sockets left | ${CMP[logmon,stop]} | ${CMP[logmon-base,stop]} | |
+EOF
+fi
+cat <<EOF
 
 Latencies by benches/tools/timecmd.c (CLOCK_MONOTONIC from fork+exec); instances are launched one at a time
 while the earlier ones idle.  PSS/RSS/private from /proc/PID/smaps_rollup; switches summed over

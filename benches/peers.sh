@@ -38,6 +38,13 @@
 # -K to skip) a SIGKILL check: logmon is killed -9 twice mid-stream and
 # restarted; every line must still be in the files.
 #
+# Before/after: with LOGMON_BASE=/path/to/an/older/logmon, a logger named
+# `logmon-base` runs that binary exactly like `logmon` (same command line,
+# interleaved and rotated with the others, verified the same way, in the
+# SIGKILL check too), and the summary adds the ratio logmon / logmon-base of
+# write MB/s, CPU s/GB and peak RSS per mode, with every repetition's value.
+# Unset, nothing changes.
+#
 # Builds `cargo build --release` and the C tools (gcc) itself; installs the
 # peers with apt-get if missing (root; -n to refuse).  Everything it starts
 # is stopped and its scratch dir removed on exit.
@@ -62,6 +69,9 @@ INSTALL=1
 OUT=
 EOF_TIMEOUT=120
 ALL_LOGGERS=(logmon cat s6-log rotatelogs multilog svlogd)
+LOGMON_BASE=${LOGMON_BASE:-}
+# The baseline binary is a logger only when given (and then in the default set).
+[ -z "$LOGMON_BASE" ] || ALL_LOGGERS=(logmon logmon-base "${ALL_LOGGERS[@]:1}")
 
 usage() {
     cat <<EOF
@@ -78,6 +88,8 @@ usage: $0 [options] [LOGGER...]      LOGGERs: ${ALL_LOGGERS[*]} (default: all)
   -o DIR     results dir (default target/bench-results/peers-DATE)
   -K         skip the SIGKILL check
   -n         do not install missing peers (fail instead)
+env LOGMON_BASE=BINARY adds the logger logmon-base: that (older) logmon binary,
+             run and checked like logmon; the summary gives logmon / logmon-base
 EOF
     exit 2
 }
@@ -108,6 +120,7 @@ to_bytes() {
 }
 BULK=$(to_bytes "$BULK"); LINE=$(to_bytes "$LINE"); SIZE=$(to_bytes "$SIZE"); KILL_BYTES=$(to_bytes "$KILL_BYTES")
 for l in "${LOGGERS[@]}"; do
+    [ "$l" != logmon-base ] || [ -n "$LOGMON_BASE" ] || die "logmon-base needs LOGMON_BASE=/path/to/the/baseline/logmon"
     case " ${ALL_LOGGERS[*]} " in *" $l "*) ;; *) die "unknown logger '$l' (known: ${ALL_LOGGERS[*]})" ;; esac
 done
 ((SIZE >= 4096)) || die "rotation size must be at least 4096"
@@ -156,6 +169,11 @@ say "building logmon (cargo build --release)"
 # The build target is pinned in .cargo/config.toml (static link).
 LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
+if [ -n "$LOGMON_BASE" ]; then
+    LOGMON_BASE=$(readlink -f "$LOGMON_BASE")
+    [ -x "$LOGMON_BASE" ] || die "LOGMON_BASE: no executable at $LOGMON_BASE"
+fi
+is_logmon() { [ "$1" = logmon ] || [ "$1" = logmon-base ]; }
 
 mkdir -p "$SCRATCH"
 WORK=$(mktemp -d "$SCRATCH/logmon-peers.XXXXXX")
@@ -180,6 +198,9 @@ printf 'rep\tmode\tlogger\tbytes\twrite_MBps\tdrain_MBps\tcpu_s\tcpu_s_per_GB\tm
     echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "scratch: $WORK ($FSTYPE)"
     echo "logmon: $LOGMON ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'))"
+    if [ -n "$LOGMON_BASE" ]; then
+        echo "logmon-base: $LOGMON_BASE ($(git -C "$(dirname "$LOGMON_BASE")" describe --always --dirty 2>/dev/null || echo '?'); sha256 $(sha256sum "$LOGMON_BASE" | cut -c1-16))"
+    fi
     echo "args: reps=$REPS modes='$MODES' bulk=$BULK line=$LINE line_len=$LLEN chunk=$CHUNK size=$SIZE keep=$KEEP"
     echo "pipe: logmon enlarges its FIFO to $(cat /proc/sys/fs/pipe-max-size) bytes (--pipe-size default, capped by pipe-max-size); the peers read a default 64 KiB pipe"
     echo "packages: $(dpkg-query -W -f='${Package} ${Version}; ' s6 runit daemontools apache2-utils coreutils 2>/dev/null)"
@@ -200,8 +221,10 @@ kv() { # kv KEY "k=v k=v ..."
 }
 fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
 
-logmon_cmd() { # logmon_cmd DIR FIFO SIZE KEEP RUNDIR
-    printf '%s\n' "$LOGMON" run --task bench --log-dir "$1" --stdout-fifo "$2" --stderr-fifo "$5/stderr.fifo" \
+logmon_cmd() { # logmon_cmd BINARY DIR FIFO SIZE KEEP RUNDIR
+    local bin=$1
+    shift
+    printf '%s\n' "$bin" run --task bench --log-dir "$1" --stdout-fifo "$2" --stderr-fifo "$5/stderr.fifo" \
         --socket "$5/ctl.sock" --max-file-size "$3" --max-files "$4"
 }
 
@@ -222,7 +245,7 @@ logmon_files() { # oldest first
 
 list_files() { # list_files LOGGER DIR -> kept files, oldest first
     case $1 in
-    logmon) logmon_files "$2" ;;
+    logmon | logmon-base) logmon_files "$2" ;;
     cat) [ -f "$2/out" ] && echo "$2/out" ;;
     s6-log | multilog | svlogd)
         find "$2" -maxdepth 1 -type f -name '@*' | LC_ALL=C sort
@@ -242,7 +265,8 @@ run_one() { # run_one REP MODE LOGGER
     mkfifo "$fifo"
     local -a rr=() cmd=() wflags=()
     case $name in
-    logmon) mapfile -t cmd < <(logmon_cmd "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready"); wflags=(-R) ;;
+    logmon) mapfile -t cmd < <(logmon_cmd "$LOGMON" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready"); wflags=(-R) ;;
+    logmon-base) mapfile -t cmd < <(logmon_cmd "$LOGMON_BASE" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready"); wflags=(-R) ;;
     cat) cmd=(cat "$fifo"); rr=(-o "$dir/out") ;;
     s6-log) cmd=(s6-log "n$KEEP" "s$SIZE" "$dir"); rr=(-i "$fifo") ;;
     rotatelogs) cmd=(rotatelogs -n "$KEEP" "$dir/log" "$((SIZE / 1024))K"); rr=(-i "$fifo") ;;
@@ -254,7 +278,7 @@ run_one() { # run_one REP MODE LOGGER
     "$BIN/rrun" -s "$run/stat" -e "$log" "${rr[@]}" -- "${cmd[@]}" &
     local rpid=$! wpid
     PIDS+=("$rpid")
-    if [ "$name" = logmon ] && ! wait_ready "$run/ready" "$rpid"; then
+    if is_logmon "$name" && ! wait_ready "$run/ready" "$rpid"; then
         note+="no-ready-line;"
     fi
     "$BIN/writer" -m "$mode" -n "$bytes" -l "$LLEN" -c "$CHUNK" "${wflags[@]+"${wflags[@]}"}" "$fifo" >"$run/writer.out" 2>>"$log" &
@@ -269,7 +293,7 @@ run_one() { # run_one REP MODE LOGGER
         if kill "$wpid" 2>/dev/null; then note+="logger-exited-early;"; fi
         wait "$wpid" || true
     else
-        if [ "$name" = logmon ]; then
+        if is_logmon "$name"; then
             kill -TERM "$rpid" 2>/dev/null || true
         fi
         t0=$SECONDS
@@ -309,7 +333,7 @@ run_one() { # run_one REP MODE LOGGER
     fi
     echo "verify: $vout" >>"$log"
     ls -l "$dir" >>"$log" 2>&1
-    if [ "$name" = logmon ]; then
+    if is_logmon "$name"; then
         [ "${xsplit:-0}" = 0 ] || verdict+="+SPLIT"
         for f in "${files[@]}"; do
             sz=$(stat -c %s "$f")
@@ -334,14 +358,17 @@ run_one() { # run_one REP MODE LOGGER
 
 # ---- the SIGKILL check: logmon killed -9 twice mid-stream ----------------
 KILL_RESULTS=()
-kill_check() { # kill_check MODE
-    local mode=$1 run=$WORK/kill dir fifo log=$OUT/logs/kill-$mode.log fsize=1048576 keep=100000
+kill_check() { # kill_check MODE [LOGGER]
+    local mode=$1 lg=${2:-logmon} run=$WORK/kill dir fifo log fsize=1048576 keep=100000 bin=$LOGMON
+    [ "$lg" = logmon ] || bin=$LOGMON_BASE
+    log=$OUT/logs/kill-$mode.log
+    [ "$lg" = logmon ] || log=$OUT/logs/kill-$mode-$lg.log
     rm -rf "$run"; mkdir -p "$run/dir"
     dir=$run/dir fifo=$run/fifo
     mkfifo "$fifo"
     : >"$log"
     local -a cmd=()
-    mapfile -t cmd < <(logmon_cmd "$dir" "$fifo" "$fsize" "$keep" "$run")
+    mapfile -t cmd < <(logmon_cmd "$bin" "$dir" "$fifo" "$fsize" "$keep" "$run")
     local gen rpid wpid got target note=""
     start_logmon() {
         rm -f "$run/ready" "$run/stat"
@@ -382,8 +409,10 @@ kill_check() { # kill_check MODE
     echo "writer: $wout" >>"$log"; echo "verify: $vout" >>"$log"
     verdict=$(kv verdict "$vout")
     [ "$(kv xsplit "$vout")" = 0 ] || verdict+="+SPLIT"
-    KILL_RESULTS+=("| $mode | $((wbytes / 1048576)) MiB at $KILL_RATE MB/s, 2 x kill -9 + restart | $verdict | $(kv lost_bytes "$vout") | $(kv dups "$vout") | ${note:--} |")
-    say "kill -9 check ($mode): $verdict lost_bytes=$(kv lost_bytes "$vout") dups=$(kv dups "$vout") ${note}"
+    local first_col=""
+    [ -z "$LOGMON_BASE" ] || first_col="| $lg "
+    KILL_RESULTS+=("$first_col| $mode | $((wbytes / 1048576)) MiB at $KILL_RATE MB/s, 2 x kill -9 + restart | $verdict | $(kv lost_bytes "$vout") | $(kv dups "$vout") | ${note:--} |")
+    say "kill -9 check ($lg, $mode): $verdict lost_bytes=$(kv lost_bytes "$vout") dups=$(kv dups "$vout") ${note}"
     rm -rf "$run"
 }
 
@@ -398,7 +427,10 @@ for ((rep = 1; rep <= REPS; rep++)); do
     done
 done
 if [ $KILLTEST = 1 ] && [[ " ${LOGGERS[*]} " == *" logmon "* ]]; then
-    for mode in $MODES; do kill_check "$mode"; done
+    for mode in $MODES; do
+        kill_check "$mode"
+        if [[ " ${LOGGERS[*]} " == *" logmon-base "* ]]; then kill_check "$mode" logmon-base; fi
+    done
 fi
 say "runs done in $((SECONDS - T0)) s"
 
@@ -465,12 +497,45 @@ summarize() {
         if ((Ln "logmon") in R) printf "| peak RSS of run, line | %d KiB | <= 2560 KiB | %s |\n", R[Ln "logmon"], (R[Ln "logmon"] <= 2560 ? "PASS" : "FAIL")
         for (m = 1; m <= NM; m++) { k = MO[m] SUBSEP "logmon"; if (k in HAVE) printf "| %s: no loss, line-aware, files <= %d B, <= %d files | %s | OK-* | %s |\n", MO[m], size, keep, verd(k), (OKV[k] ? "PASS" : "FAIL") }
         print ""
+        cmp_base()
         print "MB/s = 10^6 bytes/s of the write phase (writer open() to last write(); the logger holds the writer back"
         print "when slower).  drain = bytes / (writer start -> logger exit; logmon: SIGTERM right after the writer, then"
         print "drain + fsync + exit).  CPU s/GB = logger user+sys seconds (wait4) per 10^9 bytes.  Peak RSS = ru_maxrss,"
         print "maximum over repetitions.  Verdicts (benches/tools/verify.c): OK-all = every line, in order; OK-tail = the"
         print "newest lines, contiguous, older ones rotated away; LOSS/DUP/REORDER/TORN; for logmon also SPLIT (a line"
         print "cut across two files), OVERSIZE, TOO-MANY-FILES.  cat does not rotate (the throughput baseline)."
+    }
+    # Before/after: logmon (this tree) against logmon-base (LOGMON_BASE), run
+    # interleaved in the same repetitions; every repetition shown for the spread.
+    function cmp_base(    m, ka, kb, i, q, nm, lbl, agg, va, vb, a, b, f) {
+        nb = 0
+        for (m = 1; m <= NM; m++) if ((MO[m] SUBSEP "logmon") in HAVE && (MO[m] SUBSEP "logmon-base") in HAVE) nb++
+        if (nb == 0) return
+        print "## before / after: logmon (after) vs logmon-base (before), same run, interleaved"
+        print ""
+        print "| mode | measure | after: logmon, per rep | before: logmon-base, per rep | after / before | paired: per-rep ratio, median (min-max) |"
+        print "|---|---|---|---|---|---|"
+        split("w c r d", q, " "); split("write MB/s (median)|CPU s/GB (median)|peak RSS KiB (max)|drain MB/s (median)", lbl, "|")
+        for (m = 1; m <= NM; m++) {
+            ka = MO[m] SUBSEP "logmon"; kb = MO[m] SUBSEP "logmon-base"
+            if (!(ka in HAVE) || !(kb in HAVE)) continue
+            for (i = 1; i <= 4; i++) {
+                va = V[ka SUBSEP q[i]]; vb = V[kb SUBSEP q[i]]
+                if (q[i] == "r") { a = mx(va); b = mx(vb); f = "%d" } else { a = med(va); b = med(vb); f = (q[i] == "c" ? "%.3f" : "%.1f") }
+                printf "| %s | %s | " f " (%s) | " f " (%s) | %s | %s |\n", MO[m], lbl[i], a, va, b, vb, (b + 0 > 0 ? sprintf("%.3f", a / b) : "n/a"), paired(va, vb)
+            }
+            printf "| %s | verdicts | %s | %s | | |\n", MO[m], verd(ka), verd(kb)
+        }
+        print ""
+    }
+    # The two run back to back in each repetition, so the ratio within a
+    # repetition cancels most of the drift that the machine adds between them.
+    function paired(va, vb,    n, x, y, i, r) {
+        n = split(va, x, " ")
+        if (n != split(vb, y, " ")) return "n/a"
+        r = ""
+        for (i = 1; i <= n; i++) { if (y[i] + 0 == 0) return "n/a"; r = r (r == "" ? "" : " ") x[i] / y[i] }
+        return sprintf("%.3f (%.3f-%.3f)", med(r), mn(r), mx(r))
     }
     function tgt(a, b, what, op, goal,    r, ok) {
         if (a == "" || b == "" || b + 0 == 0) { printf "| %s | n/a (not measured) | %s %s | - |\n", what, op, goal; return }
@@ -483,8 +548,13 @@ summarize() {
         echo
         echo "## zero loss on SIGKILL (logmon, 1 MiB files, all kept; writer holds the FIFO O_RDWR, rate-limited)"
         echo
-        echo "| mode | stream | verdict | lost bytes | duplicate lines | notes |"
-        echo "|---|---|---|---|---|---|"
+        if [ -n "$LOGMON_BASE" ]; then
+            echo "| logger | mode | stream | verdict | lost bytes | duplicate lines | notes |"
+            echo "|---|---|---|---|---|---|---|"
+        else
+            echo "| mode | stream | verdict | lost bytes | duplicate lines | notes |"
+            echo "|---|---|---|---|---|---|"
+        fi
         printf '%s\n' "${KILL_RESULTS[@]}"
     fi
 }

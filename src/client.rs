@@ -333,7 +333,8 @@ pub enum Program {
     Path(PathBuf),
 }
 
-/// The `run` flags that reproduce `cfg`.
+/// The `run` flags that reproduce `cfg`, metadata included (one `--meta`
+/// per pair): parsed back by the CLI they give `cfg` again (tested below).
 pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["run".into()];
     let mut flag = |k: &str, v: OsString| {
@@ -358,6 +359,10 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
     flag("--pipe-size", cfg.pipe_size.to_string().into());
     if cfg.no_sandbox {
         a.push("--no-sandbox".into());
+    }
+    for (k, v) in cfg.meta.iter() {
+        a.push("--meta".into());
+        a.push(format!("{k}={v}").into());
     }
     a
 }
@@ -385,6 +390,9 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
     };
     let mut cmd = Command::new(&exe);
     cmd.args(run_args(cfg))
+        // The flags carry the metadata; an inherited variable must not add
+        // any when the configuration has none.
+        .env_remove(crate::meta::ENV_VAR)
         .env(crate::diag::LAUNCHED_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -872,5 +880,39 @@ impl Handle {
             Ok(false) => Err(ClientError::StopTimeout { pid, timeout }),
             Err(e) => Err(ClientError::Frame(FrameError::Io(e))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn run_args_parse_back_to_the_same_config() {
+        let task = crate::config::TaskName::new("web").unwrap();
+        let mut cfg = CaptureConfig::new(task, "/l");
+        cfg.stdout_fifo = "/f/out".into();
+        cfg.socket = "/s/web.sock".into();
+        cfg.max_files = 3;
+        cfg.max_file_size = 4096;
+        cfg.pipe_size = 65536;
+        cfg.on_write_error = crate::config::WriteErrorPolicy::Block;
+        cfg.no_sandbox = true;
+        for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
+            cfg.meta.insert_pair(p).unwrap();
+        }
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            panic!("not a run command");
+        };
+        assert_eq!(a.to_config().unwrap(), cfg);
+
+        cfg.meta = crate::meta::Meta::new();
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        assert!(!argv.iter().any(|a| a == "--meta"));
     }
 }

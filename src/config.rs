@@ -10,6 +10,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::meta::Meta;
+
 /// Default number of files kept per stream, the active one included.
 pub const DEFAULT_MAX_FILES: u32 = 10;
 /// Default size limit of one log file, in bytes.
@@ -37,6 +39,16 @@ pub enum ConfigError {
     /// A `--meta KEY=VALUE` pair cannot be used.
     #[error("invalid metadata {pair:?}: {why}")]
     InvalidMeta {
+        /// The rejected pair.
+        pair: String,
+        /// Why it was rejected.
+        why: &'static str,
+    },
+    /// A pair of the `LOGMON_META` variable cannot be used.
+    #[error("invalid metadata {pair:?} in {var}: {why}{hint}", hint = if *.why == crate::meta::EXPECTED_PAIR { " (pairs are separated by ','; give a value containing ',' with --meta)" } else { "" })]
+    InvalidMetaVar {
+        /// The variable (`LOGMON_META`).
+        var: &'static str,
         /// The rejected pair.
         pair: String,
         /// Why it was rejected.
@@ -210,6 +222,10 @@ pub struct CaptureConfig {
     /// Run without self-confinement (`--no-sandbox`, DESIGN.md §10): passed
     /// on to a launched daemon so the flag means the same by every route.
     pub no_sandbox: bool,
+    /// The task's metadata (`--meta KEY=VALUE`, DESIGN.md §11): shown in
+    /// `status`, written for readers to `.<task>.logmon.meta`. Empty given
+    /// to [`crate::hook::Hook`] means "keep the metadata in the state".
+    pub meta: Meta,
 }
 
 impl CaptureConfig {
@@ -228,6 +244,7 @@ impl CaptureConfig {
             pipe_size: DEFAULT_PIPE_SIZE,
             on_write_error: WriteErrorPolicy::Drop,
             no_sandbox: false,
+            meta: Meta::new(),
         }
     }
 

@@ -16,6 +16,10 @@
 //!   (`tests/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a log directory renamed away or replaced by a symlink is not followed
 //!   (`tests/faults.rs::log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
+//! - the task's metadata (`--meta`) is written for readers to
+//!   `.<task>.logmon.meta` once the lock is held, so the file describes the
+//!   running logmon (removed when it runs without metadata); a name planted
+//!   there is replaced, never followed (`tests/control.rs::metadata_is_shown_in_status_and_written_for_readers`);
 //! - the ready line is printed only when FIFOs, files and socket are ready;
 //! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
 //!   partial line included), the active files fsynced, the socket removed,
@@ -344,6 +348,13 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             cfg.max_file_size,
         )?,
     ];
+    // Under the task lock, so a refused second `run` never rewrites it.
+    match crate::meta::publish(&log_dir, &cfg.task, &cfg.meta) {
+        Ok(n) => foreign += n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot write the metadata file for readers; status still shows the metadata")
+        }
+    }
     let socket_path =
         std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
     // The socket's directory and name, when logmon binds it itself.
@@ -401,6 +412,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         start_time,
         socket: socket_path.clone(),
         instance: instance.clone(),
+        meta: cfg.meta.clone(),
     };
     let welcome = Welcome {
         protocol: PROTOCOL_VERSION,
@@ -475,6 +487,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             policy: cfg.on_write_error,
             stop: stop_tx.clone(),
             foreign_names: std::cell::Cell::new(foreign),
+            meta: cfg.meta.clone(),
         });
         let server =
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));

@@ -24,7 +24,10 @@
 //! taken by `run` is the last line of defence.
 //!
 //! The state file is written through its directory's descriptor
-//! ([`StateFile`]), prepared before anything is launched.
+//! ([`StateFile`]), prepared before anything is launched. It also keeps the
+//! task's metadata (`ReattachConfig::meta`): a relaunch without metadata of
+//! its own gets the state's (`tests/ensure.rs`:
+//! `metadata_survives_a_kill_9_and_a_relaunch_without_meta`).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -136,7 +139,11 @@ pub const RETIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The prestart/stop hook of one task.
 #[derive(Debug, Clone)]
 pub struct Hook {
-    /// How a fresh logmon is configured.
+    /// How a fresh logmon is configured. Its metadata, when empty, is
+    /// taken from the previous state: a logmon relaunched after a crash
+    /// keeps its metadata even when the caller does not repeat it; when
+    /// set, it wins for a launch, and a reattached logmon that runs with
+    /// other metadata keeps it (said in [`Outcome::notes`]).
     pub config: CaptureConfig,
     /// Which binary a fresh logmon runs.
     pub program: Program,
@@ -192,19 +199,33 @@ impl Hook {
         };
         let mut notes = Vec::new();
         let mut stopped = None;
+        // Without metadata of its own, a fresh logmon gets the state's.
+        let mut inherited = previous
+            .filter(|_| self.config.meta.is_empty())
+            .map(|p| &p.meta)
+            .filter(|m| !m.is_empty());
         let reason = match previous {
             Some(prev) => match client::reattach_with_timeout(prev, self.timeout) {
-                Ok(h) if h.welcome().task == task && h.welcome().log_dir_id == dir.id() => {
+                Ok(mut h) if h.welcome().task == task && h.welcome().log_dir_id == dir.id() => {
                     notes.extend(self.flag_differences(prev.pid));
+                    let mut config = prev.clone();
+                    // The running logmon's own word (a state written before
+                    // metadata was kept may lack it); else the state's.
+                    if let Ok(stats) = h.stats() {
+                        config.meta = stats.meta;
+                    }
+                    notes.extend(self.meta_difference(prev.pid, &config.meta));
                     return Ok(Outcome {
                         action: Action::Reattached,
                         reason: None,
-                        config: prev.clone(),
+                        config,
                         stopped: None,
                         notes,
                     });
                 }
                 Ok(h) => {
+                    // Another task's state: its metadata is not this task's.
+                    inherited = None;
                     let w = h.welcome();
                     let why = format!(
                         "StateOfOtherTask: the state names logmon pid {} of task {:?} in {}, not task {:?} in {}; that logmon is left running",
@@ -252,7 +273,15 @@ impl Hook {
         if let Some(pid) = self.retire_by_socket(expect, &mut notes)? {
             stopped = Some(pid);
         }
-        let config = client::launch(&self.config, &self.program)?;
+        let config = match inherited {
+            Some(meta) => {
+                tracing::info!(%meta, "launching with the metadata kept in the state");
+                let mut cfg = self.config.clone();
+                cfg.meta = meta.clone();
+                client::launch(&cfg, &self.program)?
+            }
+            None => client::launch(&self.config, &self.program)?,
+        };
         Ok(Outcome {
             action: Action::Launched,
             reason: Some(reason),
@@ -396,6 +425,17 @@ impl Hook {
                 })
             })
             .collect()
+    }
+
+    /// A note when this hook asks for metadata (non-empty) other than the
+    /// metadata `running` the reattached logmon `pid` runs with.
+    fn meta_difference(&self, pid: u32, running: &crate::meta::Meta) -> Option<String> {
+        let ours = &self.config.meta;
+        (!ours.is_empty() && ours != running).then(|| {
+            format!(
+                "logmon pid {pid} runs with --meta {running}, not {ours}: it keeps its metadata; stop it (`logmon stop --state …`) and run ensure again to apply it"
+            )
+        })
     }
 
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted

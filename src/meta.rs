@@ -12,7 +12,16 @@
 //! a directory the task can write, so logmon never takes metadata *from*
 //! it; the agent's copy lives in its state file.
 //!
-//! Tests: the unit tests below.
+//! `run` publishes the file when it holds the task lock ([`publish`]): it
+//! always describes the running logmon (removed when it runs without
+//! metadata). `ensure` keeps the metadata across relaunches through the
+//! state file (`ReattachConfig::meta`): a relaunch without `--meta` gets
+//! the state's metadata.
+//!
+//! Tests: the unit tests below; through the binary, `tests/control.rs`
+//! (`status` shows it, the file and a planted symlink), `tests/ensure.rs`
+//! (kept across a kill -9 and a relaunch), `tests/errors.rs` (validation
+//! errors, exit 2, from `--meta` and from `LOGMON_META`).
 
 use std::collections::BTreeMap;
 
@@ -30,6 +39,10 @@ pub const MAX_PAIRS: usize = 32;
 pub const MAX_KEY: usize = 64;
 /// Longest value, in bytes.
 pub const MAX_VALUE: usize = 1024;
+
+/// Why a pair without `=` is refused (also the cue for `LOGMON_META`'s
+/// hint about commas).
+pub const EXPECTED_PAIR: &str = "expected KEY=VALUE";
 
 /// `.<task>.logmon.meta`: the readers' copy of a task's metadata.
 pub fn file_name(task: &TaskName) -> String {
@@ -87,7 +100,7 @@ impl Meta {
             Some((k, v)) => self.insert(k, v),
             None => Err(ConfigError::InvalidMeta {
                 pair: pair.to_owned(),
-                why: "expected KEY=VALUE",
+                why: EXPECTED_PAIR,
             }),
         }
     }
@@ -110,6 +123,59 @@ impl Meta {
     /// The pairs as a map (for JSON output).
     pub fn as_map(&self) -> &BTreeMap<String, String> {
         &self.0
+    }
+
+    /// The metadata of a command line: the `--meta` pairs when any were
+    /// given, else the pairs of [`ENV_VAR`] (`env`, its value), separated
+    /// by `,` (empty pieces ignored). A value containing `,` can only be
+    /// given with `--meta`. An error names the pair, and the variable when
+    /// the pair came from it.
+    pub fn from_args(flags: &[String], env: Option<&std::ffi::OsStr>) -> Result<Meta, ConfigError> {
+        let mut m = Meta::new();
+        if !flags.is_empty() {
+            for p in flags {
+                m.insert_pair(p)?;
+            }
+            return Ok(m);
+        }
+        let Some(env) = env else {
+            return Ok(m);
+        };
+        let in_var = |pair: String, why| ConfigError::InvalidMetaVar {
+            var: ENV_VAR,
+            pair,
+            why,
+        };
+        let Some(env) = env.to_str() else {
+            return Err(in_var(
+                env.to_string_lossy().into_owned(),
+                "the value must be UTF-8",
+            ));
+        };
+        for p in env.split(',').filter(|p| !p.is_empty()) {
+            m.insert_pair(p).map_err(|e| match e {
+                ConfigError::InvalidMeta { pair, why } => in_var(pair, why),
+                other => other,
+            })?;
+        }
+        Ok(m)
+    }
+}
+
+/// The variable `--meta` is read from when no flag is given.
+pub const ENV_VAR: &str = "LOGMON_META";
+
+impl std::fmt::Display for Meta {
+    /// `k=v, k2=v2`, or `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{k}={v}")?;
+        }
+        Ok(())
     }
 }
 
@@ -155,6 +221,32 @@ pub fn store(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<()> {
         let _ = dir.remove(&tmp);
     }
     written
+}
+
+/// Makes `.<task>.logmon.meta` say what the running logmon's metadata is
+/// (called by `run` once it holds the task lock): written with [`store`]
+/// when there is metadata, removed when there is none (a copy left by an
+/// earlier run would otherwise describe this one). Anything at the name
+/// that is not logmon's own regular file (a symlink, a hard link, another
+/// owner's file, an empty directory) is removed first, never followed or
+/// written through; returns how many such names were removed.
+pub fn publish(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<u64> {
+    let name = file_name(task);
+    let mut foreign = 0;
+    if let Some(st) = dir.stat(&name)? {
+        if let Some(why) = crate::dir::foreign_reason(&st) {
+            dir.remove_any(&name)?;
+            foreign += 1;
+            tracing::warn!(path = %dir.display(&name).display(), found = %why,
+                "the metadata file's name was taken by something logmon did not create; removed it (never followed or written)");
+        }
+    }
+    if meta.is_empty() {
+        dir.remove(&name)?;
+    } else {
+        store(dir, task, meta)?;
+    }
+    Ok(foreign)
 }
 
 /// Reads the readers' copy of `task`'s metadata. Only a regular file with
@@ -220,6 +312,46 @@ mod tests {
             m.insert_pair(&format!("k{i}=v")).unwrap();
         }
         assert!(m.insert_pair("one_more=v").is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_variable_which_is_split_at_commas() {
+        use std::ffi::OsStr;
+        let flags = vec!["note=a,b".to_owned()];
+        let m = Meta::from_args(&flags, Some(OsStr::new("job=env"))).unwrap();
+        assert_eq!(m.get("note"), Some("a,b"));
+        assert_eq!(m.get("job"), None);
+        let m = Meta::from_args(&[], Some(OsStr::new("job=env,,ns=prod,"))).unwrap();
+        assert_eq!(m.iter().count(), 2);
+        assert_eq!(Meta::from_args(&[], None).unwrap(), Meta::new());
+        let e = Meta::from_args(&[], Some(OsStr::new("note=a,b"))).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::InvalidMetaVar { var: ENV_VAR, .. }),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"b\" in LOGMON_META") && msg.contains("with --meta"),
+            "{msg}"
+        );
+        let e = Meta::from_args(&["a b=x".to_owned()], None).unwrap_err();
+        assert!(matches!(e, ConfigError::InvalidMeta { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn publish_writes_or_removes_the_readers_copy() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let task = TaskName::new("web").unwrap();
+        let mut m = Meta::new();
+        m.insert("job", "web").unwrap();
+        assert_eq!(publish(&dir, &task, &m).unwrap(), 0);
+        assert_eq!(load(&dir, &task), Some(m));
+        assert_eq!(publish(&dir, &task, &Meta::new()).unwrap(), 0);
+        assert!(!d.path().join(file_name(&task)).exists());
+        std::fs::create_dir(d.path().join(file_name(&task))).unwrap();
+        assert_eq!(publish(&dir, &task, &Meta::new()).unwrap(), 1);
+        assert!(!d.path().join(file_name(&task)).exists());
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum Request {
 }
 
 /// A message from the server.
+// One message per request, decoded and dropped at once: boxing `Stats`
+// would save nothing worth an API change.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     /// The handshake succeeded; the server says who it is.
@@ -115,6 +118,9 @@ pub struct Stats {
     pub foreign_names: u64,
     /// The self-confinement in force (DESIGN.md §10).
     pub sandbox: crate::sandbox::Status,
+    /// The task's metadata (`--meta`, DESIGN.md §11). Last, so an older
+    /// client (postcard ignores trailing bytes) still decodes the rest.
+    pub meta: crate::meta::Meta,
 }
 
 /// The reattach config: the ready line `run` prints and the state an agent
@@ -131,6 +137,12 @@ pub struct ReattachConfig {
     pub socket: std::path::PathBuf,
     /// The daemon's random instance id (32 hex digits).
     pub instance: String,
+    /// The metadata the daemon runs with (`--meta`): kept in the state so
+    /// `ensure` relaunches with it. Absent from the ready line when there
+    /// is none (the five fields above stay the whole line), and from
+    /// states written before it existed.
+    #[serde(default, skip_serializing_if = "crate::meta::Meta::is_empty")]
+    pub meta: crate::meta::Meta,
 }
 
 /// A frame or message that cannot be used.

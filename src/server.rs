@@ -323,6 +323,8 @@ pub struct ServerState {
     /// Control-file names (lock, FIFOs, socket) found taken by something
     /// logmon did not create.
     pub foreign_names: Cell<u64>,
+    /// The task's metadata, reported in stats.
+    pub meta: crate::meta::Meta,
 }
 
 impl ServerState {
@@ -340,6 +342,7 @@ impl ServerState {
             stderr: self.captures[1].borrow().stats(),
             foreign_names: self.foreign_names.get(),
             sandbox: crate::sandbox::current(),
+            meta: self.meta.clone(),
         }
     }
 }

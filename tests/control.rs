@@ -932,3 +932,116 @@ fn socket_is_0600_in_a_created_0700_directory() {
     let daemon = start_daemon(d2.path(), &[]);
     assert_eq!(mode(&daemon.ready.socket), 0o600, "default socket mode");
 }
+
+// ------------------------------------------------------------- metadata
+
+/// `run --meta` (DESIGN.md §11): `status` shows the metadata, the ready
+/// line carries it, and `.<task>.logmon.meta` holds it as JSON for
+/// readers; a symlink planted at that name before the start is replaced
+/// (counted in `foreign_names`), never followed: its target is unchanged.
+#[test]
+fn metadata_is_shown_in_status_and_written_for_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"secret").unwrap();
+    let meta_file = dir.path().join(format!(".{TASK}.logmon.meta"));
+    std::os::unix::fs::symlink(&victim, &meta_file).unwrap();
+    let d = start_daemon(
+        dir.path(),
+        &[
+            "--meta",
+            "job=web",
+            "--meta",
+            "note=a, b=c",
+            "--meta",
+            "ns=prod",
+        ],
+    );
+    let want = serde_json::json!({"job": "web", "note": "a, b=c", "ns": "prod"});
+    assert_eq!(serde_json::to_value(&d.ready.meta).unwrap(), want);
+
+    let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["meta"], want, "{status}");
+    assert_eq!(status["foreign_names"], 1, "the planted symlink is counted");
+
+    let st = std::fs::symlink_metadata(&meta_file).unwrap();
+    assert!(st.file_type().is_file(), "the symlink was replaced");
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta_file).unwrap()).unwrap();
+    assert_eq!(on_disk, want);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait(), Some(0));
+}
+
+/// Without metadata the ready line keeps its five fields, `status` shows
+/// `"meta": {}`, and a metadata file left by an earlier run is removed: the
+/// file always describes the running logmon. `LOGMON_META` is read when no
+/// `--meta` is given.
+#[test]
+fn without_metadata_the_ready_line_is_unchanged_and_a_stale_file_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta_file = dir.path().join(format!(".{TASK}.logmon.meta"));
+    let first = start_daemon(dir.path(), &["--meta", "job=old"]);
+    assert!(meta_file.exists());
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(first.wait(), Some(0));
+    assert!(meta_file.exists(), "left by the stopped run");
+
+    let mut child = logmon(&[
+        "run",
+        "--task",
+        TASK,
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+    ])
+    .env_remove("LOGMON_META")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let d = common::Daemon {
+        ready: serde_json::from_str(&line).unwrap(),
+        child,
+    };
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys.len(), 5, "{line}");
+    assert!(!keys.contains(&"meta"), "{line}");
+    assert!(
+        !meta_file.exists(),
+        "a stale metadata file describes no running logmon"
+    );
+    let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["meta"], serde_json::json!({}));
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait(), Some(0));
+
+    let mut cmd = logmon(&[
+        "run",
+        "--task",
+        TASK,
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    cmd.env("LOGMON_META", "job=env,ns=prod,")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let d = common::Daemon::from_child(cmd.spawn().unwrap(), String::new);
+    let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        status["meta"],
+        serde_json::json!({"job": "env", "ns": "prod"})
+    );
+}

@@ -502,6 +502,7 @@ fn a_live_process_named_by_the_state_is_never_killed() {
         start_time: logmon::process::start_time(pid).unwrap().unwrap(),
         socket: a.logs().join(".t.logmon.sock"),
         instance: "0123456789abcdef0123456789abcdef".into(),
+        meta: Default::default(),
     };
     let cfg = CaptureConfig::new(TaskName::new("t").unwrap(), a.logs());
     // Unresponsive and SocketGone both lead to the kill path.
@@ -586,9 +587,97 @@ fn a_symlink_planted_at_the_state_file_is_replaced_not_followed() {
         start_time: 1,
         socket: "/x".into(),
         instance: "0123456789abcdef0123456789abcdef".into(),
+        meta: Default::default(),
     };
     hook::persist_state(&a.state, &cfg).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
     assert!(std::fs::symlink_metadata(&a.state).unwrap().is_file());
     assert_eq!(hook::load_state(&a.state), Some(cfg));
+}
+
+/// The `status` JSON of the logmon in the agent's state.
+fn status_of(a: &Agent) -> serde_json::Value {
+    let out = logmon(&["status", "--state", a.state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `ensure --meta` keeps the metadata with the state (DESIGN.md §11): after
+/// the logmon is SIGKILLed, an `ensure` without `--meta` launches the new
+/// logmon with the state's metadata; an `ensure` with `--meta` gets its own
+/// (for a launch), and a reattach asking for other metadata keeps the
+/// running logmon's and says so.
+#[test]
+fn metadata_survives_a_kill_9_and_a_relaunch_without_meta() {
+    let a = Agent::new();
+    let out = a.ensure(&["--meta", "job=web", "--meta", "ns=prod"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = a.saved();
+    assert_eq!(first.meta.get("job"), Some("web"));
+    assert_eq!(status_of(&a)["meta"]["job"], "web");
+
+    kill_checked(&first);
+    let (action, _, second) = a.ensure_ok();
+    assert_eq!(action, "launched");
+    assert_ne!(second.pid, first.pid);
+    let want = serde_json::json!({"job": "web", "ns": "prod"});
+    assert_eq!(status_of(&a)["meta"], want);
+    assert_eq!(serde_json::to_value(&a.saved().meta).unwrap(), want);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", second.pid)).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("job=web"),
+        "the relaunched logmon runs with --meta job=web"
+    );
+
+    // Reattach with other metadata: kept, and said.
+    let out = a.ensure(&["--meta", "job=api"]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("logmon: note:")
+            && err.contains("runs with --meta job=web, ns=prod, not job=api"),
+        "{err}"
+    );
+    assert_eq!(a.saved(), second);
+    assert_eq!(status_of(&a)["meta"], want);
+
+    // A launch with --meta: the given metadata wins over the state's.
+    kill_checked(&second);
+    let out = a.ensure(&["--meta", "job=api"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status_of(&a)["meta"], serde_json::json!({"job": "api"}));
+    assert_eq!(a.saved().meta.get("ns"), None);
+    a.stop();
+}
+
+/// A state written before metadata was kept (the five ready-line fields
+/// only) is still read, and reattached to.
+#[test]
+fn a_state_without_metadata_is_still_read() {
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&a.state).unwrap()).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 5, "{v}");
+    assert!(first.meta.is_empty());
+    let (action, _, again) = a.ensure_ok();
+    assert_eq!(action, "reattached");
+    assert_eq!(again, first);
+    a.stop();
 }

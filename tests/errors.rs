@@ -451,6 +451,84 @@ fn cases() -> Vec<Case> {
             leaves: 0,
         },
         Case {
+            name: "run --meta with a key that is not [A-Za-z0-9_.-] names the pair",
+            setup: |w| run(&["run", "--task", "web", "--log-dir", &w.logs(), "--meta", "job=web", "--meta", "a b=x"]),
+            code: 2,
+            stderr: &["logmon: error: invalid metadata \"a b=x\": the key may hold only letters, digits"],
+            leaves: 0,
+        },
+        Case {
+            name: "launch --meta without '=' names the pair",
+            setup: |w| run(&["launch", "--task", "web", "--log-dir", &w.logs(), "--meta", "novalue"]),
+            code: 2,
+            stderr: &["logmon: error: invalid metadata \"novalue\": expected KEY=VALUE"],
+            leaves: 0,
+        },
+        Case {
+            name: "ensure --meta with a control character in the value launches nothing",
+            setup: |w| {
+                run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs(), "--meta", "k=red\u{1b}[31m"])
+                    .check(|w| assert!(!Path::new(&w.p("state/s.json")).exists(), "a state was written"))
+            },
+            code: 2,
+            stderr: &["logmon: error: invalid metadata", "the value must not contain control characters"],
+            leaves: 0,
+        },
+        Case {
+            name: "exec --meta with a value over 1 KiB runs nothing",
+            setup: |w| {
+                let long = format!("k={}", "x".repeat(1025));
+                run(&["exec", "--task", "web", "--log-dir", &w.logs(), "--meta", &long, "--", "touch", &w.p("logs/ran")])
+                    .check(|w| assert!(!Path::new(&w.p("logs/ran")).exists(), "the command ran"))
+            },
+            code: 2,
+            stderr: &["logmon: error: invalid metadata", "the value must be at most 1024 bytes"],
+            leaves: 0,
+        },
+        Case {
+            name: "launch --meta with too many pairs",
+            setup: |w| {
+                let mut args: Vec<String> = ["launch", "--task", "web", "--log-dir", &w.logs()].map(String::from).to_vec();
+                for i in 0..33 {
+                    args.extend(["--meta".to_owned(), format!("k{i}=v")]);
+                }
+                run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            },
+            code: 2,
+            stderr: &["logmon: error: invalid metadata \"k32=v\": at most 32 metadata pairs per task"],
+            leaves: 0,
+        },
+        Case {
+            name: "a bad pair in LOGMON_META names the pair and the variable",
+            setup: |w| run(&["launch", "--task", "web", "--log-dir", &w.logs()]).env("LOGMON_META", "job=web,bad key=x"),
+            code: 2,
+            stderr: &["logmon: error: invalid metadata \"bad key=x\" in LOGMON_META: the key may hold only"],
+            leaves: 0,
+        },
+        Case {
+            name: "a value with a comma in LOGMON_META is split and refused, saying to use --meta",
+            setup: |w| run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()]).env("LOGMON_META", "note=a,b"),
+            code: 2,
+            stderr: &["logmon: error: invalid metadata \"b\" in LOGMON_META: expected KEY=VALUE", "give a value containing ',' with --meta"],
+            leaves: 0,
+        },
+        Case {
+            name: "a symlink planted at the metadata file is replaced, its target untouched",
+            setup: |w| {
+                std::fs::write(w.p("victim"), b"secret").unwrap();
+                std::os::unix::fs::symlink(w.p("victim"), w.p("logs/.web.logmon.meta")).unwrap();
+                run(&["launch", "--task", "web", "--log-dir", &w.logs(), "--meta", "job=web"]).check(|w| {
+                    assert_eq!(std::fs::read(w.p("victim")).unwrap(), b"secret");
+                    let m = std::fs::symlink_metadata(w.p("logs/.web.logmon.meta")).unwrap();
+                    assert!(m.file_type().is_file());
+                    assert_eq!(std::fs::read(w.p("logs/.web.logmon.meta")).unwrap(), br#"{"job":"web"}"#);
+                })
+            },
+            code: 0,
+            stderr: &["WARN", "the metadata file's name was taken"],
+            leaves: 1,
+        },
+        Case {
             name: "launch on a full disk passes the daemon's own error on",
             setup: |w| {
                 if !w.full_logs() {
@@ -504,6 +582,7 @@ fn cases() -> Vec<Case> {
                     start_time: start,
                     socket: PathBuf::from(w.p("logs/.web.logmon.sock")),
                     instance: "0123456789abcdef0123456789abcdef".into(),
+                    meta: Default::default(),
                 };
                 std::fs::write(w.p("state/s.json"), serde_json::to_vec(&state).unwrap()).unwrap();
                 run(&["ensure", "--state", &w.p("state/s.json"), "--task", "web", "--log-dir", &w.logs()])

@@ -193,6 +193,7 @@ fn state_for_self(socket: &Path, instance: &str) -> ReattachConfig {
         start_time,
         socket: socket.to_owned(),
         instance: instance.to_owned(),
+        meta: Default::default(),
     }
 }
 

@@ -229,6 +229,12 @@ pub struct RunArgs {
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
+    /// Task metadata, shown in `status` and kept by `ensure` (repeatable;
+    /// key: 1-64 of [A-Za-z0-9_.-], value: UTF-8 without control characters,
+    /// at most 1 KiB; at most 32 pairs). Without --meta, read from
+    /// LOGMON_META="KEY=VALUE,KEY=VALUE" (a value containing ',' needs --meta).
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
 }
 
 impl RunArgs {
@@ -249,6 +255,12 @@ impl RunArgs {
         c.on_write_error = self.on_write_error;
         c.pipe_size = self.pipe_size;
         c.no_sandbox = self.no_sandbox;
+        // Read by hand rather than by clap's `env`: its delimiter would
+        // also split a `--meta` value at its commas.
+        c.meta = crate::meta::Meta::from_args(
+            &self.meta,
+            std::env::var_os(crate::meta::ENV_VAR).as_deref(),
+        )?;
         c.validate()?;
         Ok(c)
     }

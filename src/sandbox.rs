@@ -52,7 +52,11 @@
 //!    - `/proc/sys/fs/pipe-max-size`: read (each stream's scratch pipe is
 //!      sized when its capture starts, after confinement);
 //!    - `logs`: read directory and read file in the log directory, nothing
-//!      else.
+//!      else; with `--cursor FILE`, also read, create, write, truncate and
+//!      remove files in FILE's directory (by the descriptor opened before
+//!      confining), and the `rename` system calls
+//!      ([`Profile::LogsCursor`]), for the temporary file renamed over the
+//!      cursor.
 //!
 //!    Connecting to a *path* unix socket needs no Landlock right before ABI
 //!    9, so `sd_notify` and journald keep working. Abstract unix sockets are
@@ -718,7 +722,7 @@ mod tests {
     #[test]
     fn both_filters_compile_for_this_target() {
         let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH).unwrap();
-        for p in [Profile::Run, Profile::Logs] {
+        for p in [Profile::Run, Profile::Logs, Profile::LogsCursor] {
             assert!(!build_filter(p, arch).unwrap().is_empty());
         }
     }

@@ -75,7 +75,14 @@ struct Line {
 /// Writes the files of `stream` (the first `purged` removed) and returns
 /// the model's lines of what remains, in order. Lines may start in one
 /// batch and end in the next (`split`); files end at line ends.
-fn build(dir: &Path, stream: Stream, specs: &[FileSpec], purged: usize, t: &mut i64, tag: &str) -> Vec<Line> {
+fn build(
+    dir: &Path,
+    stream: Stream,
+    specs: &[FileSpec],
+    purged: usize,
+    t: &mut i64,
+    tag: &str,
+) -> Vec<Line> {
     let mut lines = Vec::new();
     let mut k = 0;
     for (n, spec) in specs.iter().enumerate() {
@@ -86,7 +93,10 @@ fn build(dir: &Path, stream: Stream, specs: &[FileSpec], purged: usize, t: &mut 
         let mut carry: Option<String> = None;
         for &(count, gap_us, split) in &spec.batches {
             *t += gap_us * 1000 + MS / 10;
-            recs.push(Record { offset: data.len() as u64, time_ns: *t });
+            recs.push(Record {
+                offset: data.len() as u64,
+                time_ns: *t,
+            });
             if let Some(rest) = carry.take() {
                 data.extend_from_slice(rest.as_bytes());
             }
@@ -107,7 +117,10 @@ fn build(dir: &Path, stream: Stream, specs: &[FileSpec], purged: usize, t: &mut 
         }
         if let Some(rest) = carry.take() {
             *t += MS / 10;
-            recs.push(Record { offset: data.len() as u64, time_ns: *t });
+            recs.push(Record {
+                offset: data.len() as u64,
+                time_ns: *t,
+            });
             data.extend_from_slice(rest.as_bytes());
         }
         let mtime = *t + 200_000; // the last write, just after the capture
@@ -133,7 +146,8 @@ fn build(dir: &Path, stream: Stream, specs: &[FileSpec], purged: usize, t: &mut 
         let name = dir.join(format!("web.{}.{n}", stream.as_str()));
         std::fs::write(&name, &data).unwrap();
         let f = std::fs::File::options().write(true).open(&name).unwrap();
-        f.set_modified(UNIX_EPOCH + Duration::from_nanos(mtime as u64)).unwrap();
+        f.set_modified(UNIX_EPOCH + Duration::from_nanos(mtime as u64))
+            .unwrap();
         if !matches!(spec.damage, Damage::Lost) {
             std::fs::write(dir.join(index_name(&task(), stream, n as u64)), &idx).unwrap();
         }
@@ -151,7 +165,11 @@ fn build(dir: &Path, stream: Stream, specs: &[FileSpec], purged: usize, t: &mut 
                 }
                 _ => parsed.time_at(off, mtime),
             };
-            lines.push(Line { text, stream, stamp });
+            lines.push(Line {
+                text,
+                stream,
+                stamp,
+            });
         }
     }
     lines
@@ -164,8 +182,16 @@ fn logs(dir: &Path, extra: &[&str]) -> Output {
 }
 
 fn stamped(l: &Line, tag: bool) -> String {
-    let mark = if matches!(l.stamp, Stamp::Estimated(_)) { "~" } else { "" };
-    let s = if tag { format!("{} ", l.stream.as_str()) } else { String::new() };
+    let mark = if matches!(l.stamp, Stamp::Estimated(_)) {
+        "~"
+    } else {
+        ""
+    };
+    let s = if tag {
+        format!("{} ", l.stream.as_str())
+    } else {
+        String::new()
+    };
     format!("{}{mark} {s}{}\n", format_rfc3339(l.stamp.ns()), l.text)
 }
 

@@ -10,6 +10,21 @@
 //! log directory opened once, are read (DESIGN.md §9; see
 //! [`crate::follow`]).
 //!
+//! With `--timestamps`, `--since`/`--until`, `--merged`, `--format cri|json`
+//! or `--cursor`, the bytes are cut into stamped pieces of lines
+//! ([`crate::timeline`], which states the guarantees): raw lines get
+//! `<RFC 3339 ns UTC> ` before them (`<time>~ ` when the time is estimated,
+//! with one note on stderr saying why); `--merged` tags each line `stdout `
+//! or `stderr ` (after the stamp) and ends every piece with a newline; cri
+//! is `<time> <stream> <P|F> <text>`; json is Docker json-file's
+//! `{"log","stream","time"}` plus `"attrs"` (the task's metadata, when it
+//! has any) and `"estimated":true` on estimated times, text not UTF-8
+//! replaced by U+FFFD. `-n` is the last lines of the range (`-n` with
+//! `--since` reads the range forward); `-f --until` ends at the first line
+//! captured after `until`, or once the clock is 1 s past it with nothing
+//! more to read. `--cursor FILE` resumes from FILE when it exists (instead
+//! of `-n`/`-c`/`--since`) and saves it after each write to stdout.
+//!
 //! Exit codes: 0 at the end of the stream, when stdout is closed by its
 //! reader (`logmon logs | head`: EPIPE, or, while following an idle log,
 //! the pipe reporting that its reader is gone), and on SIGINT (Ctrl-C) or

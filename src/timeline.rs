@@ -262,6 +262,8 @@ pub struct Stamper {
     /// Why the first estimated time was estimated, until reported.
     estimated: Option<String>,
     reported: bool,
+    /// Files already waited for without finding any record.
+    no_index: std::collections::BTreeSet<u64>,
     /// Wait for a missing record of the active file (following).
     live: bool,
 }
@@ -276,6 +278,7 @@ impl Stamper {
             files: BTreeMap::new(),
             estimated: None,
             reported: false,
+            no_index: Default::default(),
             live,
         }
     }
@@ -338,21 +341,37 @@ impl Stamper {
     }
 
     /// Following: bytes past the last record of a file written to since
-    /// that record may belong to a batch whose record is not written yet
-    /// (the daemon writes it right after the data): give it ~10 ms.
+    /// that record (or a new file whose index is not there yet) may belong
+    /// to a batch whose record is not written yet (the daemon writes it
+    /// right after the data): give it ~10 ms, once per new look at the
+    /// file. A file without any index (an older logmon) is waited for once.
     fn await_record(&mut self, n: u64, offset: u64) {
+        if self.files.contains_key(&n) {
+            return;
+        }
+        let waited = self.no_index.contains(&n);
         for _ in 0..5 {
             let t = self.times(n);
-            let Some(last) = t.index.records().last() else {
-                return;
+            let recent = now_ns().saturating_sub(t.mtime_ns) < NS;
+            let pending = match t.index.records().last() {
+                Some(last) => {
+                    !t.index.damaged()
+                        && offset > last.offset
+                        && t.mtime_ns > last.time_ns.saturating_add(20_000_000)
+                }
+                None => !waited,
             };
-            let newer_write = t.mtime_ns > last.time_ns.saturating_add(20_000_000);
-            if t.index.damaged() || offset <= last.offset || !newer_write {
+            let empty = t.index.records().is_empty();
+            if !pending || !recent {
+                if empty {
+                    self.no_index.insert(n);
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(2));
             self.files.remove(&n);
         }
+        self.no_index.insert(n);
     }
 
     /// Why some times were estimated, once per reader.

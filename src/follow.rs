@@ -1020,6 +1020,22 @@ impl Follower {
     }
 }
 
+/// Opens `name` in `dir` for reading only if it is a regular file with one
+/// link (the checks of the log files, [`open_log`]): the capture-time
+/// index and the log files read by [`crate::timeline`]. `None` when
+/// nothing or something else is there.
+pub(crate) fn open_regular(dir: &Dir, name: &str) -> io::Result<Option<(File, FileStat)>> {
+    Ok(match open_log(dir, name)? {
+        Opened::File(f, st) => Some((f, st)),
+        Opened::Gone | Opened::Foreign(_) => None,
+    })
+}
+
+/// `pread` that retries when interrupted (see [`read_at`]).
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    read_at(file, buf, offset)
+}
+
 /// `pread` that retries when interrupted.
 fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     loop {

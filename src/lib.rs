@@ -47,3 +47,4 @@ pub mod rotate;
 pub mod sandbox;
 pub mod server;
 pub mod systemd;
+pub mod timeline;

@@ -52,7 +52,11 @@
 //!    - `/proc/sys/fs/pipe-max-size`: read (each stream's scratch pipe is
 //!      sized when its capture starts, after confinement);
 //!    - `logs`: read directory and read file in the log directory, nothing
-//!      else.
+//!      else; with `--cursor FILE`, also read, create, write, truncate and
+//!      remove files in FILE's directory (by the descriptor opened before
+//!      confining), and the `rename` system calls
+//!      ([`Profile::LogsCursor`]), for the temporary file renamed over the
+//!      cursor.
 //!
 //!    Connecting to a *path* unix socket needs no Landlock right before ABI
 //!    9, so `sd_notify` and journald keep working. Abstract unix sockets are
@@ -185,6 +189,8 @@ pub enum Profile {
     Run,
     /// The reader: threads (the inotify watcher), inotify.
     Logs,
+    /// The reader saving a cursor: [`Profile::Logs`] and renames.
+    LogsCursor,
 }
 
 /// What a rule grants beneath a directory (or on a file).
@@ -203,6 +209,8 @@ pub enum Grant {
     WriteFile,
     /// Read an existing file (`/proc/sys/fs/pipe-max-size`).
     ReadFile,
+    /// Read, create, write and replace files (the cursor's directory).
+    Cursor,
 }
 
 impl Grant {
@@ -222,6 +230,13 @@ impl Grant {
             Grant::RemoveFiles => AccessFs::RemoveFile.into(),
             Grant::WriteFile => AccessFs::WriteFile.into(),
             Grant::ReadFile => AccessFs::ReadFile.into(),
+            Grant::Cursor => {
+                AccessFs::ReadFile
+                    | AccessFs::WriteFile
+                    | AccessFs::Truncate
+                    | AccessFs::MakeReg
+                    | AccessFs::RemoveFile
+            }
         }
     }
 }
@@ -298,6 +313,14 @@ impl<'a> Policy<'a> {
     /// never re-resolved from its path), nothing else.
     pub fn logs(log_dir: &'a Dir) -> Self {
         Policy::new(Profile::Logs).fd(log_dir.fd(), Grant::ReadOnly)
+    }
+
+    /// `logs --cursor`: also write the cursor in its directory (the one
+    /// open as `dir`): create, write and rename files there, and the
+    /// rename system calls.
+    pub fn cursor(mut self, dir: &'a Dir) -> Self {
+        self.profile = Profile::LogsCursor;
+        self.fd(dir.fd(), Grant::Cursor)
     }
 }
 
@@ -539,7 +562,7 @@ pub fn build_filter(
         libc::SYS_tgkill,
         one_of(0, &[u64::from(std::process::id())])?,
     );
-    if profile == Profile::Logs {
+    if matches!(profile, Profile::Logs | Profile::LogsCursor) {
         let thread = libc::CLONE_THREAD as u64;
         rules.insert(
             libc::SYS_clone,
@@ -673,7 +696,7 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
         libc::SYS_accept,
         libc::SYS_arch_prctl,
     ]);
-    if profile == Profile::Logs {
+    if matches!(profile, Profile::Logs | Profile::LogsCursor) {
         // The `notify` watcher: its thread and inotify.
         v.extend([
             libc::SYS_inotify_init1,
@@ -683,6 +706,11 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
             libc::SYS_rseq,
             libc::SYS_prctl,
         ]);
+    }
+    if profile == Profile::LogsCursor {
+        v.extend([libc::SYS_renameat, libc::SYS_renameat2]);
+        #[cfg(target_arch = "x86_64")]
+        v.push(libc::SYS_rename);
     }
     v
 }
@@ -694,7 +722,7 @@ mod tests {
     #[test]
     fn both_filters_compile_for_this_target() {
         let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH).unwrap();
-        for p in [Profile::Run, Profile::Logs] {
+        for p in [Profile::Run, Profile::Logs, Profile::LogsCursor] {
             assert!(!build_filter(p, arch).unwrap().is_empty());
         }
     }

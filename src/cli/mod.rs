@@ -321,6 +321,31 @@ pub struct LogsArgs {
     /// Start this many bytes from the end.
     #[arg(short = 'c', long = "bytes", value_parser = parse_size_arg)]
     pub bytes: Option<u64>,
+    /// Prefix each line with its capture time (RFC 3339, ns, UTC; a `~`
+    /// after it marks an estimated time). Exact to the capture batch.
+    #[arg(short = 't', long)]
+    pub timestamps: bool,
+    /// Only lines captured at or after this time: RFC 3339, or a duration
+    /// before now (90s, 10m, 2h, 1d).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Only lines captured at or before this time (as --since); with -f,
+    /// stop once past it.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// stdout and stderr interleaved by capture time, each line tagged
+    /// with its stream.
+    #[arg(long, conflicts_with = "stderr")]
+    pub merged: bool,
+    /// Output format: raw (the bytes), cri (`<time> <stream> <P|F> <text>`)
+    /// or json (Docker json-file lines plus the task's metadata as `attrs`).
+    #[arg(long, value_enum, default_value_t = crate::timeline::Format::Raw)]
+    pub format: crate::timeline::Format,
+    /// Resume from, and save after each write to stdout, the position in
+    /// FILE (at least once: a kill between a write and its save repeats
+    /// that write, nothing is lost). Overrides -n/-c/--since once it exists.
+    #[arg(long, value_name = "FILE")]
+    pub cursor: Option<PathBuf>,
     /// Do not confine this reader (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,

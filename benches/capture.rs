@@ -13,7 +13,10 @@
 //!   machine's own cost;
 //! - `capture_pump` — the daemon's own loop, [`pump`] on a current-thread
 //!   tokio runtime (with whatever batching it does), stopped once the writer
-//!   is done (it then drains the rest).
+//!   is done (it then drains the rest);
+//! - `capture_drain_noindex`, `capture_pump_noindex` — the same without the
+//!   capture-time index ([`Rotator::set_indexing`]), to measure its cost in
+//!   the same run.
 //!
 //! Every iteration gets a fresh log directory (rotation on: 4 MiB files, 4
 //! kept); the FIFO is opened with [`fifo::open_reader`] (1 MiB pipe) for all
@@ -194,9 +197,10 @@ impl Epoll {
     }
 }
 
-fn new_capture(dir: &std::path::Path) -> StreamCapture {
+fn new_capture(dir: &std::path::Path, index: bool) -> StreamCapture {
     let task = TaskName::new("bench").expect("task name");
-    let rotator = Rotator::open(dir, &task, Stream::Stdout, KEEP, FILE_SIZE).expect("rotator");
+    let mut rotator = Rotator::open(dir, &task, Stream::Stdout, KEEP, FILE_SIZE).expect("rotator");
+    rotator.set_indexing(index);
     StreamCapture::new(Stream::Stdout, rotator, WriteErrorPolicy::Drop)
 }
 
@@ -234,9 +238,9 @@ fn run_copy(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, buf: &mut [u8]) 
 }
 
 /// StreamCapture::drain through PipeSource, woken by edge-triggered epoll.
-fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
+fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
-    let mut capture = new_capture(dir.path());
+    let mut capture = new_capture(dir.path(), index);
     let mut peeker = fifo::Peeker::new(fifo.capacity).expect("peeker");
     let devnull = File::options()
         .write(true)
@@ -289,9 +293,10 @@ fn run_pump(
     fifo: &Fifo,
     data: &Arc<Vec<u8>>,
     pattern: Pattern,
+    index: bool,
 ) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
-    let capture = Rc::new(RefCell::new(new_capture(dir.path())));
+    let capture = Rc::new(RefCell::new(new_capture(dir.path(), index)));
     let reader = fifo.reader.try_clone().expect("dup the reader");
     let total = data.len() as u64;
     let c0 = thread_cpu();
@@ -401,25 +406,32 @@ fn fifo_to_files(c: &mut Criterion) {
         drop(fifo);
 
         let fifo = open_fifo();
-        let mut cpu = Cpu::default();
-        g.bench_function("capture_drain", |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| cpu.add(&run_drain(&fifo, &data, pattern), data.len()))
-                    .sum()
-            })
-        });
-        cpu.report(&format!("fifo_to_files/{}/capture_drain", pattern.name()));
-
-        let mut cpu = Cpu::default();
-        g.bench_function("capture_pump", |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| cpu.add(&run_pump(&rt, &fifo, &data, pattern), data.len()))
-                    .sum()
-            })
-        });
-        cpu.report(&format!("fifo_to_files/{}/capture_pump", pattern.name()));
+        // With the capture-time index (as the daemon runs) and without it
+        // (`_noindex`), in the same run: its cost (DESIGN.md §11).
+        for (suffix, index) in [("", true), ("_noindex", false)] {
+            let id = format!("capture_drain{suffix}");
+            let mut cpu = Cpu::default();
+            g.bench_function(&id, |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| cpu.add(&run_drain(&fifo, &data, pattern, index), data.len()))
+                        .sum()
+                })
+            });
+            cpu.report(&format!("fifo_to_files/{}/{id}", pattern.name()));
+        }
+        for (suffix, index) in [("", true), ("_noindex", false)] {
+            let id = format!("capture_pump{suffix}");
+            let mut cpu = Cpu::default();
+            g.bench_function(&id, |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| cpu.add(&run_pump(&rt, &fifo, &data, pattern, index), data.len()))
+                        .sum()
+                })
+            });
+            cpu.report(&format!("fifo_to_files/{}/{id}", pattern.name()));
+        }
         g.finish();
     }
 }

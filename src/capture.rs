@@ -13,6 +13,13 @@
 //!   and the write-error retry, both armed only while there is such work.
 //! - **Capture never stops for good on a write error**: see
 //!   [`WriteErrorPolicy`].
+//! - **Capture time beside the bytes** (DESIGN.md §11): what one drain
+//!   pass moves into one file is one batch and gets one record in that
+//!   file's index, written after the bytes (never a syscall per line; the
+//!   files stay byte-identical and zero-copy). A failing index is counted in
+//!   [`StreamStats::index_errors`] and never holds up or drops data
+//!   (`tests/capture.rs::capture_times_are_recorded_beside_byte_identical_files`,
+//!   `kill_9_mid_stream_loses_no_line`).
 //!
 //! [`StreamCapture`] is the synchronous state machine, driven by a
 //! [`Source`]; [`pump`] drives it from a FIFO on the tokio runtime.
@@ -65,6 +72,10 @@ pub struct StreamStats {
     /// by something logmon did not create: removed or skipped, never
     /// written through (DESIGN.md §9).
     pub foreign_names: u64,
+    /// Failed writes of the capture-time index or the high-water mark
+    /// (DESIGN.md §11); the log files were written all the same.
+    #[serde(default)]
+    pub index_errors: u64,
 }
 
 /// What a [`Source`] holds, as seen in one look.
@@ -239,6 +250,7 @@ impl StreamCapture {
         s.active_size = self.rotator.size();
         s.files_recreated = self.rotator.recreated();
         s.foreign_names = self.rotator.foreign_names();
+        s.index_errors = self.rotator.index_errors();
         s
     }
 
@@ -255,7 +267,21 @@ impl StreamCapture {
     /// Moves everything that may go into files now out of `src`.
     ///
     /// `stopping` flushes a held partial line (logmon is about to exit).
+    /// What the pass moved into one file is one batch: one record in that
+    /// file's capture-time index, written after the bytes (two if the pass
+    /// crossed a rotation, and so on).
     pub fn drain(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        stopping: bool,
+    ) -> io::Result<Drained> {
+        let outcome = self.drain_pass(src, now, stopping);
+        self.rotator.record_batch();
+        outcome
+    }
+
+    fn drain_pass(
         &mut self,
         src: &mut impl Source,
         now: Instant,
@@ -403,7 +429,9 @@ impl StreamCapture {
         if dropped == 0 {
             return;
         }
-        match self.write_marker(dropped) {
+        let written = self.write_marker(dropped);
+        self.rotator.record_batch();
+        match written {
             Ok(()) => {
                 if let Some(f) = &mut self.failure {
                     f.dropped_unreported = 0;

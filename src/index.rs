@@ -26,8 +26,15 @@
 //! number ever used, as decimal text) is kept so numbers are never reused,
 //! even after every file was purged or deleted.
 //!
+//! The writer (end of this file, used by [`crate::rotate::Rotator`]) opens
+//! a new file's index with the header, and resumes an existing one after
+//! its last whole record (a torn tail cut off); a resumed file whose index
+//! is missing or unusable gets a fresh one with records for the new
+//! batches only, so readers estimate the earlier lines' times.
+//!
 //! Tests: the unit tests below (format round trip, torn and corrupt
-//! indexes, lookups).
+//! indexes, lookups, the writer, the high-water mark), the rotator's
+//! (`crate::rotate`) and `tests/capture.rs`.
 
 use crate::config::{Stream, TaskName};
 
@@ -201,6 +208,212 @@ pub fn parse_hwm(text: &[u8]) -> Option<u64> {
     std::str::from_utf8(text).ok()?.trim().parse().ok()
 }
 
+// ---------------------------------------------------------------------
+// Writer side: what capture ([`crate::rotate::Rotator`]) uses to keep the
+// index of the active file and the stream's high-water mark.
+// ---------------------------------------------------------------------
+
+/// Parses `name` as `.<task>.<stream>.<N>.idx` and returns N (canonical
+/// decimal, at most [`crate::rotate::MAX_INDEX`]); `None` for any other name.
+pub fn parse_index_name(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
+    let file = name.strip_prefix('.')?.strip_suffix(".idx")?;
+    crate::rotate::parse_index(file, task, stream)
+}
+
+/// The wall clock (CLOCK_REALTIME) in nanoseconds since the epoch; a clock
+/// before 1970 reads as 0 (records only need non-decreasing times, which
+/// [`IndexWriter::append`] ensures).
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The index of the active log file, open for appending beside it.
+///
+/// Records are written with one `pwrite` each at a position tracked here,
+/// which advances only over a complete record: a short write (disk full) is
+/// overwritten by the next record, so the index never gets out of step.
+#[derive(Debug)]
+pub struct IndexWriter {
+    file: std::fs::File,
+    /// Where the next record goes.
+    end: u64,
+    /// The last record written (or found when resuming).
+    last: Option<Record>,
+}
+
+impl IndexWriter {
+    /// Starts a new index in `file` (emptied first): the header alone.
+    pub fn fresh(file: std::fs::File) -> std::io::Result<IndexWriter> {
+        use std::os::unix::fs::FileExt;
+        file.set_len(0)?;
+        file.write_all_at(&header(), 0)?;
+        Ok(IndexWriter {
+            file,
+            end: HEADER_LEN as u64,
+            last: None,
+        })
+    }
+
+    /// Resumes the existing index `file` of a log file of `file_len` bytes.
+    /// Appends after the last complete record if the header is valid and
+    /// that record names a byte of the file (a torn tail is cut off);
+    /// anything else is started afresh ([`IndexWriter::fresh`]): the bytes
+    /// already in the file then have no record and readers estimate their
+    /// times. Reads 32 bytes at most, whatever the index's size.
+    pub fn resume(file: std::fs::File, file_len: u64) -> std::io::Result<IndexWriter> {
+        use std::os::unix::fs::FileExt;
+        let len = file.metadata()?.len();
+        let mut h = [0u8; HEADER_LEN];
+        let header_ok = len >= HEADER_LEN as u64
+            && file.read_exact_at(&mut h, 0).is_ok()
+            && h[..12] == header()[..12];
+        if !header_ok {
+            return IndexWriter::fresh(file);
+        }
+        let records = (len - HEADER_LEN as u64) / RECORD_LEN as u64;
+        let end = HEADER_LEN as u64 + records * RECORD_LEN as u64;
+        let last = if records == 0 {
+            None
+        } else {
+            let mut b = [0u8; RECORD_LEN];
+            file.read_exact_at(&mut b, end - RECORD_LEN as u64)?;
+            let r = Record::decode(&b);
+            if r.offset >= file_len.max(1) && r.offset != 0 {
+                // The file is shorter than its index says (truncated while
+                // logmon was down): its records cannot be trusted.
+                return IndexWriter::fresh(file);
+            }
+            Some(r)
+        };
+        if end != len {
+            file.set_len(end)?;
+        }
+        Ok(IndexWriter { file, end, last })
+    }
+
+    /// Appends the record of a batch that starts at `offset` and was
+    /// captured at `time_ns`. The time is raised to the previous record's
+    /// if the clock stepped back, so times never decrease; an offset not
+    /// past the previous record's is not written (`Ok(false)`).
+    pub fn append(&mut self, offset: u64, time_ns: i64) -> std::io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let time_ns = match self.last {
+            Some(l) if offset <= l.offset => return Ok(false),
+            Some(l) => time_ns.max(l.time_ns),
+            None => time_ns,
+        };
+        let r = Record { offset, time_ns };
+        self.file.write_all_at(&r.encode(), self.end)?;
+        self.end += RECORD_LEN as u64;
+        self.last = Some(r);
+        Ok(true)
+    }
+
+    /// Forgets every record (the log file was truncated underneath: its
+    /// old offsets no longer name the same bytes).
+    pub fn reset(&mut self) -> std::io::Result<()> {
+        self.last = None;
+        self.end = HEADER_LEN as u64;
+        self.file.set_len(self.end)
+    }
+
+    /// The last record written or resumed.
+    pub fn last(&self) -> Option<Record> {
+        self.last
+    }
+
+    /// fdatasync of the index.
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+/// Removes `name` if it is logmon's own regular file (left over: the index
+/// of a log file that was deleted and is made again), so that
+/// creating the name afresh does not count it as planted. Anything else
+/// is left for [`crate::dir::Dir::create_own`] to remove and report.
+pub fn remove_stale_own(dir: &crate::dir::Dir, name: &str) {
+    if let Ok(Some(st)) = dir.stat(name) {
+        if crate::dir::foreign_reason(&st).is_none() {
+            let _ = dir.remove(name);
+        }
+    }
+}
+
+/// The stream's high-water mark as stored in `dir`, capped at
+/// [`crate::rotate::MAX_INDEX`]; `None` if there is none, or what sits at
+/// the name is not logmon's own regular file or not a number. The log
+/// directory is writable by the task, so the value may be forged: it is
+/// only ever used to move numbering *forward* (a forged mark wastes
+/// numbers, it cannot make logmon reuse or overwrite a file).
+pub fn read_hwm(dir: &crate::dir::Dir, task: &TaskName, stream: Stream) -> Option<u64> {
+    use std::io::Read;
+    let f = dir
+        .open_own(hwm_name(task, stream), nix::fcntl::OFlag::O_RDONLY)
+        .ok()?
+        .ok()??;
+    let mut text = Vec::with_capacity(24);
+    f.take(64).read_to_end(&mut text).ok()?;
+    parse_hwm(&text).map(|n| n.min(crate::rotate::MAX_INDEX))
+}
+
+/// Width of the high-water mark's decimal field: every value takes
+/// exactly this many bytes (zero-padded, then `\n`), so a rewrite never
+/// changes the file's length.
+pub const HWM_WIDTH: usize = 20;
+
+/// Stores `n` as the stream's high-water mark in [`hwm_name`]: one `pwrite`
+/// of a fixed-width field ([`HWM_WIDTH`] digits and a newline) at offset 0
+/// of logmon's own file, opened through `dir` each time (a name the task
+/// planted there is removed and counted, never written through; a mark the
+/// task deleted is created again).
+///
+/// Why not a temporary file renamed over the name: the sandbox allows no
+/// rename (DESIGN.md §10, seccomp allow-list and no Landlock `Refer`), and
+/// none is needed. The field is written whole by one syscall into a file
+/// whose length never changes, so a killed logmon leaves the old value or
+/// the new one, never a mix, and the only reader is the next logmon (which
+/// holds the lock). Opening it afresh at each use (once per new file)
+/// rather than keeping it open means never writing into an inode the task
+/// unlinked or replaced. No fsync: like rotation itself (see
+/// [`crate::rotate::Rotator::rotate`]), it survives a killed logmon, not
+/// necessarily a power loss.
+///
+/// Returns how many planted names were removed from the name.
+pub fn store_hwm(
+    dir: &crate::dir::Dir,
+    task: &TaskName,
+    stream: Stream,
+    n: u64,
+) -> std::io::Result<usize> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::FileExt;
+    let name = hwm_name(task, stream);
+    let text = format!("{n:0width$}\n", width = HWM_WIDTH);
+    let (file, removed) = match dir.open_own(&name, OFlag::O_WRONLY)? {
+        Ok(Some(f)) if f.metadata()?.len() == text.len() as u64 => (f, 0),
+        // Missing, of another length (not written by this code), or
+        // planted: made afresh.
+        _ => match dir.create_own(
+            &name,
+            OFlag::O_WRONLY,
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )? {
+            crate::dir::Claim::Created { file, removed } => (file, removed.len()),
+            crate::dir::Claim::Occupied { by, .. } => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{name} is taken by a {by}"),
+                ))
+            }
+        },
+    };
+    file.write_all_at(text.as_bytes(), 0)?;
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +472,100 @@ mod tests {
         assert_eq!(hwm_name(&t, Stream::Stderr), ".web.stderr.hwm");
         assert_eq!(parse_hwm(b"17\n"), Some(17));
         assert_eq!(parse_hwm(b"x"), None);
+    }
+
+    #[test]
+    fn a_writer_appends_ordered_records_and_resumes_after_the_last_whole_one() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+                .unwrap()
+        };
+        let mut w = IndexWriter::fresh(open()).unwrap();
+        assert!(w.append(0, 100).unwrap());
+        // A clock stepping back never makes times decrease.
+        assert!(w.append(10, 50).unwrap());
+        // An offset not past the last one is never written.
+        assert!(!w.append(10, 300).unwrap());
+        drop(w);
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!(b, bytes(&[(0, 100), (10, 100)]));
+        // A torn tail (killed mid-record) is cut off on resume.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(&[7; 5])
+            .unwrap();
+        let mut w = IndexWriter::resume(open(), 30).unwrap();
+        assert_eq!(
+            w.last(),
+            Some(Record {
+                offset: 10,
+                time_ns: 100
+            })
+        );
+        w.append(20, 200).unwrap();
+        let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), 30);
+        assert!(!ix.damaged());
+        assert_eq!(ix.records().len(), 3);
+        // A file shorter than its index says: started afresh.
+        let w = IndexWriter::resume(open(), 15).unwrap();
+        assert_eq!(w.last(), None);
+        assert_eq!(std::fs::read(&p).unwrap(), header());
+        // Garbage: started afresh.
+        std::fs::write(&p, b"garbage, not an index").unwrap();
+        let mut w = IndexWriter::resume(open(), 15).unwrap();
+        w.append(12, 5).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), bytes(&[(12, 5)]));
+    }
+
+    #[test]
+    fn the_high_water_mark_is_a_fixed_width_field_rewritten_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = crate::dir::Dir::open(d.path()).unwrap();
+        let t = TaskName::new("web").unwrap();
+        assert_eq!(read_hwm(&dir, &t, Stream::Stdout), None);
+        store_hwm(&dir, &t, Stream::Stdout, 7).unwrap();
+        let p = d.path().join(".web.stdout.hwm");
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&p).unwrap());
+        store_hwm(&dir, &t, Stream::Stdout, 12).unwrap();
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&p).unwrap()),
+            ino
+        );
+        assert_eq!(std::fs::read(&p).unwrap().len(), HWM_WIDTH + 1);
+        assert_eq!(read_hwm(&dir, &t, Stream::Stdout), Some(12));
+        assert_eq!(read_hwm(&dir, &t, Stream::Stderr), None);
+        // A forged mark is capped; a symlink is not read through.
+        std::fs::write(&p, format!("{}\n", u64::MAX)).unwrap();
+        assert_eq!(
+            read_hwm(&dir, &t, Stream::Stdout),
+            Some(crate::rotate::MAX_INDEX)
+        );
+        let target = d.path().join("target");
+        std::fs::write(&target, b"99\n").unwrap();
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        assert_eq!(read_hwm(&dir, &t, Stream::Stdout), None);
+        assert_eq!(store_hwm(&dir, &t, Stream::Stdout, 3).unwrap(), 1);
+        assert_eq!(std::fs::read(&target).unwrap(), b"99\n");
+        assert_eq!(read_hwm(&dir, &t, Stream::Stdout), Some(3));
+        assert_eq!(
+            parse_index_name(".web.stdout.3.idx", &t, Stream::Stdout),
+            Some(3)
+        );
+        assert_eq!(
+            parse_index_name(".web.stdout.03.idx", &t, Stream::Stdout),
+            None
+        );
+        assert_eq!(parse_index_name("web.stdout.3", &t, Stream::Stdout), None);
     }
 }

@@ -27,6 +27,22 @@
 //!   and a deleted one is recreated only through its parent's fd
 //!   (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`,
 //!   `log_dir_swapped_for_a_symlink_mid_run_is_not_followed`).
+//! - beside each file, its capture-time index (`.<task>.<stream>.<N>.idx`,
+//!   [`crate::index`]): one record per batch, written after the batch's
+//!   bytes ([`Rotator::record_batch`]); opened, resumed, closed, recreated
+//!   and purged with its file (index first), and never able to hold up or
+//!   change the file: a failure is counted in `index_errors`
+//!   (`each_batch_gets_one_record_after_its_bytes_and_rotation_closes_the_index`,
+//!   `the_index_follows_its_file_through_resume_reopen_deletion_and_truncation`,
+//!   `purge_removes_a_files_index_with_it_and_orphans_below_the_active_one`,
+//!   `an_index_that_cannot_be_created_never_stops_capture`);
+//! - numbers are never reused: the stream's high-water mark
+//!   (`.<task>.<stream>.hwm`) is stored before a number is first used, and
+//!   a restart starts past it unless its file is there to resume
+//!   (`numbers_are_never_reused_after_every_file_was_deleted`). The mark sits
+//!   in a directory the task can write: a forged one only moves numbering
+//!   forward (capped at [`MAX_INDEX`]), wasting numbers, never reusing or
+//!   overwriting a file (`a_forged_high_water_mark_only_moves_numbering_forward`).
 //!
 //! The decision of how many bytes go where is the pure function [`plan`]; the
 //! [`Rotator`] owns the files and does what the plan says.
@@ -45,6 +61,7 @@ use nix::sys::stat::Mode;
 
 use crate::config::{Stream, TaskName};
 use crate::dir::{Claim, Dir};
+use crate::index::{self, IndexWriter};
 
 /// An error of the rotated-files layer, naming the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -220,6 +237,20 @@ pub struct Rotator {
     /// were not warned about since.
     foreign_warned: Option<Instant>,
     foreign_unwarned: u64,
+    /// Whether the capture-time index is kept (always, but for
+    /// benchmarks comparing the cost).
+    indexing: bool,
+    /// The active file's index, open beside it; `None` when there is no
+    /// active file or its index could not be opened.
+    ix: Option<IndexWriter>,
+    /// Offset in the active file of the first byte not yet recorded in
+    /// its index: the batch of the current drain pass.
+    batch: Option<u64>,
+    /// The high-water mark known to be stored (`None`: not known).
+    hwm: Option<u64>,
+    /// Failed index or high-water-mark writes, and when the last was logged.
+    index_errors: u64,
+    index_warned: Option<Instant>,
 }
 
 /// A write at least this large preallocates ([`Rotator::active_file`]):
@@ -285,8 +316,26 @@ impl Rotator {
             foreign: 0,
             foreign_warned: None,
             foreign_unwarned: 0,
+            indexing: true,
+            ix: None,
+            batch: None,
+            hwm: None,
+            index_errors: 0,
+            index_warned: None,
         };
-        if let Some(&last) = indices.last() {
+        // Numbers are never reused: start past the high-water mark unless
+        // the highest existing file is at it (or past it: a mark lost or
+        // never written by an older logmon).
+        let hwm = index::read_hwm(&r.dir, task, stream);
+        r.hwm = hwm;
+        match (indices.last(), hwm) {
+            (last, Some(h)) if last.is_none_or(|&l| l < h) => {
+                r.index = h.saturating_add(1).min(MAX_INDEX);
+                r.purge()?;
+            }
+            _ => {}
+        }
+        if let Some(&last) = indices.last().filter(|&&l| hwm.is_none_or(|h| l >= h)) {
             r.index = last;
             let name = r.active_name();
             match r.dir.open_own(&name, OFlag::O_RDONLY) {
@@ -352,6 +401,21 @@ impl Rotator {
     /// (removed, or skipped), never written through.
     pub fn foreign_names(&self) -> u64 {
         self.foreign
+    }
+
+    /// Failed writes of the capture-time index or the high-water mark
+    /// (the log files were written all the same).
+    pub fn index_errors(&self) -> u64 {
+        self.index_errors
+    }
+
+    /// Turns the capture-time index off (or on again from the next file).
+    /// For benchmarks measuring its cost; the daemon always keeps it.
+    pub fn set_indexing(&mut self, on: bool) {
+        self.indexing = on;
+        if !on {
+            self.ix = None;
+        }
     }
 
     /// Whether the active file ends at a line boundary (or is empty).
@@ -426,12 +490,20 @@ impl Rotator {
                         self.size = m.len();
                         // The truncation freed the blocks past its end.
                         self.reserved = 0;
+                        // Old offsets no longer name the same bytes.
+                        self.batch = None;
+                        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::reset) {
+                            self.ix = None;
+                            self.index_failed("cannot reset the index", &e);
+                        }
                     }
                 }
                 _ => {
                     tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was deleted; recreating it");
                     self.recreated += 1;
                     self.file = None;
+                    self.ix = None;
+                    self.batch = None;
                     self.reserved = 0;
                     self.size = 0;
                     self.at_line_start = true;
@@ -502,6 +574,8 @@ impl Rotator {
         })?;
         self.dir = Arc::new(again);
         self.preallocate = preallocation_pays(&self.dir);
+        // The mark went with the old directory.
+        self.hwm = None;
         Ok(())
     }
 
@@ -513,6 +587,7 @@ impl Rotator {
         self.ensure_dir()?;
         let mut skipped = 0;
         loop {
+            self.store_hwm();
             let name = self.active_name();
             let path = self.active_path();
             let io_err = |action, source| RotateError::Io {
@@ -530,6 +605,7 @@ impl Rotator {
                     }
                     self.inherited = len > 0;
                     self.purge()?;
+                    self.open_index(Some(len));
                     return Ok(file);
                 }
                 Ok(Ok(None)) => {}
@@ -549,6 +625,7 @@ impl Rotator {
                     self.at_line_start = true;
                     self.inherited = false;
                     self.purge()?;
+                    self.open_index(None);
                     return Ok(file);
                 }
                 Claim::Occupied { by, removed } => {
@@ -573,8 +650,11 @@ impl Rotator {
 
     /// Records that `n` bytes were written at the end of the active file;
     /// `ends_line` says whether the last of them was a newline.
+    /// The bytes join the current batch, recorded in the file's index by
+    /// [`Rotator::record_batch`] (or at rotation).
     pub fn advance(&mut self, n: usize, ends_line: bool) {
         if n > 0 {
+            self.batch.get_or_insert(self.size);
             self.size += n as u64;
             self.at_line_start = ends_line;
         }
@@ -586,8 +666,10 @@ impl Rotator {
     /// halving bulk throughput on ext4), and a rotated file is no more at
     /// risk than the active one; both are fsynced at stop.
     pub fn rotate(&mut self) {
+        self.record_batch();
         self.release_reserve();
         self.file = None;
+        self.ix = None;
         self.index += 1;
         self.size = 0;
         self.at_line_start = true;
@@ -597,11 +679,15 @@ impl Rotator {
     /// fsyncs the active file, if one is open. Errors are logged: there is
     /// nothing left to do about them and the data is still in the page cache.
     pub fn sync(&mut self) {
+        self.record_batch();
         self.release_reserve();
         if let Some(f) = &self.file {
             if let Err(e) = f.sync_data() {
                 tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
             }
+        }
+        if let Some(Err(e)) = self.ix.as_ref().map(IndexWriter::sync) {
+            tracing::debug!(stream = %self.stream, error = %e, "fsync of the index failed");
         }
     }
 
@@ -611,6 +697,7 @@ impl Rotator {
     pub fn reopen(&mut self) {
         self.sync();
         self.file = None;
+        self.ix = None;
         let ours = matches!(self.dir.stat(self.active_name()), Ok(Some(st))
             if crate::dir::foreign_reason(&st).is_none());
         if !ours {
@@ -622,19 +709,39 @@ impl Rotator {
     /// Removes the lowest indices until at most `max_files` remain, by
     /// name through the directory fd (a planted symlink's target is never
     /// touched; a planted directory is left alone).
+    ///
+    /// A file's index goes first, then the file: a reader that finds a
+    /// file without its index estimates its times, and no index outlives
+    /// its file for longer than the two unlinks. Indexes left without
+    /// their file (a logmon killed between the two, files deleted by hand)
+    /// are removed too, below the active index.
     fn purge(&self) -> Result<(), RotateError> {
-        let indices = scan_indices_in(&self.dir, &self.task, self.stream).map_err(|source| {
-            RotateError::Io {
-                action: "cannot list",
-                path: self.dir.path().to_owned(),
-                source,
-            }
+        let names = self.dir.list().map_err(|source| RotateError::Io {
+            action: "cannot list",
+            path: self.dir.path().to_owned(),
+            source,
         })?;
+        let mut indices = Vec::new();
+        let mut indexed = Vec::new();
+        for n in names.iter().filter_map(|n| n.to_str()) {
+            if let Some(i) = parse_index(n, &self.task, self.stream) {
+                indices.push(i);
+            } else if let Some(i) = index::parse_index_name(n, &self.task, self.stream) {
+                indexed.push(i);
+            }
+        }
+        indices.sort_unstable();
+        for i in indexed {
+            if i < self.index && indices.binary_search(&i).is_err() {
+                self.remove_index(i);
+            }
+        }
         let excess = indices.len().saturating_sub(self.max_files as usize);
         for &old in indices.iter().take(excess) {
             if old >= self.index {
                 break;
             }
+            self.remove_index(old);
             let name = file_name(&self.task, self.stream, old);
             match self.dir.remove(&name) {
                 Ok(()) => tracing::debug!(path = %self.dir.display(&name).display(), "purged"),
@@ -647,6 +754,125 @@ impl Rotator {
             }
         }
         Ok(())
+    }
+}
+
+impl Rotator {
+    /// Writes the record of the current batch (the bytes moved into the
+    /// active file since the last record) into the file's index, stamped
+    /// with the wall clock now — after the bytes, so a record never names
+    /// bytes that are not in the file. Called once per drain pass and at
+    /// rotation: one `pwrite` per batch, never one per line. A failure is
+    /// counted and logged; the log file is not affected.
+    pub fn record_batch(&mut self) {
+        let Some(offset) = self.batch.take() else {
+            return;
+        };
+        let Some(ix) = self.ix.as_mut() else {
+            return;
+        };
+        if let Err(e) = ix.append(offset, index::now_ns()) {
+            self.index_failed("cannot write the index", &e);
+        }
+    }
+
+    /// Opens the active file's index: resumes it for a resumed file of
+    /// `resumed` bytes (see [`IndexWriter::resume`]), or starts a new one
+    /// for a new file (`None`); an index left at the name by a deleted file
+    /// of the same number is replaced. A planted name is removed and
+    /// counted like those at log file names. On failure the file goes
+    /// without an index (readers estimate its times).
+    fn open_index(&mut self, resumed: Option<u64>) {
+        self.ix = None;
+        self.batch = None;
+        if !self.indexing {
+            return;
+        }
+        let name = index::index_name(&self.task, self.stream, self.index);
+        if let Some(len) = resumed {
+            match self.dir.open_own(&name, OFlag::O_RDWR) {
+                Ok(Ok(Some(f))) => {
+                    match IndexWriter::resume(f, len) {
+                        Ok(w) => self.ix = Some(w),
+                        Err(e) => self.index_failed("cannot resume the index", &e),
+                    }
+                    return;
+                }
+                // Nothing there, or planted (create_own removes it).
+                Ok(Ok(None)) | Ok(Err(_)) => {}
+                Err(e) => return self.index_failed("cannot open the index", &e),
+            }
+        } else {
+            index::remove_stale_own(&self.dir, &name);
+        }
+        match self
+            .dir
+            .create_own(&name, OFlag::O_RDWR, Mode::from_bits_truncate(0o644))
+        {
+            Ok(Claim::Created { file, removed }) => {
+                let what = removed.first().cloned().unwrap_or_default();
+                self.note_foreign(removed.len() as u64, &name, &what);
+                match IndexWriter::fresh(file) {
+                    Ok(w) => self.ix = Some(w),
+                    Err(e) => self.index_failed("cannot write the index", &e),
+                }
+            }
+            Ok(Claim::Occupied { by, removed }) => {
+                self.note_foreign(removed.len() as u64 + 1, &name, &by);
+                self.index_failed(
+                    "cannot create the index",
+                    &io::Error::new(io::ErrorKind::AlreadyExists, by),
+                );
+            }
+            Err(e) => self.index_failed("cannot create the index", &e),
+        }
+    }
+
+    /// Stores the active index as the high-water mark if it is past the
+    /// one stored, before the file is first used. A failure is counted and
+    /// logged, and capture goes on (the mark is tried again at the next
+    /// file).
+    fn store_hwm(&mut self) {
+        if !self.indexing || self.hwm.is_some_and(|h| h >= self.index) {
+            return;
+        }
+        match index::store_hwm(&self.dir, &self.task, self.stream, self.index) {
+            Ok(removed) => {
+                self.hwm = Some(self.index);
+                let name = index::hwm_name(&self.task, self.stream);
+                self.note_foreign(removed as u64, &name, "planted name");
+            }
+            Err(e) => self.index_failed("cannot store the high-water mark", &e),
+        }
+    }
+
+    /// Removes the index of file `n`, if any.
+    fn remove_index(&self, n: u64) {
+        let name = index::index_name(&self.task, self.stream, n);
+        match self.dir.remove(&name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => {}
+            Err(e) => {
+                tracing::debug!(path = %self.dir.display(&name).display(), error = %e, "cannot purge an index")
+            }
+        }
+    }
+
+    /// Counts an index failure and warns at most once per
+    /// [`FOREIGN_WARN_EVERY`].
+    fn index_failed(&mut self, what: &'static str, e: &io::Error) {
+        self.index_errors += 1;
+        let now = Instant::now();
+        if self
+            .index_warned
+            .is_none_or(|t| now.duration_since(t) >= FOREIGN_WARN_EVERY)
+        {
+            tracing::warn!(stream = %self.stream, dir = %self.dir.path().display(), error = %e,
+                failures = self.index_errors,
+                "{what}; capture goes on, lines without a record get an estimated time \
+                 (more failures are only counted for a minute)");
+            self.index_warned = Some(now);
+        }
     }
 }
 
@@ -879,6 +1105,209 @@ mod tests {
         let (f, off) = r.active_file(line.len()).unwrap();
         f.write_all_at(line, off).unwrap();
         r.advance(line.len(), true);
+        r.record_batch();
+    }
+
+    fn read_index(dir: &Path, n: u64) -> Option<crate::index::Index> {
+        let ix = std::fs::read(dir.join(format!(".web.stdout.{n}.idx"))).ok()?;
+        let len = std::fs::metadata(dir.join(format!("web.stdout.{n}"))).map_or(0, |m| m.len());
+        Some(crate::index::Index::parse(Some(&ix), len))
+    }
+
+    #[test]
+    fn each_batch_gets_one_record_after_its_bytes_and_rotation_closes_the_index() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 12).unwrap();
+        // Two writes in one pass are one batch.
+        for line in [b"ab\n", b"cd\n"] {
+            let (f, off) = r.active_file(3).unwrap();
+            f.write_all_at(line, off).unwrap();
+            r.advance(3, true);
+        }
+        r.record_batch();
+        r.record_batch(); // nothing new: no record
+        std::thread::sleep(Duration::from_millis(2));
+        put(&mut r, b"efgh\n");
+        let ix = read_index(d.path(), 0).unwrap();
+        assert!(!ix.damaged());
+        let recs = ix.records();
+        assert_eq!(recs.iter().map(|x| x.offset).collect::<Vec<_>>(), [0, 6]);
+        assert!(recs[1].time_ns > recs[0].time_ns);
+        // A pass crossing a rotation: one record per file.
+        let (f, off) = r.active_file(1).unwrap();
+        f.write_all_at(b"x", off).unwrap();
+        r.advance(1, false);
+        r.rotate();
+        let (f, off) = r.active_file(2).unwrap();
+        f.write_all_at(b"y\n", off).unwrap();
+        r.advance(2, true);
+        r.record_batch();
+        assert_eq!(read_index(d.path(), 0).unwrap().records().len(), 3);
+        let ix1 = read_index(d.path(), 1).unwrap();
+        assert_eq!(ix1.records().len(), 1);
+        assert_eq!(ix1.records()[0].offset, 0);
+        assert!(ix1.records()[0].time_ns >= recs[1].time_ns);
+        assert_eq!(r.index_errors(), 0);
+        // The files hold exactly the bytes, nothing else.
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.0")).unwrap(),
+            b"ab\ncd\nefgh\nx"
+        );
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.1")).unwrap(),
+            b"y\n"
+        );
+    }
+
+    #[test]
+    fn purge_removes_a_files_index_with_it_and_orphans_below_the_active_one() {
+        let d = tempfile::tempdir().unwrap();
+        // An index whose file was deleted by hand while logmon was down.
+        std::fs::write(d.path().join(".web.stdout.0.idx"), crate::index::header()).unwrap();
+        std::fs::write(d.path().join("web.stdout.1"), b"one\n").unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        assert!(!d.path().join(".web.stdout.0.idx").exists());
+        for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
+            put(&mut r, line);
+        }
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![3, 4]
+        );
+        let mut idx: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".idx"))
+            .collect();
+        idx.sort();
+        assert_eq!(idx, [".web.stdout.3.idx", ".web.stdout.4.idx"]);
+    }
+
+    #[test]
+    fn numbers_are_never_reused_after_every_file_was_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 4).unwrap();
+        for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
+            put(&mut r, line);
+        }
+        assert_eq!(r.index(), 2);
+        drop(r);
+        // `rm logs/*`: every log file (the dotfiles stay).
+        for n in 0..3 {
+            std::fs::remove_file(d.path().join(format!("web.stdout.{n}"))).unwrap();
+        }
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 4).unwrap();
+        assert_eq!(r.index(), 3);
+        put(&mut r, b"ddd\n");
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.3")).unwrap(),
+            b"ddd\n"
+        );
+        // The orphaned indexes went with the restart's purge.
+        for n in 0..3 {
+            assert!(
+                !d.path().join(format!(".web.stdout.{n}.idx")).exists(),
+                "{n}"
+            );
+        }
+        drop(r);
+        // The mark at the highest existing file: that file is resumed.
+        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 8).unwrap();
+        assert_eq!((r.index(), r.size()), (3, 4));
+        // The mark is written before a new number is first used: a logmon
+        // killed before creating file 4 still never reuses 4.
+        crate::index::store_hwm(&Dir::open(d.path()).unwrap(), &task(), Stream::Stdout, 4).unwrap();
+        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 8).unwrap();
+        assert_eq!(r.index(), 5);
+    }
+
+    #[test]
+    fn a_forged_high_water_mark_only_moves_numbering_forward() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("web.stdout.5"), b"five\n").unwrap();
+        let hwm = d.path().join(".web.stdout.hwm");
+        // Lower than the files: ignored, file 5 resumed.
+        std::fs::write(&hwm, b"2\n").unwrap();
+        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!((r.index(), r.size()), (5, 5));
+        // Far beyond: numbers are wasted, nothing is overwritten.
+        std::fs::write(&hwm, format!("{}\n", u64::MAX)).unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        assert_eq!(r.index(), MAX_INDEX);
+        put(&mut r, b"new\n");
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.5")).unwrap(),
+            b"five\n"
+        );
+        assert_eq!(
+            std::fs::read(d.path().join(format!("web.stdout.{MAX_INDEX}"))).unwrap(),
+            b"new\n"
+        );
+    }
+
+    #[test]
+    fn the_index_follows_its_file_through_resume_reopen_deletion_and_truncation() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("web.stdout.0");
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        put(&mut r, b"one\n");
+        drop(r);
+        // Resumed: records appended after the existing ones.
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        put(&mut r, b"two\n");
+        let offs =
+            |ix: crate::index::Index| ix.records().iter().map(|x| x.offset).collect::<Vec<_>>();
+        assert_eq!(offs(read_index(d.path(), 0).unwrap()), [0, 4]);
+        // Reopen: resumed again.
+        r.reopen();
+        put(&mut r, b"three\n");
+        assert_eq!(offs(read_index(d.path(), 0).unwrap()), [0, 4, 8]);
+        // Truncated underneath (copytruncate): old offsets are forgotten.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        put(&mut r, b"four\n");
+        assert_eq!(offs(read_index(d.path(), 0).unwrap()), [0]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"four\n");
+        // Deleted underneath: the recreated file gets a fresh index.
+        std::fs::remove_file(&p).unwrap();
+        put(&mut r, b"five\n");
+        let ix = read_index(d.path(), 0).unwrap();
+        assert!(!ix.damaged());
+        assert_eq!(offs(ix), [0]);
+        // A resumed file without an index: records only for the new bytes.
+        drop(r);
+        std::fs::remove_file(d.path().join(".web.stdout.0.idx")).unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        put(&mut r, b"six\n");
+        let ix = read_index(d.path(), 0).unwrap();
+        assert!(ix.damaged(), "the earlier bytes have no record");
+        assert_eq!(offs(ix), [5]);
+        assert_eq!(r.index_errors(), 0);
+        assert_eq!(r.foreign_names(), 0);
+    }
+
+    #[test]
+    fn an_index_that_cannot_be_created_never_stops_capture() {
+        let d = tempfile::tempdir().unwrap();
+        // A non-empty directory at the index's and the mark's names.
+        for n in [".web.stdout.0.idx", ".web.stdout.hwm"] {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+            std::fs::write(d.path().join(n).join("x"), b"x").unwrap();
+        }
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        put(&mut r, b"one\n");
+        put(&mut r, b"two\n");
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.0")).unwrap(),
+            b"one\ntwo\n"
+        );
+        assert_eq!(r.index_errors(), 2);
+        assert!(r.foreign_names() >= 1);
     }
 
     #[test]

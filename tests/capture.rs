@@ -446,6 +446,125 @@ fn kill_9_mid_stream_loses_no_line() {
     assert_sizes(d.path(), "t", Stream::Stdout, 1024 * 1024);
     assert_eq!(indices(d.path(), "t", Stream::Stdout).first(), Some(&0));
     assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, N);
+    // Every file's index survived the kills: it parses, and its records
+    // name only bytes that are in the file (a torn tail is allowed).
+    for n in indices(d.path(), "t", Stream::Stdout) {
+        let recs = raw_records(d.path(), "t", Stream::Stdout, n);
+        assert!(!recs.is_empty(), "t.stdout.{n} has no record at all");
+    }
+}
+
+/// The complete records of file `n`'s index, checked as a reader would
+/// need them: a valid header, offsets increasing and inside the file,
+/// times non-decreasing. Only the tail may be torn (a killed logmon).
+fn raw_records(dir: &Path, task: &str, stream: Stream, n: u64) -> Vec<(u64, i64)> {
+    use logmon::index::{header, Index, HEADER_LEN, RECORD_LEN};
+    let len = std::fs::metadata(dir.join(format!("{task}.{stream}.{n}")))
+        .unwrap()
+        .len();
+    let ix = std::fs::read(dir.join(format!(".{task}.{stream}.{n}.idx")))
+        .unwrap_or_else(|e| panic!("index of {task}.{stream}.{n}: {e}"));
+    assert_eq!(ix[..HEADER_LEN], header(), "{task}.{stream}.{n}: header");
+    let mut out: Vec<(u64, i64)> = Vec::new();
+    for r in ix[HEADER_LEN..].chunks_exact(RECORD_LEN) {
+        let off = u64::from_le_bytes(r[..8].try_into().unwrap());
+        let t = i64::from_le_bytes(r[8..].try_into().unwrap());
+        assert!(
+            off < len,
+            "{task}.{stream}.{n}: a record at {off}, file of {len}"
+        );
+        if let Some(&(po, pt)) = out.last() {
+            assert!(
+                off > po && t >= pt,
+                "{task}.{stream}.{n}: records out of order"
+            );
+        }
+        out.push((off, t));
+    }
+    // The reader's parse keeps all of them.
+    let parsed = Index::parse(Some(&ix), len);
+    assert_eq!(parsed.records().len(), out.len(), "{task}.{stream}.{n}");
+    out
+}
+
+fn wall_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+#[test]
+fn capture_times_are_recorded_beside_byte_identical_files() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &[]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"");
+    let mut written = Vec::new();
+    // Three bursts at distinct moments: (time before the burst was
+    // written, time its record was seen).
+    let mut moments = Vec::new();
+    for burst in 0..3u64 {
+        if burst > 0 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let before = wall_ns();
+        let bytes = numbered(burst * 10, burst * 10 + 10);
+        w.write_all(&bytes).unwrap();
+        written.extend_from_slice(&bytes);
+        let want = written.len() as u64;
+        assert!(wait_until(SOON, || total_size(
+            d.path(),
+            "t",
+            Stream::Stdout
+        ) >= want
+            && std::fs::read(d.path().join(".t.stdout.0.idx"))
+                .map_or(0, |b| b.len())
+                >= 16 + 16 * (burst as usize + 1)));
+        moments.push((before, wall_ns()));
+    }
+    stop(dm);
+    // The file is exactly what was written: the index lives beside it.
+    assert_eq!(read_stream(d.path(), "t", Stream::Stdout), written);
+    let recs = raw_records(d.path(), "t", Stream::Stdout, 0);
+    assert_eq!(recs.len(), 3, "one record per burst: {recs:?}");
+    for (burst, (&(off, t), &(before, seen))) in recs.iter().zip(&moments).enumerate() {
+        assert_eq!(off, burst as u64 * 10 * LINE, "burst {burst} starts there");
+        assert!(
+            before <= t && t <= seen,
+            "burst {burst} stamped {t}, written at {before}, seen at {seen}"
+        );
+    }
+    // The index and the mark are dotfiles: no reader of the reference's
+    // names sees them.
+    let mut names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["t.stdout.0"]);
+}
+
+#[test]
+fn numbers_go_on_after_every_file_was_deleted_while_stopped() {
+    let d = tempfile::tempdir().unwrap();
+    let args = ["--max-file-size", "1000"];
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    let dm = Daemon::start(d.path(), "t", &args);
+    write_numbered(&path, 0, 40);
+    wait_for_size(d.path(), "t", Stream::Stdout, 40 * LINE, SOON);
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0, 1, 2]);
+    // `rm logs/t.stdout.*` while logmon is stopped.
+    for n in 0..3 {
+        std::fs::remove_file(d.path().join(format!("t.stdout.{n}"))).unwrap();
+    }
+    let dm = Daemon::start(d.path(), "t", &args);
+    write_numbered(&path, 40, 45);
+    wait_for_size(d.path(), "t", Stream::Stdout, 5 * LINE, SOON);
+    stop(dm);
+    assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![3]);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 40, 45);
 }
 
 #[test]

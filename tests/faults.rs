@@ -697,6 +697,21 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
     assert_numbered(&lay.stdout(), 200, 400);
     let log = lay.daemon_log_text();
     assert!(log.contains("vanished"), "not in the daemon's log:\n{log}");
+    // The capture-time index and the high-water mark follow into the
+    // recreated directory: every file there has a sound index, and the
+    // mark names the newest file.
+    let kept = common::indices(&lay.logs, TASK, Stream::Stdout);
+    for &n in &kept {
+        let len = std::fs::metadata(lay.file(Stream::Stdout, n))
+            .unwrap()
+            .len();
+        let ix = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.{n}.idx")))
+            .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
+        let parsed = logmon::index::Index::parse(Some(&ix), len);
+        assert!(!parsed.damaged(), "index of file {n}");
+    }
+    let hwm = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.hwm"))).unwrap();
+    assert_eq!(logmon::index::parse_hwm(&hwm), kept.last().copied());
 }
 
 /// A directory outside the log dir holding decoys with the stream's names:

@@ -8,6 +8,7 @@
 //! fully determined by the input: it must equal a greedy reference model.
 //! `loose_*` lets the clock run and the pipe fill, so partial lines may be
 //! flushed early; only the unconditional invariants are checked there.
+//! Both also check every kept file's capture-time index (`check_indexes`).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -283,6 +284,38 @@ fn check_unconditional(files: &[(u64, Vec<u8>)], input: &[u8], max_files: u32, l
     }
 }
 
+/// Every kept file has a sound capture-time index (header, first record at
+/// offset 0, offsets increasing inside the file, times non-decreasing: a
+/// restart here happens between drain passes, so no batch lacks its
+/// record), no index outlives its file, and the high-water mark is the
+/// newest file's number.
+fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
+    use logmon::index::{index_name, parse_hwm, parse_index_name, Index};
+    for (n, bytes) in files {
+        let ix = std::fs::read(dir.join(index_name(&task(), Stream::Stdout, *n)))
+            .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
+        let parsed = Index::parse(Some(&ix), bytes.len() as u64);
+        assert!(!parsed.damaged(), "index of file {n} is damaged");
+        assert_eq!(parsed.records()[0].offset, 0, "file {n}");
+        assert_eq!(
+            ix.len(),
+            16 + 16 * parsed.records().len(),
+            "file {n}: records past the valid ones"
+        );
+    }
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if let Some(n) = parse_index_name(&name, &task(), Stream::Stdout) {
+            assert!(files.iter().any(|f| f.0 == n), "{name} outlived its file");
+        }
+    }
+    if let Some((last, _)) = files.last() {
+        let hwm =
+            std::fs::read(dir.join(logmon::index::hwm_name(&task(), Stream::Stdout))).unwrap();
+        assert_eq!(parse_hwm(&hwm), Some(*last));
+    }
+}
+
 /// Every file but the newest ends in `\n`, unless it holds exactly `limit`
 /// bytes of a line longer than the limit (a forced split).
 fn check_line_ends(files: &[(u64, Vec<u8>)], limit: u64) {
@@ -336,6 +369,7 @@ proptest! {
         let files = run_capture(dir.path(), &input, &steps, 64 * 1024, max_files, limit as u64);
         check_unconditional(&files, &input, max_files, limit as u64);
         check_line_ends(&files, limit as u64);
+        check_indexes(dir.path(), &files);
         let want = reference_layout(&input, limit);
         let kept = want.len().min(max_files as usize);
         let first = (want.len() - kept) as u64;
@@ -368,6 +402,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let files = run_capture(dir.path(), &input, &steps, capacity, max_files, limit as u64);
         check_unconditional(&files, &input, max_files, limit as u64);
+        check_indexes(dir.path(), &files);
     }
 }
 

@@ -374,3 +374,78 @@ fn following_with_a_cursor_and_until_stops_past_the_range() {
         "{text}"
     );
 }
+
+// ------------------------------------------------ with the real daemon
+
+/// End to end through `run` and `logs`: the daemon's own indexes order
+/// stdout and stderr by capture time, `--since` between two bursts returns
+/// only the later one, JSON carries the `--meta` given to `run`, and a
+/// `--cursor` reader resumes across a kill -9 and restart of logmon,
+/// printing every line exactly once.
+#[test]
+fn the_daemons_own_index_drives_merged_since_json_and_the_cursor() {
+    use common::{fifo, Daemon};
+    use std::io::Write;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let daemon = Daemon::start(dir, "web", &["--meta", "job=api"]);
+    let mut out = logmon::fifo::open_task_end(&fifo(dir, "web", Stream::Stdout)).unwrap();
+    let mut err = logmon::fifo::open_task_end(&fifo(dir, "web", Stream::Stderr)).unwrap();
+    let stdout_has = |n: usize| {
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(dir.join("web.stdout.0")).is_ok_and(|s| s.lines().count() >= n)
+        })
+    };
+    out.write_all(b"o1\n").unwrap();
+    assert!(stdout_has(1));
+    std::thread::sleep(Duration::from_millis(300));
+    err.write_all(b"e1\n").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read(dir.join("web.stderr.0")).is_ok_and(|b| b == b"e1\n")
+    }));
+    std::thread::sleep(Duration::from_millis(300));
+    let between = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    std::thread::sleep(Duration::from_millis(300));
+    out.write_all(b"o2\n").unwrap();
+    assert!(stdout_has(2));
+
+    // Merged by capture time: o1, then e1, then o2 — whatever the files say.
+    let merged = ok(&logs(dir, &["--merged"]));
+    assert_eq!(merged, "stdout o1\nstderr e1\nstdout o2\n");
+    // Since a moment between e1 and o2: only o2, found through the index.
+    let since = format_rfc3339(between);
+    let later = ok(&logs(dir, &["--merged", "--since", &since]));
+    assert_eq!(later, "stdout o2\n");
+    // No line's time is estimated: the daemon indexed every batch.
+    let stamped = logs(dir, &["--timestamps"]);
+    assert!(!ok(&stamped).contains('~'), "{}", ok(&stamped));
+    assert!(
+        stamped.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&stamped.stderr)
+    );
+    // JSON in Docker's shape, with the task's metadata.
+    let json = ok(&logs(dir, &["--format", "json"]));
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(first["log"], "o1\n");
+    assert_eq!(first["stream"], "stdout");
+    assert_eq!(first["attrs"]["job"], "api");
+
+    // A cursor reader, then logmon killed -9 and restarted, then more lines.
+    let cursor = dir.join("web.cursor");
+    let cursor_arg = cursor.to_str().unwrap();
+    let first_read = ok(&logs(dir, &["--cursor", cursor_arg]));
+    assert_eq!(first_read, "o1\no2\n");
+    daemon.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = daemon.wait();
+    out.write_all(b"o3\n").unwrap();
+    let _again = Daemon::start(dir, "web", &[]);
+    out.write_all(b"o4\n").unwrap();
+    assert!(stdout_has(4));
+    let second_read = ok(&logs(dir, &["--cursor", cursor_arg]));
+    assert_eq!(second_read, "o3\no4\n");
+    assert_eq!(ok(&logs(dir, &["--cursor", cursor_arg])), "");
+}

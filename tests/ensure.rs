@@ -459,6 +459,10 @@ fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
         .len()
         >= first_half));
     let launched = hook::load_state(&state.join("t.logmon.json")).unwrap();
+    // Kill the agent only once it has persisted the task it started (it
+    // writes that right after spawning it; under load the task can fill
+    // the log first), as a restarted agent can only adopt what was saved.
+    assert!(wait_until(LONG, || state.join("t.task.json").exists()));
     first.kill().unwrap(); // SIGKILL the agent; task and logmon live on
     first.wait().unwrap();
     let second = agent("exit 99"); // not run: the task is adopted

@@ -470,7 +470,7 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 /// pipe fill before draining again. One drain per burst instead of one per
 /// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
 /// Never used when idle: the first drain after idleness (longer than
-/// [`STILL_BUSY`]) is immediate, and the pump goes back to waiting as soon
+/// `STILL_BUSY`) is immediate, and the pump goes back to waiting as soon
 /// as a drain finds nothing new.
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 

@@ -423,7 +423,7 @@ pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
 /// so a busy task's writes carry no wakeup cost.
 ///
 /// SIGIO is blocked in the daemon's thread and read from one signalfd
-/// shared by the pumps of that thread ([`SigioHub`]): a blocked signal is
+/// shared by the pumps of that thread (`SigioHub`): a blocked signal is
 /// pending at most once, so a burst of writes that lands before the pump
 /// disarms costs one wakeup, not one signal handler per write (measured
 /// with both cores busy: 20,000–28,000 handler runs per 100 MiB of
@@ -668,7 +668,7 @@ impl Peeker {
     /// them. Returns how many were looked at and the offset of the last
     /// newline among them.
     ///
-    /// Only the last [`PEEK_CHUNK`] bytes are copied to memory; the head of
+    /// Only the last `PEEK_CHUNK` bytes are copied to memory; the head of
     /// the copy is dropped by splicing it to /dev/null. Without a newline
     /// there, the chunk before it is looked at, and so on.
     pub fn last_newline(

@@ -78,7 +78,7 @@ pub struct Welcome {
     pub protocol: u32,
     /// The daemon's pid.
     pub pid: u32,
-    /// Its start time (field 22 of /proc/<pid>/stat).
+    /// Its start time (field 22 of `/proc/<pid>/stat`).
     pub start_time: u64,
     /// Its random instance id.
     pub instance: String,
@@ -131,7 +131,7 @@ pub struct ReattachConfig {
     pub protocol: u32,
     /// The daemon's pid.
     pub pid: u32,
-    /// The daemon's start time (field 22 of /proc/<pid>/stat).
+    /// The daemon's start time (field 22 of `/proc/<pid>/stat`).
     pub start_time: u64,
     /// The control socket's path.
     pub socket: std::path::PathBuf,

@@ -205,10 +205,10 @@ pub struct RunArgs {
     /// Directory of the log files (must exist).
     #[arg(long, env = "LOGMON_LOG_DIR")]
     pub log_dir: PathBuf,
-    /// FIFO of the task's stdout [default: <log-dir>/.<task>.stdout.fifo].
+    /// FIFO of the task's stdout [default: LOG_DIR/.TASK.stdout.fifo].
     #[arg(long, env = "LOGMON_STDOUT_FIFO")]
     pub stdout_fifo: Option<PathBuf>,
-    /// FIFO of the task's stderr [default: <log-dir>/.<task>.stderr.fifo].
+    /// FIFO of the task's stderr [default: LOG_DIR/.TASK.stderr.fifo].
     #[arg(long, env = "LOGMON_STDERR_FIFO")]
     pub stderr_fifo: Option<PathBuf>,
     /// Files kept per stream, the active one included.
@@ -217,7 +217,7 @@ pub struct RunArgs {
     /// Size limit of one file: bytes, or 512KiB, 10MiB, 1GiB.
     #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value = "10MiB", value_parser = parse_size_arg)]
     pub max_file_size: u64,
-    /// Control socket [default: <log-dir>/.<task>.logmon.sock].
+    /// Control socket [default: LOG_DIR/.TASK.logmon.sock].
     #[arg(long, env = "LOGMON_SOCKET")]
     pub socket: Option<PathBuf>,
     /// What to do when a log file cannot be written.

@@ -8,7 +8,11 @@
 //!   (`tests/capture.rs::kill_9_mid_stream_loses_no_line`).
 //! - **Line-aware rotation** as decided by [`crate::rotate::plan`]; a partial
 //!   line waits in the pipe, not in memory, until its newline comes, it has
-//!   waited [`PARTIAL_LINE_WAIT`], the pipe is full, or logmon stops.
+//!   waited [`PARTIAL_LINE_WAIT`], the pipe is full, or logmon stops. A
+//!   partial line longer than the peek can show (the scratch pipe is smaller
+//!   than the FIFO when the per-user pipe quota is used up) is written as it
+//!   comes, never let out a second at a time
+//!   (`tests/capture.rs::a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up`).
 //! - **No timers when idle.** The only timers are the partial-line deadline
 //!   and the write-error retry, both armed only while there is such work.
 //! - **Capture never stops for good on a write error**: see
@@ -83,7 +87,8 @@ pub struct StreamStats {
 pub struct Look {
     /// Bytes waiting to be taken.
     pub avail: usize,
-    /// How many of them were looked at: `min(avail, room)`.
+    /// How many of them were looked at: `min(avail, room)`, or fewer when
+    /// the source cannot show more (a scratch pipe smaller than the FIFO).
     pub peeked: usize,
     /// The offset of the last newline among those.
     pub last_nl: Option<usize>,
@@ -366,7 +371,11 @@ impl StreamCapture {
             let waited = self
                 .partial_since
                 .is_some_and(|t| now.duration_since(t) >= PARTIAL_LINE_WAIT);
-            let flush = stopping || pipe_full || waited;
+            // Nor can one longer than the source can show (a scratch pipe
+            // smaller than the FIFO): its newline would never be seen, and
+            // holding it would let it out a second's wait at a time.
+            let unseen = peeked < avail.min(room);
+            let flush = stopping || pipe_full || waited || unseen;
             match plan(size, self.rotator.limit(), avail, peeked, last_nl, flush) {
                 Step::Rotate => self.rotator.rotate(),
                 Step::Hold => {
@@ -719,6 +728,53 @@ mod tests {
             Drained::Empty
         );
         assert_eq!(c.stats().bytes_captured, 4);
+    }
+
+    /// A [`Mem`] that can show only its first `view` bytes, as a FIFO
+    /// behind a scratch pipe smaller than it.
+    struct Narrow {
+        mem: Mem,
+        view: usize,
+    }
+
+    impl Source for Narrow {
+        fn look(&mut self, room: usize, clean: usize) -> io::Result<Look> {
+            self.mem.look(room.min(self.view), clean)
+        }
+        fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
+            self.mem.move_to(file, offset, len)
+        }
+        fn discard(&mut self, len: usize) -> io::Result<usize> {
+            self.mem.discard(len)
+        }
+        fn capacity(&self) -> usize {
+            self.mem.capacity()
+        }
+    }
+
+    #[test]
+    fn a_partial_line_longer_than_the_source_can_show_is_written_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = capture(d.path());
+        let mut data = b"one\n".to_vec();
+        data.extend_from_slice(&[b'x'; 500]);
+        let mut src = Narrow {
+            mem: Mem { data: data.clone() },
+            view: 64,
+        };
+        // No time passes: nothing is let out by the partial-line wait.
+        let now = Instant::now();
+        let d1 = c.drain(&mut src, now, false).unwrap();
+        // Only the tail the source shows whole waits for its newline.
+        assert!(matches!(d1, Drained::Held { .. }), "{d1:?}");
+        let held = src.mem.data.len();
+        assert!(held <= 64, "{held} bytes held");
+        let file = d.path().join("t.stdout.0");
+        assert_eq!(std::fs::read(&file).unwrap(), data[..data.len() - held]);
+        src.mem.data.push(b'\n');
+        data.push(b'\n');
+        while c.drain(&mut src, now, false).unwrap() != Drained::Empty {}
+        assert_eq!(std::fs::read(&file).unwrap(), data);
     }
 
     #[test]

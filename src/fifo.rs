@@ -631,6 +631,10 @@ pub struct Peeker {
     devnull: File,
     buf: Vec<u8>,
     capacity: usize,
+    /// The scratch pipe could not be made as large as the FIFO (the
+    /// per-user pipe quota is used up): a tee stops when its few slots are
+    /// full, however few bytes they hold, so only FIONREAD counts the FIFO.
+    short: bool,
 }
 
 /// How much of the peeked bytes is read back at a time, from the end: enough
@@ -653,14 +657,25 @@ impl Peeker {
         let devnull = File::options().write(true).open("/dev/null")?;
         // What the scratch pipe really holds (see `look` for a smaller
         // one than the FIFO).
+        let fifo_capacity = capacity;
         let capacity = fcntl(w.as_fd(), FcntlArg::F_GETPIPE_SZ)
             .map_or(capacity, |n| usize::try_from(n).unwrap_or(capacity));
+        let short = capacity < fifo_capacity;
+        if short {
+            tracing::warn!(
+                fifo_capacity,
+                scratch_capacity = capacity,
+                "scratch pipe smaller than the FIFO (pipe quota used up?): \
+                 a partial line longer than it is written without waiting for its newline"
+            );
+        }
         Ok(Peeker {
             r,
             w,
             devnull,
             buf: Vec::new(),
             capacity,
+            short,
         })
     }
 
@@ -724,10 +739,11 @@ impl Peeker {
         clean: usize,
     ) -> io::Result<(usize, usize, Option<usize>)> {
         let teed = self.tee(fifo, self.capacity)?;
-        // A scratch pipe smaller than the FIFO (it could not be enlarged)
-        // may be full before the FIFO is empty: count with FIONREAD then,
-        // so "the pipe is full" and "more came since" stay exact.
-        let waiting = if teed + 4096 >= self.capacity {
+        // A nearly full tee may not have taken all; a scratch pipe smaller
+        // than the FIFO may stop at any count (its slots may hold partly
+        // filled pages): count with FIONREAD then, so "the pipe is full",
+        // "more came since" and "more waits than was looked at" stay exact.
+        let waiting = if self.short || teed + 4096 >= self.capacity {
             bytes_waiting(fifo)?.max(teed)
         } else {
             teed

@@ -17,6 +17,7 @@ use common::{
 };
 use logmon::config::Stream;
 use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Uid};
 
 /// Bytes of one `numbered_line`.
 const LINE: u64 = 56;
@@ -1033,6 +1034,189 @@ fn a_growing_partial_line_does_not_make_logmon_spin() {
     let files = files(d.path(), "t", Stream::Stdout);
     assert_eq!(files.len(), 1, "the line was split");
     assert_eq!(files[0].1.len(), 600 * 1024 + 1);
+}
+
+/// A FIFO of one or two pages (the smallest pipes the kernel makes; a
+/// task's FIFO gets two when its user's pipe quota is used up): a line
+/// growing without its newline, lines longer than the pipe, many short
+/// lines and a prompt answered later all arrive exactly, with no wait
+/// that lets a line out a second at a time.
+#[test]
+fn a_fifo_of_one_or_two_pages_never_stalls_long_or_partial_lines() {
+    use nix::fcntl::{fcntl, FcntlArg};
+    use std::os::fd::AsFd;
+    for pages in [1, 2] {
+        let size = pages * 4096;
+        let d = tempfile::tempdir().unwrap();
+        let path = fifo(d.path(), "t", Stream::Stdout);
+        logmon::fifo::ensure_fifo(&path).unwrap();
+        let mut w = logmon::fifo::open_task_end(&path).unwrap();
+        fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(size)).unwrap();
+        let size_s = size.to_string();
+        let dm = Daemon::start(d.path(), "t", &["--pipe-size", &size_s]);
+        assert_eq!(fcntl(w.as_fd(), FcntlArg::F_GETPIPE_SZ).unwrap(), size);
+        let mut want = Vec::new();
+        for _ in 0..300 {
+            want.push(vec![b'x'; 1024]);
+        }
+        want.push(b"\n".to_vec());
+        for i in 0..50u8 {
+            let mut line = vec![b'a' + i % 26; 20 * 1024];
+            line.push(b'\n');
+            want.push(line);
+        }
+        want.push(numbered(0, 10_000));
+        want.push(b"prompt> ".to_vec());
+        let writes = want.clone();
+        let writer = std::thread::spawn(move || {
+            for (i, bytes) in writes.iter().enumerate() {
+                w.write_all(bytes).unwrap();
+                if i < 300 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            w
+        });
+        let mut want = want.concat();
+        wait_for_size(d.path(), "t", Stream::Stdout, want.len() as u64, SOON);
+        let mut w = writer.join().unwrap();
+        w.write_all(b"yes\n").unwrap();
+        want.extend_from_slice(b"yes\n");
+        wait_for_size(d.path(), "t", Stream::Stdout, want.len() as u64, SOON);
+        stop(dm);
+        assert!(
+            read_stream(d.path(), "t", Stream::Stdout) == want,
+            "{size}-byte FIFO: the stream was not captured exactly"
+        );
+    }
+}
+
+/// The pipes of a private uid, held by a `sleep` running as that uid until
+/// dropped: enough of them, enlarged to pipe-max-size, that the uid is over
+/// its share of pipe memory (`fs.pipe-user-pages-soft`). Every pipe that
+/// uid creates afterwards gets the kernel's minimum (2 pages) and cannot be
+/// enlarged. Only this uid is affected, never the machine's other users.
+struct PipeQuotaHog(std::process::Child);
+
+impl PipeQuotaHog {
+    /// `None` when the machine has no per-user soft limit.
+    fn start(uid: u32) -> Option<PipeQuotaHog> {
+        use std::os::unix::process::CommandExt;
+        let soft: usize = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
+        if soft == 0 || soft / (max / 4096) > 500 {
+            return None;
+        }
+        let pipes = soft / (max / 4096) + 4;
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600").uid(uid).gid(uid).stdin(Stdio::null());
+        // SAFETY: runs in the forked child before exec, after setuid; it
+        // only makes system calls (pipe, fcntl), no allocation or locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                for _ in 0..pipes {
+                    let mut fds = [0 as nix::libc::c_int; 2];
+                    if nix::libc::pipe(fds.as_mut_ptr()) != 0 {
+                        break;
+                    }
+                    // Inherited by `sleep`, which holds them.
+                    nix::libc::fcntl(fds[1], nix::libc::F_SETPIPE_SZ, max as nix::libc::c_int);
+                }
+                Ok(())
+            });
+        }
+        Some(PipeQuotaHog(cmd.spawn().unwrap()))
+    }
+}
+
+impl Drop for PipeQuotaHog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// When the per-user pipe memory is used up (other tasks of the same user
+/// hold big pipes), logmon's scratch pipe for peeking (tee) stays at 8 KiB
+/// while the FIFO it reads is 1 MiB (sized before, as it is reused across
+/// restarts). Lines and partial lines longer than what the scratch pipe can
+/// show cannot wait for their newline: they are written as they come,
+/// never held back a second at a time (which captured 8 KiB a second and
+/// let a task's 600 KiB line take over a minute). Every byte arrives once
+/// and in order.
+#[test]
+fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: needs root (logmon and the pipes as a private uid)");
+        return;
+    }
+    use std::os::fd::AsFd;
+    use std::os::unix::process::CommandExt;
+    // A uid no one else uses: the quota is per user.
+    let uid = 2_000_000_000 + std::process::id() % 1_000_000;
+    let d = tempfile::tempdir().unwrap();
+    nix::unistd::chown(d.path(), Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid))).unwrap();
+    // The FIFO exists, 1 MiB (the task holds it open, as across a restart).
+    let path = fifo(d.path(), "t", Stream::Stdout);
+    logmon::fifo::ensure_fifo(&path).unwrap();
+    nix::unistd::chown(&path, Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid))).unwrap();
+    let mut w = logmon::fifo::open_task_end(&path).unwrap();
+    let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
+    let cap = logmon::fifo::set_pipe_size(w.as_fd(), max as u64).unwrap();
+    assert!(cap >= 64 * 1024, "the FIFO has {cap} bytes");
+    let Some(_hog) = PipeQuotaHog::start(uid) else {
+        println!("SKIPPED: no per-user pipe limit (fs.pipe-user-pages-soft)");
+        return;
+    };
+    let child = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
+        .uid(uid)
+        .gid(uid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let dm = Daemon::from_child(child, String::new);
+    // The quota is used up: the FIFO logmon created itself got 8 KiB.
+    let e = logmon::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stderr)).unwrap();
+    let small = nix::fcntl::fcntl(e.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+    assert!(small <= 8192, "the stderr FIFO has {small} bytes");
+    // A partial line growing to 600 KiB (as in the test above), its
+    // newline, then lines of 20 KiB and many short ones.
+    let mut want = Vec::new();
+    for _ in 0..600 {
+        want.push(vec![b'x'; 1024]);
+    }
+    want.push(b"\n".to_vec());
+    for i in 0..100u8 {
+        let mut line = vec![b'a' + i % 26; 20 * 1024];
+        line.push(b'\n');
+        want.push(line);
+    }
+    want.push(numbered(0, 10_000));
+    let writes = want.clone();
+    // A writer thread: a stalled capture blocks it.
+    let writer = std::thread::spawn(move || {
+        for (i, bytes) in writes.iter().enumerate() {
+            w.write_all(bytes).unwrap();
+            if i < 600 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        w
+    });
+    let want = want.concat();
+    wait_for_size(d.path(), "t", Stream::Stdout, want.len() as u64, SOON);
+    drop(writer.join().unwrap());
+    stop(dm);
+    assert!(
+        read_stream(d.path(), "t", Stream::Stdout) == want,
+        "the stream was not captured exactly"
+    );
 }
 
 /// `run` enlarges each FIFO to `--pipe-size` (default 1 MiB, capped by

@@ -317,6 +317,7 @@ fn run_pump(
             pump(
                 reader,
                 fifo.capacity,
+                logmon::fifo::Peeker::new(fifo.capacity).expect("scratch pipe"),
                 capture.clone(),
                 std::rc::Rc::new(tokio::sync::Notify::new()),
                 stop_rx

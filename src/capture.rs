@@ -519,14 +519,20 @@ const BURST: u64 = 64 * 1024;
 ///
 /// While a write error holds bytes back under `--on-write-error block`, the
 /// FIFO is not armed: the pump waits for the retry time only.
+///
+/// `peeker` is the stream's scratch pipe, made by the caller before the
+/// process confines itself: once its capabilities are dropped, a new pipe
+/// counts against the per-user pipe quota (`fs.pipe-user-pages-soft`),
+/// which a node with many logmons of one user exhausts, and a scratch pipe
+/// smaller than the FIFO limits how long a partial line can wait.
 pub async fn pump(
     fd: std::os::fd::OwnedFd,
     capacity: usize,
+    mut peeker: fifo::Peeker,
     capture: SharedCapture,
     activity: Rc<Notify>,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
-    let mut peeker = fifo::Peeker::new(capacity)?;
     let devnull = File::options().write(true).open("/dev/null")?;
     let mut data = fifo::DataSignal::new(fd.as_fd())?;
     let mut last_drain = Instant::now();

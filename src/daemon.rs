@@ -461,9 +461,14 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         let activity = Rc::new(tokio::sync::Notify::new());
         let mut pumps = Vec::new();
         for (f, cap) in fifos.into_iter().zip(captures.iter()) {
+            // The scratch pipe is made now, before confinement, with the
+            // privileges that sized the FIFO (see `pump`).
+            let peeker = crate::fifo::Peeker::new(f.capacity)
+                .map_err(io_err("cannot make the scratch pipe"))?;
             pumps.push(tokio::task::spawn_local(pump(
                 f.fd,
                 f.capacity,
+                peeker,
                 cap.clone(),
                 activity.clone(),
                 stop_rx.clone(),

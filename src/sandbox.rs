@@ -49,8 +49,6 @@
 //!      the path): remove a file (the socket is unlinked at stop);
 //!    - `/dev/null`: write (capture discards peeked copies into it and the
 //!      ready line replaces stdout with it);
-//!    - `/proc/sys/fs/pipe-max-size`: read (each stream's scratch pipe is
-//!      sized when its capture starts, after confinement);
 //!    - `logs`: read directory and read file in the log directory, nothing
 //!      else; with `--cursor FILE`, also read, create, write, truncate and
 //!      remove files in FILE's directory (by the descriptor opened before
@@ -207,8 +205,6 @@ pub enum Grant {
     RemoveFiles,
     /// Write an existing file (`/dev/null`).
     WriteFile,
-    /// Read an existing file (`/proc/sys/fs/pipe-max-size`).
-    ReadFile,
     /// Read, create, write and replace files (the cursor's directory).
     Cursor,
 }
@@ -229,7 +225,6 @@ impl Grant {
             Grant::ReadOnly => AccessFs::ReadDir | AccessFs::ReadFile,
             Grant::RemoveFiles => AccessFs::RemoveFile.into(),
             Grant::WriteFile => AccessFs::WriteFile.into(),
-            Grant::ReadFile => AccessFs::ReadFile.into(),
             Grant::Cursor => {
                 AccessFs::ReadFile
                     | AccessFs::WriteFile
@@ -282,8 +277,7 @@ impl<'a> Policy<'a> {
     /// `run`'s policy: the log directory and its parent, the directory of
     /// the socket logmon bound when elsewhere (to unlink the socket at
     /// stop), all by the descriptors opened at start (the task may have
-    /// swapped their paths for symlinks since), `/dev/null`,
-    /// `pipe-max-size`.
+    /// swapped their paths for symlinks since), and `/dev/null`.
     pub fn run(log_dir: &'a Dir, socket_dir: Option<&'a Dir>) -> Self {
         let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
         if let Some(parent) = log_dir.parent_fd() {
@@ -300,9 +294,7 @@ impl<'a> Policy<'a> {
                 p = p.fd(parent, Grant::LogDirParent);
             }
         }
-        p = p
-            .path("/dev/null", Grant::WriteFile)
-            .path("/proc/sys/fs/pipe-max-size", Grant::ReadFile);
+        p = p.path("/dev/null", Grant::WriteFile);
         if let Some(dir) = socket_dir.filter(|d| d.id() != log_dir.id()) {
             p = p.fd(dir.fd(), Grant::RemoveFiles);
         }
@@ -776,7 +768,8 @@ mod tests {
         let dir = Dir::open(d.path()).unwrap();
         let again = Dir::open(d.path()).unwrap();
         let same = Policy::run(&dir, Some(&again));
-        assert_eq!(same.rules.len(), 4);
+        // Log dir, its parent, /dev/null.
+        assert_eq!(same.rules.len(), 3);
         assert_eq!(same.rules[1].1, Grant::LogDirParent);
         let s = tempfile::tempdir().unwrap();
         let sock = Dir::open(s.path()).unwrap();
@@ -787,12 +780,12 @@ mod tests {
         std::fs::rename(s.path(), &moved).unwrap();
         std::os::unix::fs::symlink("/etc", s.path()).unwrap();
         let other = Policy::run(&dir, Some(&sock));
-        assert_eq!(other.rules.len(), 5);
-        assert_eq!(other.rules[4].1, Grant::RemoveFiles);
+        assert_eq!(other.rules.len(), 4);
+        assert_eq!(other.rules[3].1, Grant::RemoveFiles);
         assert!(
-            matches!(other.rules[4].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
+            matches!(other.rules[3].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
             "{:?}",
-            other.rules[4].0
+            other.rules[3].0
         );
         // `logs` too: the directory it opened, not where its path leads.
         let logs = Policy::logs(&sock);

@@ -1474,3 +1474,49 @@ fn planted_lock_and_socket_names_do_not_stop_a_start() {
     // The socket was ours and is gone; the victim was never unlinked.
     assert!(std::fs::symlink_metadata(logs.join(".t.logmon.sock")).is_err());
 }
+
+/// A root logmon makes its scratch pipes (through which it peeks for
+/// newlines) before its sandbox drops the capabilities that exempt root from
+/// the per-user pipe quota: with root's quota used up (a node with many
+/// logmons), a partial line of 600 KiB still waits in the pipe for its
+/// newline instead of being written in pieces as it arrives.
+#[test]
+fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    let Some(_hog) = PipeQuotaHog::start(0) else {
+        eprintln!("SKIPPED: no per-user pipe quota on this machine");
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let err_log = dir.join("daemon.err");
+    let child = common::logmon(&["run", "--task", "t", "--log-dir", dir.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&err_log).unwrap())
+        .spawn()
+        .unwrap();
+    let daemon = Daemon::from_child(child, || {
+        std::fs::read_to_string(&err_log).unwrap_or_default()
+    });
+    let mut task = logmon::fifo::open_task_end(&fifo(dir, "t", Stream::Stdout)).unwrap();
+    let line = vec![b'x'; 600 * 1024];
+    task.write_all(&line).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let held = std::fs::metadata(dir.join("t.stdout.0")).map_or(0, |m| m.len());
+    task.write_all(b"\n").unwrap();
+    assert!(wait_until(Duration::from_secs(30), || {
+        std::fs::metadata(dir.join("t.stdout.0")).is_ok_and(|m| m.len() == 600 * 1024 + 1)
+    }));
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(daemon.wait(), Some(0));
+    let log = std::fs::read_to_string(&err_log).unwrap();
+    assert_eq!(
+        held, 0,
+        "the partial line was written before its newline; logmon said:\n{log}"
+    );
+    assert!(!log.contains("scratch pipe smaller"), "{log}");
+}

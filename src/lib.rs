@@ -7,24 +7,37 @@
 //!
 //! The pieces, in the order data and control flow through them:
 //!
+//! - **the shared directories** — [`dir`] is the only way any module
+//!   touches a name inside a directory the task can write (log, FIFO and
+//!   socket directories): a descriptor opened once, every name resolved
+//!   from it without following symlinks, planted names removed or skipped,
+//!   never written through (DESIGN.md §9).
 //! - **capture** — [`fifo`] opens the FIFOs (both ends O_RDWR: no EOF for
-//!   logmon, no SIGPIPE for the task); [`capture`] moves bytes from each
-//!   pipe into files with splice(2), peeking for newlines with tee(2), so a
-//!   byte leaves the pipe only by landing in a file and a SIGKILL loses
-//!   nothing; [`rotate`] decides where each byte goes (line-aware rotation,
-//!   purge).
-//! - **control** — [`daemon`] wires one task's capture, its lock, and its
-//!   control socket on a current-thread runtime and prints the ready line;
-//!   [`server`] answers [`protocol`] requests (`Stats`, `Stop`, `Reopen`,
-//!   `Ping`) on a unix socket.
+//!   logmon, no SIGPIPE for the task; one reader per FIFO); [`capture`]
+//!   moves bytes from each pipe into files with splice(2), peeking for
+//!   newlines with tee(2), so a byte leaves the pipe only by landing in a
+//!   file and a SIGKILL loses nothing; [`rotate`] decides where each byte
+//!   goes (line-aware rotation, purge, numbers never reused) and writes
+//!   [`index`], the capture time of each batch beside each file.
+//! - **control** — [`daemon`] wires one task's capture, its lock, its
+//!   control socket and its [`meta`]data on a current-thread runtime,
+//!   confines itself ([`sandbox`]: no new privileges, no capabilities,
+//!   Landlock, seccomp) and prints the ready line; [`server`] answers
+//!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
+//!   socket; [`diag`] moves a launched daemon's diagnostics into its log.
 //! - **reattach** — [`client`] launches a daemon and proves, before trusting
 //!   it, that the process behind a persisted [`protocol::ReattachConfig`] is
-//!   the one launched (pid, start time, peer credentials, instance id);
-//!   [`hook`] is the agent's prestart/stop hook built on it; [`process`]
-//!   holds the identity primitives.
-//! - **reading** — [`follow`] reads and follows a stream across rotations.
+//!   the one launched (pid, start time, peer credentials, instance id, the
+//!   socket file, task and directory); [`hook`] is the agent's prestart/stop
+//!   hook built on it (and owns the state file); [`process`] holds the
+//!   identity primitives.
+//! - **reading** — [`follow`] reads and follows a stream across rotations,
+//!   reading only logmon's own files; [`timeline`] adds capture times,
+//!   `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **service** — [`systemd`] adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
+//! - **command line** — [`cli`] (one exit-code policy, one-line errors);
+//!   `main.rs` only calls [`cli::main`].
 //!
 //! The contract these modules keep is `DESIGN.md`; each module's doc names
 //! the guarantees it keeps and the tests that prove them.

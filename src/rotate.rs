@@ -171,21 +171,10 @@ pub fn parse_index(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
     rest.parse().ok().filter(|&n| n <= MAX_INDEX)
 }
 
-/// The indices of `task`'s `stream` files in `dir`, ascending.
+/// The indices of `task`'s `stream` files in `dir`, ascending: opens the
+/// directory once and lists it through its handle ([`scan_indices_in`]).
 pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if let Some(n) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| parse_index(s, task, stream))
-        {
-            out.push(n);
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
+    scan_indices_in(&Dir::open(dir)?, task, stream)
 }
 
 /// [`scan_indices`] through a directory handle (no path walked).

@@ -293,28 +293,27 @@ fn parse_flock_holder(text: &str, dev: u64, ino: u64) -> Option<u32> {
 /// "logmon pid 123 (task web)" from /proc: the task from `--task X` on its
 /// command line, or its `LOGMON_TASK` when readable, else "task unknown".
 fn describe_pid(pid: u32) -> String {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    let Some(args) = crate::process::cmdline(pid) else {
         return format!("pid {pid} (no longer running; a copy of its FIFO descriptor is still open, e.g. in systemd's fd store)");
     };
-    let args: Vec<String> = cmdline
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    let task = task_in_args(&args).or_else(|| {
-        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        env.split(|&b| b == 0).find_map(|kv| {
-            kv.strip_prefix(b"LOGMON_TASK=")
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        })
-    });
+    let task = crate::process::flag_value(&args, "--task")
+        .map(|t| t.to_string_lossy().into_owned())
+        .or_else(|| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            env.split(|&b| b == 0).find_map(|kv| {
+                kv.strip_prefix(b"LOGMON_TASK=")
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+        });
     let task = task.map_or_else(|| "task unknown".to_owned(), |t| format!("task {t}"));
     let prog = args
         .first()
         .map(|a| {
             Path::new(a)
                 .file_name()
-                .map_or(a.clone(), |n| n.to_string_lossy().into_owned())
+                .unwrap_or(a.as_os_str())
+                .to_string_lossy()
+                .into_owned()
         })
         .unwrap_or_default();
     if prog.contains("logmon") {
@@ -322,19 +321,6 @@ fn describe_pid(pid: u32) -> String {
     } else {
         format!("process {prog} pid {pid} ({task})")
     }
-}
-
-fn task_in_args(args: &[String]) -> Option<String> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--task" {
-            return it.next().cloned();
-        }
-        if let Some(t) = a.strip_prefix("--task=") {
-            return Some(t.to_owned());
-        }
-    }
-    None
 }
 
 /// Checks that an inherited descriptor (systemd's fd store) is a FIFO and
@@ -1006,12 +992,6 @@ mod tests {
                     3: FLOCK  ADVISORY  WRITE 9 fd:01:42 0 EOF\n";
         assert_eq!(parse_flock_holder(text, dev, 42), Some(9));
         assert_eq!(parse_flock_holder(text, dev, 43), None);
-        let args: Vec<String> = ["logmon", "run", "--task", "web"]
-            .map(String::from)
-            .to_vec();
-        assert_eq!(task_in_args(&args).as_deref(), Some("web"));
-        let args: Vec<String> = ["logmon", "run", "--task=w2"].map(String::from).to_vec();
-        assert_eq!(task_in_args(&args).as_deref(), Some("w2"));
     }
 
     #[test]

@@ -399,19 +399,7 @@ impl Hook {
             return Vec::new();
         };
         let ours = client::run_args(&self.config);
-        let value = |args: &[OsString], flag: &str| -> Option<OsString> {
-            let mut it = args.iter();
-            while let Some(a) = it.next() {
-                if a == flag {
-                    return it.next().cloned();
-                }
-                let s = a.to_string_lossy();
-                if let Some(v) = s.strip_prefix(&format!("{flag}=")) {
-                    return Some(v.into());
-                }
-            }
-            None
-        };
+        let value = process::flag_value;
         COMPARED_FLAGS
             .iter()
             .filter_map(|f| {

@@ -189,9 +189,45 @@ pub fn cmdline(pid: u32) -> Option<Vec<std::ffi::OsString>> {
     )
 }
 
+/// The value of `flag` in a command line (`--flag VALUE` or
+/// `--flag=VALUE`), the first one given.
+pub fn flag_value(args: &[std::ffi::OsString], flag: &str) -> Option<std::ffi::OsString> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            return it.next().cloned();
+        }
+        let s = a.to_string_lossy();
+        if let Some(v) = s.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            return Some(v.into());
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flags_value_is_found_in_both_spellings() {
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(Into::into)
+                .collect::<Vec<std::ffi::OsString>>()
+        };
+        let v = |a: &[&str], f| flag_value(&args(a), f).map(|s| s.to_string_lossy().into_owned());
+        assert_eq!(
+            v(&["logmon", "run", "--task", "web"], "--task").as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            v(&["logmon", "run", "--task=w2"], "--task").as_deref(),
+            Some("w2")
+        );
+        assert_eq!(v(&["logmon", "run", "--tasks=x"], "--task"), None);
+        assert_eq!(v(&["logmon", "run", "--task"], "--task"), None);
+    }
 
     #[test]
     fn stat_with_spaces_and_parens_in_the_name_parses() {

@@ -124,14 +124,101 @@ fn daemons_of(dir: &Path) -> Vec<u32> {
 /// A task writing numbered lines `0..n` through its task end, in 64 KiB
 /// writes; the thread panics (failing the join) on any write error, EPIPE
 /// included.
-fn task_writer(logs: &Path, n: u64) -> JoinHandle<()> {
+/// A task writing `n` numbered lines into the stdout FIFO from a thread.
+/// Like a real task, it keeps its end of the FIFO open after its last write
+/// (until [`Task::join`]'s caller drops the end): a pipe whose every end is
+/// closed loses what it holds, so a task that exits while no logmon runs
+/// takes its unread output with it (a limit the README states), which is not
+/// what these tests are about.
+struct Task {
+    thread: JoinHandle<()>,
+    end: std::fs::File,
+}
+
+impl Task {
+    /// Waits for the last write; returns the task's end, still open.
+    fn join(self) -> std::thread::Result<std::fs::File> {
+        self.thread.join().map(|()| self.end)
+    }
+}
+
+fn task_writer(logs: &Path, n: u64) -> Task {
     let path = fifo(logs, "t", Stream::Stdout);
-    logmon::fifo::ensure_fifo(&path).unwrap();
-    std::thread::spawn(move || write_numbered(&path, 0, n))
+    let end = logmon::fifo::open_task_end(&path).unwrap();
+    let mut w = std::io::BufWriter::with_capacity(64 * 1024, end.try_clone().unwrap());
+    let thread = std::thread::spawn(move || {
+        use std::io::Write;
+        for i in 0..n {
+            w.write_all(common::numbered_line(i).as_bytes()).unwrap();
+        }
+        w.flush().unwrap();
+    });
+    Task { thread, end }
 }
 
 fn stream_bytes(logs: &Path) -> u64 {
     read_stream(logs, "t", Stream::Stdout).len() as u64
+}
+
+/// Waits until the stream holds exactly `n` lines; on timeout panics with
+/// what a person would look at: the bytes captured, the files, and
+/// logmon's own diagnostics.
+fn wait_for_all_lines(logs: &Path, n: u64) {
+    if wait_until(LONG, || stream_bytes(logs) == n * LINE) {
+        return;
+    }
+    let mut listing = String::new();
+    for e in std::fs::read_dir(logs).unwrap().flatten() {
+        let len = e.metadata().map_or(0, |m| m.len());
+        listing.push_str(&format!("  {} {len}\n", e.file_name().to_string_lossy()));
+    }
+    let status = common::logmon(&[
+        "status",
+        "--state",
+        logs.join("state.json").to_str().unwrap(),
+    ])
+    .output()
+    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    .unwrap_or_default();
+    let before_stop = stream_bytes(logs);
+    let mut fds = String::new();
+    if let Ok(cfg) = serde_json::from_slice::<ReattachConfig>(
+        &std::fs::read(logs.join("state.json")).unwrap_or_default(),
+    ) {
+        for e in std::fs::read_dir(format!("/proc/{}/fd", cfg.pid))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            let ino = std::fs::metadata(e.path())
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap_or(0);
+            fds.push_str(&format!(
+                "  fd {} -> {} (ino {ino})\n",
+                e.file_name().to_string_lossy(),
+                target.display()
+            ));
+        }
+    }
+    let fifo_ino = std::fs::metadata(logs.join(".t.stdout.fifo"))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0);
+    let fds = format!("FIFO name's inode {fifo_ino}; daemon fds:\n{fds}");
+    // Ask the daemon to stop, so whatever ended its capture is in its log.
+    if let Ok(state) = std::fs::read(logs.join("state.json")) {
+        if let Ok(cfg) = serde_json::from_slice::<ReattachConfig>(&state) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(cfg.pid as i32), Signal::SIGTERM);
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+    let diag = std::fs::read_to_string(logs.join(".t.logmon.log")).unwrap_or_default();
+    panic!(
+        "stream holds {before_stop} of {} bytes ({} after a SIGTERM drain)\nstatus: {status}\n{fds}files:\n{listing}logmon said:\n{diag}",
+        n * LINE,
+        stream_bytes(logs),
+    );
 }
 
 fn assert_all_lines(logs: &Path, n: u64) {
@@ -179,10 +266,10 @@ fn sigkill_of_logmon_mid_stream_loses_no_line_and_ensure_launches_fresh() {
     assert!(reason.starts_with("ProcessGone"), "{reason}");
     assert_ne!(second.pid, first.pid);
     assert_eq!(a.saved(), second);
-    writer
+    let _end = writer
         .join()
         .expect("the task got a write error while logmon was down");
-    assert!(wait_until(LONG, || stream_bytes(a.logs()) == N * LINE));
+    wait_for_all_lines(a.logs(), N);
     a.stop();
     assert_all_lines(a.logs(), N);
 }
@@ -207,8 +294,8 @@ fn sigstopped_logmon_is_replaced_and_no_longer_exists() {
         "the stopped logmon still exists"
     );
     assert_eq!(a.daemons(), vec![second.pid], "one reader per FIFO");
-    writer.join().expect("the task got a write error");
-    assert!(wait_until(LONG, || stream_bytes(a.logs()) == N * LINE));
+    let _end = writer.join().expect("the task got a write error");
+    wait_for_all_lines(a.logs(), N);
     a.stop();
     assert_all_lines(a.logs(), N);
 }

@@ -412,6 +412,27 @@ impl Dir {
         nix::fcntl::renameat(&self.fd, from, &self.fd, to).map_err(io::Error::from)
     }
 
+    /// Renames `from` to `to` inside this directory only if nothing sits
+    /// at `to` (`renameat2(RENAME_NOREPLACE)`: `EEXIST` otherwise). What
+    /// is moved is the name at `from`, whatever it is, never followed:
+    /// callers check what they open at `to` afterwards.
+    pub fn rename_noreplace(
+        &self,
+        from: impl AsRef<OsStr>,
+        to: impl AsRef<OsStr>,
+    ) -> io::Result<()> {
+        let from = one_component(from.as_ref())?;
+        let to = one_component(to.as_ref())?;
+        nix::fcntl::renameat2(
+            &self.fd,
+            from,
+            &self.fd,
+            to,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(io::Error::from)
+    }
+
     /// `fsync` of the directory itself, so a rename or a new name in it is
     /// durable.
     pub fn sync(&self) -> io::Result<()> {

@@ -7,8 +7,9 @@
 //! tools and shippers' globs ignore it). Format, little-endian:
 //!
 //! ```text
-//! header  16 bytes: b"logmonix" | version u32 (1) | reserved u32 (0)
+//! header  16 bytes: b"logmonix" | version u32 (2) | file u32 (N mod 2^32)
 //! record  16 bytes: offset u64 | time_ns i64
+//! end     zero bytes to the end of the file (optional)
 //! ```
 //!
 //! One record per drained batch: `offset` is where the batch's first byte
@@ -21,6 +22,18 @@
 //! past the file's end end the usable part, and lines past it get an
 //! estimated time ([`Stamp::Estimated`]). Losing or corrupting an index
 //! never loses a line: the log file is read the same way with or without it.
+//!
+//! The header names the file it belongs to, and zero bytes after the last
+//! record end the index without damage: at rotation the purged file's index
+//! inode is renamed to the new file's name and reused ([`IndexWriter::recycle`])
+//! rather than one inode unlinked and another created, which on ext4 cost
+//! each rotation about 2 ms of blocking journal work (measured with
+//! `strace -T`: unlink 1.2 ms, create 0.5 ms). Rewriting the header with the
+//! new number and zeroing the old records is one `pwrite`; a logmon killed
+//! between the rename and that write leaves an index whose header names
+//! another file, which readers ignore (estimated times), never the old
+//! file's times under the new name. Version 1 indexes (no file number) are
+//! still read.
 //!
 //! The stream's high-water mark (`.<task>.<stream>.hwm`, the highest file
 //! number ever used, as decimal text) is kept so numbers are never reused,
@@ -41,7 +54,15 @@ use crate::config::{Stream, TaskName};
 /// The index's magic bytes.
 pub const MAGIC: &[u8; 8] = b"logmonix";
 /// The format version written.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The first version, whose header does not name its file; still read.
+const VERSION_1: u32 = 1;
+/// Past this size, a recycled index's old records are cut off
+/// (`ftruncate`) rather than overwritten with zeros.
+const ZERO_FILL_MAX: u64 = 64 * 1024;
+/// The largest index [`IndexWriter::resume`] reads back (one for a 10 MiB
+/// file of 100-byte lines, each its own batch, is 1.6 MiB).
+const RESUME_READ_MAX: u64 = 64 * 1024 * 1024;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 16;
 /// Record size in bytes.
@@ -57,12 +78,32 @@ pub fn hwm_name(task: &TaskName, stream: Stream) -> String {
     format!(".{}.{}.hwm", task.as_str(), stream.as_str())
 }
 
-/// The header of a new index.
-pub fn header() -> [u8; HEADER_LEN] {
+/// The header of a new index for log file `n`.
+pub fn header(n: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..].copy_from_slice(&file_tag(n).to_le_bytes());
     h
+}
+
+/// The header's field naming file `n`: its low 32 bits (a recycled index
+/// comes from a file a few numbers below, never 2^32 below).
+fn file_tag(n: u64) -> u32 {
+    (n & u64::from(u32::MAX)) as u32
+}
+
+/// Whether `h` (at least [`HEADER_LEN`] bytes) is a header this code
+/// reads, for log file `n`.
+fn header_fits(h: &[u8], n: u64) -> bool {
+    if h.len() < HEADER_LEN || &h[..8] != MAGIC {
+        return false;
+    }
+    match u32::from_le_bytes([h[8], h[9], h[10], h[11]]) {
+        VERSION => h[12..16] == file_tag(n).to_le_bytes(),
+        VERSION_1 => true,
+        _ => false,
+    }
 }
 
 /// One record: the batch starting at `offset` was captured at `time_ns`.
@@ -123,24 +164,27 @@ pub struct Index {
 }
 
 impl Index {
-    /// Parses an index's bytes for a log file of `file_len` bytes, keeping
-    /// the longest valid prefix (see the module docs). `None` bytes (no
-    /// index) is an empty, damaged index.
-    pub fn parse(bytes: Option<&[u8]>, file_len: u64) -> Index {
+    /// Parses an index's bytes for log file `n` of `file_len` bytes,
+    /// keeping the longest valid prefix (see the module docs). `None` bytes
+    /// (no index) is an empty, damaged index; so is a header that names
+    /// another file.
+    pub fn parse(bytes: Option<&[u8]>, n: u64, file_len: u64) -> Index {
         let Some(bytes) = bytes else {
             return Index {
                 records: Vec::new(),
                 damaged: file_len > 0,
             };
         };
-        if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC || bytes[8..12] != VERSION.to_le_bytes()
-        {
+        if !header_fits(bytes, n) {
             return Index {
                 records: Vec::new(),
                 damaged: true,
             };
         }
         let body = &bytes[HEADER_LEN..];
+        // Zeros after the last record end the index (a recycled one).
+        let end = body.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let body = &body[..end.next_multiple_of(RECORD_LEN).min(body.len())];
         let mut damaged = body.len() % RECORD_LEN != 0;
         let mut records: Vec<Record> = Vec::with_capacity(body.len() / RECORD_LEN);
         for chunk in body.chunks_exact(RECORD_LEN) {
@@ -244,11 +288,12 @@ pub struct IndexWriter {
 }
 
 impl IndexWriter {
-    /// Starts a new index in `file` (emptied first): the header alone.
-    pub fn fresh(file: std::fs::File) -> std::io::Result<IndexWriter> {
+    /// Starts a new index for log file `n` in `file` (emptied first): the
+    /// header alone.
+    pub fn fresh(file: std::fs::File, n: u64) -> std::io::Result<IndexWriter> {
         use std::os::unix::fs::FileExt;
         file.set_len(0)?;
-        file.write_all_at(&header(), 0)?;
+        file.write_all_at(&header(n), 0)?;
         Ok(IndexWriter {
             file,
             end: HEADER_LEN as u64,
@@ -256,41 +301,68 @@ impl IndexWriter {
         })
     }
 
-    /// Resumes the existing index `file` of a log file of `file_len` bytes.
-    /// Appends after the last complete record if the header is valid and
-    /// that record names a byte of the file (a torn tail is cut off);
-    /// anything else is started afresh ([`IndexWriter::fresh`]): the bytes
-    /// already in the file then have no record and readers estimate their
-    /// times. Reads 32 bytes at most, whatever the index's size.
-    pub fn resume(file: std::fs::File, file_len: u64) -> std::io::Result<IndexWriter> {
+    /// Starts the index of log file `n` in `file`, the index of a purged
+    /// file renamed to `n`'s name: one `pwrite` of the new header followed
+    /// by zeros over the old records (which then end the index), so the
+    /// inode and its blocks are reused and nothing is allocated or freed.
+    /// A large old index is cut off instead (`ftruncate`).
+    pub fn recycle(file: std::fs::File, n: u64) -> std::io::Result<IndexWriter> {
         use std::os::unix::fs::FileExt;
         let len = file.metadata()?.len();
-        let mut h = [0u8; HEADER_LEN];
-        let header_ok = len >= HEADER_LEN as u64
-            && file.read_exact_at(&mut h, 0).is_ok()
-            && h[..12] == header()[..12];
-        if !header_ok {
-            return IndexWriter::fresh(file);
+        if len > ZERO_FILL_MAX || len < HEADER_LEN as u64 {
+            return IndexWriter::fresh(file, n);
         }
-        let records = (len - HEADER_LEN as u64) / RECORD_LEN as u64;
-        let end = HEADER_LEN as u64 + records * RECORD_LEN as u64;
-        let last = if records == 0 {
-            None
-        } else {
-            let mut b = [0u8; RECORD_LEN];
-            file.read_exact_at(&mut b, end - RECORD_LEN as u64)?;
-            let r = Record::decode(&b);
+        let mut b = vec![0u8; len as usize];
+        b[..HEADER_LEN].copy_from_slice(&header(n));
+        file.write_all_at(&b, 0)?;
+        Ok(IndexWriter {
+            file,
+            end: HEADER_LEN as u64,
+            last: None,
+        })
+    }
+
+    /// Resumes the existing index `file` of log file `n`, `file_len` bytes
+    /// long. Appends after the last valid record ([`Index::parse`]; a torn
+    /// or corrupt tail is cut off, zeros after it are kept) if the header
+    /// names `n` and the last record names a byte of the file; anything
+    /// else is started afresh ([`IndexWriter::fresh`]): the bytes already
+    /// in the file then have no record and readers estimate their times.
+    pub fn resume(file: std::fs::File, n: u64, file_len: u64) -> std::io::Result<IndexWriter> {
+        use std::io::Read;
+        let len = file.metadata()?.len();
+        if len > RESUME_READ_MAX {
+            return IndexWriter::fresh(file, n);
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        (&file).take(RESUME_READ_MAX).read_to_end(&mut bytes)?;
+        if !header_fits(&bytes, n) {
+            return IndexWriter::fresh(file, n);
+        }
+        let body = &bytes[HEADER_LEN..];
+        let used = body.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let last_raw = used
+            .div_ceil(RECORD_LEN)
+            .checked_sub(1)
+            .map(|i| i * RECORD_LEN);
+        if let Some(at) = last_raw.filter(|&at| at + RECORD_LEN <= body.len()) {
+            let r = Record::decode(&body[at..at + RECORD_LEN]);
             if r.offset >= file_len.max(1) && r.offset != 0 {
                 // The file is shorter than its index says (truncated while
                 // logmon was down): its records cannot be trusted.
-                return IndexWriter::fresh(file);
+                return IndexWriter::fresh(file, n);
             }
-            Some(r)
-        };
-        if end != len {
+        }
+        let ix = Index::parse(Some(&bytes), n, file_len);
+        let end = (HEADER_LEN + ix.records.len() * RECORD_LEN) as u64;
+        if bytes[end as usize..].iter().any(|&b| b != 0) {
             file.set_len(end)?;
         }
-        Ok(IndexWriter { file, end, last })
+        Ok(IndexWriter {
+            file,
+            end,
+            last: ix.records.last().copied(),
+        })
     }
 
     /// Appends the record of a batch that starts at `offset` and was
@@ -381,13 +453,14 @@ pub const HWM_WIDTH: usize = 20;
 /// [`crate::rotate::Rotator::rotate`]), it survives a killed logmon, not
 /// necessarily a power loss.
 ///
-/// Returns how many planted names were removed from the name.
+/// Returns the mark's file, for [`rewrite_hwm`], and how many planted
+/// names were removed from the name.
 pub fn store_hwm(
     dir: &crate::dir::Dir,
     task: &TaskName,
     stream: Stream,
     n: u64,
-) -> std::io::Result<usize> {
+) -> std::io::Result<(std::fs::File, usize)> {
     use nix::fcntl::OFlag;
     use std::os::unix::fs::FileExt;
     let name = hwm_name(task, stream);
@@ -411,15 +484,37 @@ pub fn store_hwm(
         },
     };
     file.write_all_at(text.as_bytes(), 0)?;
-    Ok(removed)
+    Ok((file, removed))
+}
+
+/// Stores `n` as the high-water mark in `file`, the mark's file as
+/// [`store_hwm`] opened it, kept open by the rotator so that a new file
+/// costs one `fstat` and one `pwrite` rather than a path lookup, an open
+/// and a close. `Ok(false)`, nothing written, when the file no longer has
+/// exactly one name (the task unlinked or linked it): the caller stores
+/// the mark afresh by name. A file the task renamed within the directory
+/// keeps receiving the mark under its new name, and the next logmon finds
+/// none (it then numbers past the highest file left, as an older logmon
+/// did); only the task's own numbering can suffer from that.
+pub fn rewrite_hwm(file: &std::fs::File, n: u64) -> std::io::Result<bool> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if file.metadata()?.nlink() != 1 {
+        return Ok(false);
+    }
+    let text = format!("{n:0width$}\n", width = HWM_WIDTH);
+    file.write_all_at(text.as_bytes(), 0)?;
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The log file the tests' indexes belong to.
+    const N: u64 = 3;
+
     fn bytes(records: &[(u64, i64)]) -> Vec<u8> {
-        let mut v = header().to_vec();
+        let mut v = header(N).to_vec();
         for &(offset, time_ns) in records {
             v.extend_from_slice(&Record { offset, time_ns }.encode());
         }
@@ -429,7 +524,7 @@ mod tests {
     #[test]
     fn records_round_trip_and_lookups_find_the_batch() {
         let b = bytes(&[(0, 100), (10, 200), (25, 300)]);
-        let ix = Index::parse(Some(&b), 40);
+        let ix = Index::parse(Some(&b), N, 40);
         assert!(!ix.damaged());
         assert_eq!(ix.records().len(), 3);
         assert_eq!(ix.time_at(0, 999), Stamp::Indexed(100));
@@ -445,22 +540,105 @@ mod tests {
     fn a_torn_or_corrupt_index_keeps_its_valid_prefix_and_says_so() {
         let mut b = bytes(&[(0, 100), (10, 200)]);
         b.extend_from_slice(&[1, 2, 3]);
-        let ix = Index::parse(Some(&b), 40);
+        let ix = Index::parse(Some(&b), N, 40);
         assert!(ix.damaged());
         assert_eq!(ix.records().len(), 2);
         assert_eq!(ix.time_at(30, 500), Stamp::Estimated(500));
         // Offsets going backwards end the usable part.
-        let ix = Index::parse(Some(&bytes(&[(0, 100), (10, 200), (5, 300)])), 40);
+        let ix = Index::parse(Some(&bytes(&[(0, 100), (10, 200), (5, 300)])), N, 40);
         assert_eq!(ix.records().len(), 2);
         assert!(ix.damaged());
         // A record past the file's end (the file was truncated).
-        let ix = Index::parse(Some(&bytes(&[(0, 100), (50, 200)])), 40);
+        let ix = Index::parse(Some(&bytes(&[(0, 100), (50, 200)])), N, 40);
         assert_eq!(ix.records().len(), 1);
         // Garbage or a missing index: every line is estimated.
-        let ix = Index::parse(Some(b"not an index at all"), 40);
+        let ix = Index::parse(Some(b"not an index at all"), N, 40);
         assert!(ix.damaged() && ix.records().is_empty());
         assert_eq!(ix.time_at(3, 777), Stamp::Estimated(777));
-        assert_eq!(Index::parse(None, 40).time_at(0, 5), Stamp::Estimated(5));
+        assert_eq!(Index::parse(None, N, 40).time_at(0, 5), Stamp::Estimated(5));
+    }
+
+    #[test]
+    fn a_recycled_index_ends_at_its_zeros_and_names_its_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        let rw = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap()
+        };
+        // The purged file 1's index, three records long, renamed to N's.
+        let old = {
+            let mut v = header(1).to_vec();
+            for (o, t) in [(0, 10), (40, 20), (80, 30)] {
+                v.extend_from_slice(
+                    &Record {
+                        offset: o,
+                        time_ns: t,
+                    }
+                    .encode(),
+                );
+            }
+            v
+        };
+        std::fs::write(&p, &old).unwrap();
+        // Killed before the new header: the old records are never taken
+        // for N's.
+        let ix = Index::parse(Some(&old), N, 100);
+        assert!(ix.damaged() && ix.records().is_empty());
+        let mut w = IndexWriter::recycle(rw(), N).unwrap();
+        assert!(w.append(0, 500).unwrap());
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!(b.len(), old.len(), "reused in place, not cut");
+        let ix = Index::parse(Some(&b), N, 100);
+        assert!(!ix.damaged(), "zeros end the index without damage");
+        assert_eq!(
+            ix.records(),
+            &[Record {
+                offset: 0,
+                time_ns: 500
+            }]
+        );
+        // Resuming it appends after the last record, over the zeros.
+        let mut w = IndexWriter::resume(rw(), N, 100).unwrap();
+        assert_eq!(
+            w.last(),
+            Some(Record {
+                offset: 0,
+                time_ns: 500
+            })
+        );
+        assert!(w.append(60, 600).unwrap());
+        let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), N, 100);
+        assert_eq!(ix.records().len(), 2);
+        assert!(!ix.damaged());
+        // A header naming another file is started afresh on resume.
+        std::fs::write(&p, &old).unwrap();
+        let w = IndexWriter::resume(rw(), N, 100).unwrap();
+        assert_eq!(w.last(), None);
+        assert_eq!(std::fs::read(&p).unwrap(), header(N));
+    }
+
+    #[test]
+    fn a_version_1_index_is_still_read() {
+        let mut v = header(N).to_vec();
+        v[8..12].copy_from_slice(&1u32.to_le_bytes());
+        v[12..16].fill(0);
+        v.extend_from_slice(
+            &Record {
+                offset: 0,
+                time_ns: 7,
+            }
+            .encode(),
+        );
+        let ix = Index::parse(Some(&v), N, 10);
+        assert!(!ix.damaged());
+        assert_eq!(ix.time_at(5, 0), Stamp::Indexed(7));
+        // An unknown version is not.
+        v[8..12].copy_from_slice(&9u32.to_le_bytes());
+        assert!(Index::parse(Some(&v), N, 10).records().is_empty());
     }
 
     #[test]
@@ -488,7 +666,7 @@ mod tests {
                 .open(&p)
                 .unwrap()
         };
-        let mut w = IndexWriter::fresh(open()).unwrap();
+        let mut w = IndexWriter::fresh(open(), N).unwrap();
         assert!(w.append(0, 100).unwrap());
         // A clock stepping back never makes times decrease.
         assert!(w.append(10, 50).unwrap());
@@ -504,7 +682,7 @@ mod tests {
             .unwrap()
             .write_all(&[7; 5])
             .unwrap();
-        let mut w = IndexWriter::resume(open(), 30).unwrap();
+        let mut w = IndexWriter::resume(open(), N, 30).unwrap();
         assert_eq!(
             w.last(),
             Some(Record {
@@ -513,16 +691,16 @@ mod tests {
             })
         );
         w.append(20, 200).unwrap();
-        let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), 30);
+        let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), N, 30);
         assert!(!ix.damaged());
         assert_eq!(ix.records().len(), 3);
         // A file shorter than its index says: started afresh.
-        let w = IndexWriter::resume(open(), 15).unwrap();
+        let w = IndexWriter::resume(open(), N, 15).unwrap();
         assert_eq!(w.last(), None);
-        assert_eq!(std::fs::read(&p).unwrap(), header());
+        assert_eq!(std::fs::read(&p).unwrap(), header(N));
         // Garbage: started afresh.
         std::fs::write(&p, b"garbage, not an index").unwrap();
-        let mut w = IndexWriter::resume(open(), 15).unwrap();
+        let mut w = IndexWriter::resume(open(), N, 15).unwrap();
         w.append(12, 5).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), bytes(&[(12, 5)]));
     }
@@ -555,7 +733,7 @@ mod tests {
         std::fs::remove_file(&p).unwrap();
         std::os::unix::fs::symlink(&target, &p).unwrap();
         assert_eq!(read_hwm(&dir, &t, Stream::Stdout), None);
-        assert_eq!(store_hwm(&dir, &t, Stream::Stdout, 3).unwrap(), 1);
+        assert_eq!(store_hwm(&dir, &t, Stream::Stdout, 3).unwrap().1, 1);
         assert_eq!(std::fs::read(&target).unwrap(), b"99\n");
         assert_eq!(read_hwm(&dir, &t, Stream::Stdout), Some(3));
         assert_eq!(

@@ -30,11 +30,14 @@
 //! - beside each file, its capture-time index (`.<task>.<stream>.<N>.idx`,
 //!   [`crate::index`]): one record per batch, written after the batch's
 //!   bytes ([`Rotator::record_batch`]); opened, resumed, closed, recreated
-//!   and purged with its file (index first), and never able to hold up or
+//!   and purged with its file (index first; at rotation the purged file's
+//!   index inode is renamed to the new file's and reused, so a rotation
+//!   allocates and frees no index inode), and never able to hold up or
 //!   change the file: a failure is counted in `index_errors`
 //!   (`each_batch_gets_one_record_after_its_bytes_and_rotation_closes_the_index`,
 //!   `the_index_follows_its_file_through_resume_reopen_deletion_and_truncation`,
 //!   `purge_removes_a_files_index_with_it_and_orphans_below_the_active_one`,
+//!   `rotation_reuses_the_purged_files_index_inode_with_only_the_new_files_records`,
 //!   `an_index_that_cannot_be_created_never_stops_capture`);
 //! - numbers are never reused: the stream's high-water mark
 //!   (`.<task>.<stream>.hwm`) is stored before a number is first used, and
@@ -237,6 +240,12 @@ pub struct Rotator {
     batch: Option<u64>,
     /// The high-water mark known to be stored (`None`: not known).
     hwm: Option<u64>,
+    /// The mark's file, kept open so that storing it at each new file is
+    /// one `fstat` and one `pwrite` ([`index::rewrite_hwm`]).
+    hwm_file: Option<File>,
+    /// A purged file whose index was kept to be renamed to the next new
+    /// file's and reused ([`IndexWriter::recycle`]).
+    spare: Option<u64>,
     /// Failed index or high-water-mark writes, and when the last was logged.
     index_errors: u64,
     index_warned: Option<Instant>,
@@ -309,6 +318,8 @@ impl Rotator {
             ix: None,
             batch: None,
             hwm: None,
+            hwm_file: None,
+            spare: None,
             index_errors: 0,
             index_warned: None,
         };
@@ -320,7 +331,7 @@ impl Rotator {
         match (indices.last(), hwm) {
             (last, Some(h)) if last.is_none_or(|&l| l < h) => {
                 r.index = h.saturating_add(1).min(MAX_INDEX);
-                r.purge()?;
+                r.purge(false)?;
             }
             _ => {}
         }
@@ -356,7 +367,7 @@ impl Rotator {
                     })
                 }
             }
-            r.purge()?;
+            r.purge(false)?;
         }
         Ok(r)
     }
@@ -563,8 +574,10 @@ impl Rotator {
         })?;
         self.dir = Arc::new(again);
         self.preallocate = preallocation_pays(&self.dir);
-        // The mark went with the old directory.
+        // The mark and the spare index went with the old directory.
         self.hwm = None;
+        self.hwm_file = None;
+        self.spare = None;
         Ok(())
     }
 
@@ -593,7 +606,7 @@ impl Rotator {
                         self.at_line_start = true;
                     }
                     self.inherited = len > 0;
-                    self.purge()?;
+                    self.purge(false)?;
                     self.open_index(Some(len));
                     return Ok(file);
                 }
@@ -613,7 +626,7 @@ impl Rotator {
                     self.size = 0;
                     self.at_line_start = true;
                     self.inherited = false;
-                    self.purge()?;
+                    self.purge(true)?;
                     self.open_index(None);
                     return Ok(file);
                 }
@@ -704,7 +717,12 @@ impl Rotator {
     /// its file for longer than the two unlinks. Indexes left without
     /// their file (a logmon killed between the two, files deleted by hand)
     /// are removed too, below the active index.
-    fn purge(&self) -> Result<(), RotateError> {
+    ///
+    /// With `keep_spare` (a new file was just created and its index comes
+    /// next), the index of the last file purged is kept as the spare,
+    /// renamed to the new file's index and reused
+    /// ([`Rotator::recycle_spare`]) a moment later.
+    fn purge(&mut self, keep_spare: bool) -> Result<(), RotateError> {
         let names = self.dir.list().map_err(|source| RotateError::Io {
             action: "cannot list",
             path: self.dir.path().to_owned(),
@@ -721,7 +739,7 @@ impl Rotator {
         }
         indices.sort_unstable();
         for i in indexed {
-            if i < self.index && indices.binary_search(&i).is_err() {
+            if i < self.index && indices.binary_search(&i).is_err() && self.spare != Some(i) {
                 self.remove_index(i);
             }
         }
@@ -730,7 +748,15 @@ impl Rotator {
             if old >= self.index {
                 break;
             }
-            self.remove_index(old);
+            if keep_spare && self.indexing {
+                // Keep this one's index for the new file; an older spare
+                // goes.
+                if let Some(prev) = self.spare.replace(old) {
+                    self.remove_index(prev);
+                }
+            } else {
+                self.remove_index(old);
+            }
             let name = file_name(&self.task, self.stream, old);
             match self.dir.remove(&name) {
                 Ok(()) => tracing::debug!(path = %self.dir.display(&name).display(), "purged"),
@@ -781,7 +807,7 @@ impl Rotator {
         if let Some(len) = resumed {
             match self.dir.open_own(&name, OFlag::O_RDWR) {
                 Ok(Ok(Some(f))) => {
-                    match IndexWriter::resume(f, len) {
+                    match IndexWriter::resume(f, self.index, len) {
                         Ok(w) => self.ix = Some(w),
                         Err(e) => self.index_failed("cannot resume the index", &e),
                     }
@@ -792,6 +818,9 @@ impl Rotator {
                 Err(e) => return self.index_failed("cannot open the index", &e),
             }
         } else {
+            if self.recycle_spare(&name) {
+                return;
+            }
             index::remove_stale_own(&self.dir, &name);
         }
         match self
@@ -801,7 +830,7 @@ impl Rotator {
             Ok(Claim::Created { file, removed }) => {
                 let what = removed.first().cloned().unwrap_or_default();
                 self.note_foreign(removed.len() as u64, &name, &what);
-                match IndexWriter::fresh(file) {
+                match IndexWriter::fresh(file, self.index) {
                     Ok(w) => self.ix = Some(w),
                     Err(e) => self.index_failed("cannot write the index", &e),
                 }
@@ -817,6 +846,34 @@ impl Rotator {
         }
     }
 
+    /// Renames the spare index (a purged file's) to `name`, the new active
+    /// file's, and starts it there; `true` when that worked. Never
+    /// replaces a name (`RENAME_NOREPLACE`), and opens what it renamed
+    /// only if it is logmon's own file ([`Dir::open_own`]): if the task
+    /// swapped the spare for something else in between, that thing is
+    /// left at `name` for [`Dir::create_own`] to remove and count.
+    fn recycle_spare(&mut self, name: &str) -> bool {
+        let Some(m) = self.spare.take() else {
+            return false;
+        };
+        let from = index::index_name(&self.task, self.stream, m);
+        if self.dir.rename_noreplace(&from, name).is_err() {
+            // A stale index at `name` (EEXIST), or the spare is gone.
+            self.remove_index(m);
+            return false;
+        }
+        match self.dir.open_own(name, OFlag::O_RDWR) {
+            Ok(Ok(Some(f))) => {
+                match IndexWriter::recycle(f, self.index) {
+                    Ok(w) => self.ix = Some(w),
+                    Err(e) => self.index_failed("cannot write the index", &e),
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Stores the active index as the high-water mark if it is past the
     /// one stored, before the file is first used. A failure is counted and
     /// logged, and capture goes on (the mark is tried again at the next
@@ -825,9 +882,22 @@ impl Rotator {
         if !self.indexing || self.hwm.is_some_and(|h| h >= self.index) {
             return;
         }
+        if let Some(f) = &self.hwm_file {
+            match index::rewrite_hwm(f, self.index) {
+                Ok(true) => {
+                    self.hwm = Some(self.index);
+                    return;
+                }
+                // Unlinked or linked elsewhere: stored afresh by name.
+                Ok(false) => {}
+                Err(e) => self.index_failed("cannot store the high-water mark", &e),
+            }
+            self.hwm_file = None;
+        }
         match index::store_hwm(&self.dir, &self.task, self.stream, self.index) {
-            Ok(removed) => {
+            Ok((file, removed)) => {
                 self.hwm = Some(self.index);
+                self.hwm_file = Some(file);
                 let name = index::hwm_name(&self.task, self.stream);
                 self.note_foreign(removed as u64, &name, "planted name");
             }
@@ -1100,7 +1170,7 @@ mod tests {
     fn read_index(dir: &Path, n: u64) -> Option<crate::index::Index> {
         let ix = std::fs::read(dir.join(format!(".web.stdout.{n}.idx"))).ok()?;
         let len = std::fs::metadata(dir.join(format!("web.stdout.{n}"))).map_or(0, |m| m.len());
-        Some(crate::index::Index::parse(Some(&ix), len))
+        Some(crate::index::Index::parse(Some(&ix), n, len))
     }
 
     #[test]
@@ -1153,7 +1223,7 @@ mod tests {
     fn purge_removes_a_files_index_with_it_and_orphans_below_the_active_one() {
         let d = tempfile::tempdir().unwrap();
         // An index whose file was deleted by hand while logmon was down.
-        std::fs::write(d.path().join(".web.stdout.0.idx"), crate::index::header()).unwrap();
+        std::fs::write(d.path().join(".web.stdout.0.idx"), crate::index::header(0)).unwrap();
         std::fs::write(d.path().join("web.stdout.1"), b"one\n").unwrap();
         let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 2, 4).unwrap();
         assert!(!d.path().join(".web.stdout.0.idx").exists());
@@ -1171,6 +1241,60 @@ mod tests {
             .collect();
         idx.sort();
         assert_eq!(idx, [".web.stdout.3.idx", ".web.stdout.4.idx"]);
+    }
+
+    #[test]
+    fn rotation_reuses_the_purged_files_index_inode_with_only_the_new_files_records() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let ino = |n: u64| {
+            std::fs::metadata(d.path().join(format!(".web.stdout.{n}.idx")))
+                .map(|m| m.ino())
+                .ok()
+        };
+        // 3 files of one 4-byte line each are kept.
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 4).unwrap();
+        for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
+            put(&mut r, line);
+        }
+        let first = ino(0).unwrap();
+        // Zeros after the records keep an index whole; they mark this one.
+        let zero0 = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.path().join(".web.stdout.0.idx"))
+            .unwrap();
+        zero0.set_len(4096).unwrap();
+        // Files 3 and 4 purge files 0 and 1: file 3 takes file 0's inode.
+        put(&mut r, b"ddd\n");
+        assert_eq!(ino(0), None);
+        assert_eq!(
+            ino(3),
+            Some(first),
+            "the purged index was renamed, not unlinked"
+        );
+        let len3 = std::fs::metadata(d.path().join(".web.stdout.3.idx"))
+            .unwrap()
+            .len();
+        assert_eq!(len3, 4096, "reused in place");
+        put(&mut r, b"eee\n");
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![2, 3, 4]
+        );
+        for n in 2..=4 {
+            let ix = read_index(d.path(), n).unwrap();
+            assert!(!ix.damaged(), "file {n}");
+            assert_eq!(ix.records().len(), 1, "file {n}: only its own batch");
+        }
+        // A restart resumes the recycled index after its record.
+        drop(r);
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 8).unwrap();
+        put(&mut r, b"fff\n");
+        let ix = read_index(d.path(), 4).unwrap();
+        assert_eq!(
+            ix.records().iter().map(|x| x.offset).collect::<Vec<_>>(),
+            [0, 4]
+        );
     }
 
     #[test]

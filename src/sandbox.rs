@@ -27,9 +27,12 @@
 //!      preallocation, the lock's pid), create regular files (the next log
 //!      file, a vanished active file recreated, Reopen), remove files
 //!      (purge, a planted name removed by `Dir::create_own`), remove
-//!      directories (an empty directory planted at one of our names). Not
-//!      allowed: FIFOs, sockets and symlinks (all made before confinement),
-//!      rename/link (`Refer`), device ioctls;
+//!      directories (an empty directory planted at one of our names), and
+//!      so rename within it (the create and remove rights of one directory:
+//!      a purged file's index renamed to the next file's,
+//!      [`crate::index::IndexWriter::recycle`]). Not allowed: FIFOs, sockets
+//!      and symlinks (all made before confinement), renaming or linking
+//!      into another directory (`Refer`), device ioctls;
 //!    - beneath the log directory's **parent** (its descriptor, held by
 //!      `Dir` since start): the same rights plus making directories. This
 //!      is the price of the vanished-directory path
@@ -699,7 +702,10 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
             libc::SYS_prctl,
         ]);
     }
-    if profile == Profile::LogsCursor {
+    // `run`: a purged file's index renamed to the next file's, within
+    // the log directory (Landlock allows no other rename, see above).
+    // `logs --cursor`: the temporary file renamed over the cursor.
+    if matches!(profile, Profile::Run | Profile::LogsCursor) {
         v.extend([libc::SYS_renameat, libc::SYS_renameat2]);
         #[cfg(target_arch = "x86_64")]
         v.push(libc::SYS_rename);

@@ -291,7 +291,7 @@ impl Stamper {
         };
         let bytes = read_small(&self.dir, &index_name(&self.task, self.stream, n));
         FileTimes {
-            index: Index::parse(bytes.as_deref(), len),
+            index: Index::parse(bytes.as_deref(), n, len),
             mtime_ns,
             len,
             missing: bytes.is_none(),

@@ -456,8 +456,10 @@ fn kill_9_mid_stream_loses_no_line() {
 }
 
 /// The complete records of file `n`'s index, checked as a reader would
-/// need them: a valid header, offsets increasing and inside the file,
-/// times non-decreasing. Only the tail may be torn (a killed logmon).
+/// need them: a valid header naming file `n`, offsets increasing and
+/// inside the file, times non-decreasing. Only the tail may be torn (a
+/// killed logmon); zeros after the records (an index reused from a purged
+/// file) end them.
 fn raw_records(dir: &Path, task: &str, stream: Stream, n: u64) -> Vec<(u64, i64)> {
     use logmon::index::{header, Index, HEADER_LEN, RECORD_LEN};
     let len = std::fs::metadata(dir.join(format!("{task}.{stream}.{n}")))
@@ -465,9 +467,10 @@ fn raw_records(dir: &Path, task: &str, stream: Stream, n: u64) -> Vec<(u64, i64)
         .len();
     let ix = std::fs::read(dir.join(format!(".{task}.{stream}.{n}.idx")))
         .unwrap_or_else(|e| panic!("index of {task}.{stream}.{n}: {e}"));
-    assert_eq!(ix[..HEADER_LEN], header(), "{task}.{stream}.{n}: header");
+    assert_eq!(ix[..HEADER_LEN], header(n), "{task}.{stream}.{n}: header");
+    let used = ix.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let mut out: Vec<(u64, i64)> = Vec::new();
-    for r in ix[HEADER_LEN..].chunks_exact(RECORD_LEN) {
+    for r in ix[HEADER_LEN..used.max(HEADER_LEN)].chunks_exact(RECORD_LEN) {
         let off = u64::from_le_bytes(r[..8].try_into().unwrap());
         let t = i64::from_le_bytes(r[8..].try_into().unwrap());
         assert!(
@@ -483,7 +486,7 @@ fn raw_records(dir: &Path, task: &str, stream: Stream, n: u64) -> Vec<(u64, i64)
         out.push((off, t));
     }
     // The reader's parse keeps all of them.
-    let parsed = Index::parse(Some(&ix), len);
+    let parsed = Index::parse(Some(&ix), n, len);
     assert_eq!(parsed.records().len(), out.len(), "{task}.{stream}.{n}");
     out
 }

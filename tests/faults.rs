@@ -707,7 +707,7 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
             .len();
         let ix = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.{n}.idx")))
             .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
-        let parsed = logmon::index::Index::parse(Some(&ix), len);
+        let parsed = logmon::index::Index::parse(Some(&ix), n, len);
         assert!(!parsed.damaged(), "index of file {n}");
     }
     let hwm = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.hwm"))).unwrap();

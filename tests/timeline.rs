@@ -25,7 +25,7 @@ fn task() -> TaskName {
 /// its index unless `index` is false.
 fn put(dir: &Path, stream: Stream, n: u64, batches: &[(&[u8], i64)], index: bool) {
     let mut data = Vec::new();
-    let mut idx = header().to_vec();
+    let mut idx = header(n).to_vec();
     for (bytes, t) in batches {
         idx.extend_from_slice(
             &Record {

@@ -36,6 +36,11 @@ enum Damage {
     Torn(usize),
     /// Only the first k records (a kill between data and record).
     Cut(usize),
+    /// Whole, followed by zeros: an index reused from a purged file.
+    ZeroTail(usize),
+    /// A purged file's index renamed to this file's name, its header not
+    /// yet rewritten (a kill in between): it names another file.
+    OtherFile,
 }
 
 fn damage() -> impl Strategy<Value = Damage> {
@@ -45,6 +50,8 @@ fn damage() -> impl Strategy<Value = Damage> {
         1 => Just(Damage::Garbage),
         1 => (0usize..4).prop_map(Damage::Torn),
         1 => (1usize..4).prop_map(Damage::Cut),
+        1 => (1usize..200).prop_map(Damage::ZeroTail),
+        1 => Just(Damage::OtherFile),
     ]
 }
 
@@ -125,7 +132,10 @@ fn build(
         }
         let mtime = *t + 200_000; // the last write, just after the capture
         *t += MS; // a rotation takes a little while
-        let mut idx = header().to_vec();
+        let mut idx = header(n as u64).to_vec();
+        if matches!(spec.damage, Damage::OtherFile) {
+            idx = header(n as u64 + 6).to_vec();
+        }
         let keep = match spec.damage {
             Damage::Torn(k) | Damage::Cut(k) => k.min(recs.len()),
             _ => recs.len(),
@@ -135,6 +145,9 @@ fn build(
         }
         if matches!(spec.damage, Damage::Torn(_)) {
             idx.extend_from_slice(&[7, 7, 7]);
+        }
+        if let Damage::ZeroTail(z) = spec.damage {
+            idx.resize(idx.len() + z, 0);
         }
         let idx = match spec.damage {
             Damage::Garbage => b"this is not an index, not at all".to_vec(),
@@ -155,11 +168,12 @@ fn build(
         // what the documented estimate gives.
         let parsed = Index::parse(
             (!matches!(spec.damage, Damage::Lost)).then_some(&idx[..]),
+            n as u64,
             data.len() as u64,
         );
         for (off, text) in starts {
             let stamp = match spec.damage {
-                Damage::None => {
+                Damage::None | Damage::ZeroTail(_) => {
                     let i = recs.partition_point(|r| r.offset <= off);
                     Stamp::Indexed(recs[i - 1].time_ns)
                 }

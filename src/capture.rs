@@ -376,7 +376,15 @@ impl StreamCapture {
             // holding it would let it out a second's wait at a time.
             let unseen = peeked < avail.min(room);
             let flush = stopping || pipe_full || waited || unseen;
-            match plan(size, self.rotator.limit(), avail, peeked, last_nl, flush) {
+            match plan(
+                size,
+                self.rotator.limit(),
+                avail,
+                peeked,
+                last_nl,
+                flush,
+                self.rotator.at_line_start(),
+            ) {
                 Step::Rotate => self.rotator.rotate(),
                 Step::Hold => {
                     // Hold comes only without a newline among them.

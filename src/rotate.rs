@@ -106,6 +106,13 @@ pub enum Step {
 /// `min(avail, limit - size)`) and `last_nl` the offset of the last `\n`
 /// among them. `flush_partial` says a partial line may not be held back any
 /// longer (it waited 1 s, the pipe is full, or logmon is stopping).
+/// `at_line_start` says the active file ends with a newline (or is empty):
+/// otherwise the waiting bytes continue a line begun in it.
+///
+/// A file ends early only because the next *whole* line does not fit: a
+/// line already begun in the file fills it first (DESIGN.md §1; a file
+/// left mid-line by a logmon killed between two splices of one piece is
+/// resumed that way, `a_resumed_file_ending_mid_line_is_filled_before_the_next`).
 pub fn plan(
     size: u64,
     limit: u64,
@@ -113,6 +120,7 @@ pub fn plan(
     peeked: usize,
     last_nl: Option<usize>,
     flush_partial: bool,
+    at_line_start: bool,
 ) -> Step {
     let rem = limit.saturating_sub(size);
     if rem == 0 {
@@ -132,10 +140,11 @@ pub fn plan(
     }
     if (avail as u64) > rem {
         // The next line does not fit in what is left of this file.
-        if size > 0 {
+        if size > 0 && at_line_start {
             Step::Rotate
         } else {
-            // A line longer than the limit: a piece of exactly the limit.
+            // A line longer than the limit, or one already begun here:
+            // a piece that fills the file.
             Step::Write(window)
         }
     } else if flush_partial {
@@ -967,24 +976,34 @@ mod tests {
     #[test]
     fn plan_writes_up_to_the_last_newline_that_fits() {
         // 10 bytes left, the pipe holds "aaa\nbb\ncccc…" with the last \n at 6.
-        assert_eq!(plan(90, 100, 20, 10, Some(6), false), Step::Write(7));
+        assert_eq!(plan(90, 100, 20, 10, Some(6), false, true), Step::Write(7));
     }
 
     #[test]
     fn plan_rotates_when_the_next_line_does_not_fit() {
-        assert_eq!(plan(95, 100, 20, 5, None, false), Step::Rotate);
-        assert_eq!(plan(100, 100, 20, 0, None, false), Step::Rotate);
+        assert_eq!(plan(95, 100, 20, 5, None, false, true), Step::Rotate);
+        assert_eq!(plan(100, 100, 20, 0, None, false, true), Step::Rotate);
+    }
+
+    #[test]
+    fn plan_fills_the_file_with_a_line_already_begun_in_it() {
+        // `abcd` left by a killed logmon, limit 5, `efghijkl` waiting:
+        // `abcde|fghij|kl`, never `abcd|efghi|jkl`.
+        assert_eq!(plan(4, 5, 8, 1, None, false, false), Step::Write(1));
+        assert_eq!(plan(5, 5, 7, 0, None, false, false), Step::Rotate);
+        // The same bytes after a whole line rotate first.
+        assert_eq!(plan(4, 5, 8, 1, None, false, true), Step::Rotate);
     }
 
     #[test]
     fn plan_cuts_an_overlong_line_at_exactly_the_limit() {
-        assert_eq!(plan(0, 100, 250, 100, None, false), Step::Write(100));
+        assert_eq!(plan(0, 100, 250, 100, None, false, true), Step::Write(100));
     }
 
     #[test]
     fn plan_holds_a_partial_line_until_told_to_flush() {
-        assert_eq!(plan(10, 100, 5, 5, None, false), Step::Hold);
-        assert_eq!(plan(10, 100, 5, 5, None, true), Step::Write(5));
+        assert_eq!(plan(10, 100, 5, 5, None, false, true), Step::Hold);
+        assert_eq!(plan(10, 100, 5, 5, None, true, true), Step::Write(5));
     }
 
     #[test]

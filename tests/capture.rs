@@ -229,6 +229,29 @@ fn appending_to_a_partly_filled_file_is_byte_exact() {
     assert_eq!(got[1], (1, numbered(1, 2)));
 }
 
+/// DESIGN §1, ported from the reference's rotator tests: a logmon killed
+/// between two splices of one long-line piece leaves the file ending
+/// mid-line; its successor fills that file before starting the next, so
+/// the layout is the one an uninterrupted logmon gives (`abcd` +
+/// `efghijkl` with 5-byte files: `abcde|fghij|kl`, not `abcd|efghi|jkl`).
+#[test]
+fn a_resumed_file_ending_mid_line_is_filled_before_the_next() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("t.stdout.0"), b"abcd").unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-file-size", "5"]);
+    let _w = write_task(d.path(), "t", Stream::Stdout, b"efghijkl\nmn\n");
+    wait_for_size(d.path(), "t", Stream::Stdout, 15, SOON);
+    stop(dm);
+    let got = files(d.path(), "t", Stream::Stdout);
+    let want: Vec<(u64, Vec<u8>)> = vec![
+        (0, b"abcde".to_vec()),
+        (1, b"fghij".to_vec()),
+        (2, b"kl\n".to_vec()),
+        (3, b"mn\n".to_vec()),
+    ];
+    assert_eq!(got, want);
+}
+
 #[test]
 fn a_full_active_file_is_not_appended_to_after_restart() {
     let d = tempfile::tempdir().unwrap();

@@ -29,6 +29,11 @@ const TASK: &str = "prop";
 struct MemPipe {
     buf: VecDeque<u8>,
     capacity: usize,
+    /// The most one splice moves (a short splice moves less than asked).
+    max_move: usize,
+    /// Splices left in this drain pass; then the pipe reports nothing
+    /// moved, as a kill between two splices of one piece would leave it.
+    moves_left: usize,
 }
 
 impl MemPipe {
@@ -36,6 +41,8 @@ impl MemPipe {
         MemPipe {
             buf: VecDeque::new(),
             capacity,
+            max_move: usize::MAX,
+            moves_left: usize::MAX,
         }
     }
 
@@ -59,7 +66,11 @@ impl Source for MemPipe {
     }
 
     fn move_to(&mut self, file: &File, offset: u64, len: usize) -> io::Result<usize> {
-        let n = len.min(self.buf.len());
+        if self.moves_left == 0 {
+            return Ok(0);
+        }
+        self.moves_left -= 1;
+        let n = len.min(self.buf.len()).min(self.max_move);
         let bytes: Vec<u8> = self.buf.range(..n).copied().collect();
         file.write_all_at(&bytes, offset)?;
         self.buf.drain(..n);
@@ -183,6 +194,28 @@ fn steps_strategy(max_chunk: usize, max_advance_ms: u64) -> impl Strategy<Value 
     )
 }
 
+/// How splices behave: each moves at most `max_move` bytes, and a drain
+/// pass makes at most `moves` of them.
+#[derive(Debug, Clone, Copy)]
+struct Splices {
+    max_move: usize,
+    moves: usize,
+}
+
+const WHOLE: Splices = Splices {
+    max_move: usize::MAX,
+    moves: usize::MAX,
+};
+
+/// Whole splices mostly; sometimes short ones, cut off after a few per
+/// pass (with a restart next, a file left mid-piece by a killed logmon).
+fn splices_strategy(limit: usize) -> impl Strategy<Value = Splices> {
+    prop_oneof![
+        2 => Just(WHOLE),
+        1 => (1..=limit, 1usize..=3).prop_map(|(max_move, moves)| Splices { max_move, moves }),
+    ]
+}
+
 /// Feeds `input` through a `MemPipe` of `capacity` into the capture the way
 /// the pump does: after every write a drain pass; a full pipe is drained
 /// before the writer goes on; at the end a drain with `stopping = true`.
@@ -195,7 +228,21 @@ fn run_capture(
     max_files: u32,
     limit: u64,
 ) -> Vec<(u64, Vec<u8>)> {
+    run_capture_with(dir, input, steps, capacity, max_files, limit, WHOLE)
+}
+
+/// [`run_capture`] with splices that may move less than asked.
+fn run_capture_with(
+    dir: &Path,
+    input: &[u8],
+    steps: &[Step],
+    capacity: usize,
+    max_files: u32,
+    limit: u64,
+    splices: Splices,
+) -> Vec<(u64, Vec<u8>)> {
     let mut pipe = MemPipe::new(capacity);
+    pipe.max_move = splices.max_move;
     let mut cap = open_capture(dir, max_files, limit);
     let mut now = Instant::now();
     let mut pos = 0;
@@ -207,6 +254,7 @@ fn run_capture(
             let n = pipe.write(&input[pos..end]);
             pos += n;
             let before = pipe.buf.len();
+            pipe.moves_left = splices.moves;
             let outcome = cap.drain(&mut pipe, now, false).unwrap();
             if n == 0 && pipe.buf.len() == before {
                 panic!(
@@ -221,6 +269,7 @@ fn run_capture(
         }
         now += Duration::from_millis(step.advance_ms);
     }
+    pipe.moves_left = usize::MAX;
     let last = cap.drain(&mut pipe, now, true).unwrap();
     assert_eq!(last, Drained::Empty, "a stopping drain must empty the pipe");
     assert!(
@@ -354,21 +403,25 @@ proptest! {
     #![proptest_config(config())]
 
     /// With no partial-line exception in play, the layout is exactly the
-    /// greedy one of §1, across random write sizes and kill -9 restarts;
-    /// after a purge the kept files are the layout's last max-files.
+    /// greedy one of §1, across random write sizes, short splices and
+    /// kill -9 restarts (also between two splices of one piece); after a
+    /// purge the kept files are the layout's last max-files.
     #[test]
     fn exact_layout_matches_greedy_reference_across_chunks_and_restarts(
-        (limit, input, steps, max_files) in (64usize..=4096).prop_flat_map(|limit| (
+        (limit, input, steps, max_files, splices) in (64usize..=4096).prop_flat_map(|limit| (
             Just(limit),
             input_strategy(limit),
             steps_strategy(2 * limit, 0),
             1u32..=12,
+            splices_strategy(limit),
         ))
     ) {
         let dir = tempfile::tempdir().unwrap();
         // The pipe is larger than any line plus the 4 KiB "full" margin,
         // and the clock stands still: nothing may be flushed early.
-        let files = run_capture(dir.path(), &input, &steps, 64 * 1024, max_files, limit as u64);
+        let files = run_capture_with(
+            dir.path(), &input, &steps, 64 * 1024, max_files, limit as u64, splices,
+        );
         check_unconditional(&files, &input, max_files, limit as u64);
         check_line_ends(&files, limit as u64);
         check_indexes(dir.path(), &files);

@@ -469,6 +469,14 @@ struct Current {
     complete: bool,
 }
 
+/// What reading the current file decided ([`Follower::read_current`]).
+enum Flow {
+    /// Hand this to the caller.
+    Return(Step),
+    /// Go round again (another file, or more bytes in this one).
+    Again,
+}
+
 /// The outcome of one step of the reader.
 enum Step {
     Event(Event),
@@ -834,122 +842,147 @@ impl Follower {
             if let Some(ev) = self.pending.pop_front() {
                 return Ok(Step::Event(ev));
             }
-            let Some(mut cur) = self.cur.take() else {
+            let Some(cur) = self.cur.take() else {
                 match self.open_next()? {
                     Some(Some(ev)) => return Ok(Step::Event(ev)),
                     Some(None) => continue,
                     None => return Ok(Step::Idle),
                 }
             };
-            // On an error `cur` goes back in place: the caller may retry.
-            let n = match read_at(&cur.file, &mut self.buf, cur.offset) {
-                Ok(n) => n,
-                Err(e) => {
-                    let err = self.io_err("read", self.path(cur.index))(e);
-                    self.cur = Some(cur);
-                    return Err(err);
-                }
-            };
-            if n > 0 {
-                let chunk = Chunk {
-                    index: cur.index,
-                    offset: cur.offset,
-                    data: Bytes::copy_from_slice(&self.buf[..n]),
-                };
-                cur.offset += n as u64;
-                self.cur = Some(cur);
-                return Ok(Step::Event(Event::Data(chunk)));
+            match self.read_current(cur)? {
+                Flow::Return(step) => return Ok(step),
+                Flow::Again => continue,
             }
-            if cur.complete {
+        }
+    }
+
+    /// Reads on in the current file; at its end, [`Follower::at_end`]
+    /// decides what next. On an error `cur` goes back in place: the caller
+    /// may retry.
+    fn read_current(&mut self, mut cur: Current) -> Result<Flow, FollowError> {
+        let n = match read_at(&cur.file, &mut self.buf, cur.offset) {
+            Ok(n) => n,
+            Err(e) => {
+                let err = self.io_err("read", self.path(cur.index))(e);
+                self.cur = Some(cur);
+                return Err(err);
+            }
+        };
+        if n > 0 {
+            let chunk = Chunk {
+                index: cur.index,
+                offset: cur.offset,
+                data: Bytes::copy_from_slice(&self.buf[..n]),
+            };
+            cur.offset += n as u64;
+            self.cur = Some(cur);
+            return Ok(Flow::Return(Step::Event(Event::Data(chunk))));
+        }
+        if cur.complete {
+            self.want = Position {
+                index: cur.index + 1,
+                offset: 0,
+            };
+            return Ok(Flow::Again);
+        }
+        self.at_end(cur)
+    }
+
+    /// At the end of the current file, not known to be finished: was it
+    /// truncated, is there a later file (then it is finished: read it once
+    /// more to its end), or was it replaced at its name? Else wait in it.
+    fn at_end(&mut self, mut cur: Current) -> Result<Flow, FollowError> {
+        let size = match cur.file.metadata() {
+            Ok(m) => m.len(),
+            Err(e) => {
+                let err = self.io_err("stat", self.path(cur.index))(e);
+                self.cur = Some(cur);
+                return Err(err);
+            }
+        };
+        if size < cur.offset {
+            let ev = Event::Truncated {
+                index: cur.index,
+                offset: cur.offset,
+                size,
+            };
+            cur.offset = 0;
+            self.cur = Some(cur);
+            return Ok(Flow::Return(Step::Event(ev)));
+        }
+        // A follower lists the directory only after the watcher saw a
+        // file come or go (cheap wakeups in a busy directory); a
+        // non-following reader lists it at every end of file.
+        if self.follow && !self.shared.renamed.swap(false, Ordering::SeqCst) {
+            self.cur = Some(cur);
+            return Ok(Flow::Return(Step::Idle));
+        }
+        let listing = match self.list(cur.index) {
+            Ok(l) => l,
+            Err(e) => {
+                self.mark_unseen();
+                self.cur = Some(cur);
+                return Err(e);
+            }
+        };
+        if listing.top().is_some_and(|top| top > cur.index) {
+            // Finished for good; read once more to its end, then move on.
+            cur.complete = true;
+            self.cur = Some(cur);
+            return Ok(Flow::Again);
+        }
+        self.check_replaced(cur)
+    }
+
+    /// The highest file, at its end: is it still the file at that name?
+    /// A replacement is reported once the held file is read to its end;
+    /// otherwise (still ours; deleted and not yet recreated; taken by
+    /// something that is not a log file, noted by the listing) the reader
+    /// waits in the file held, for it or a successor.
+    fn check_replaced(&mut self, cur: Current) -> Result<Flow, FollowError> {
+        let name = self.name(cur.index);
+        match self.dir.stat(&name) {
+            Ok(Some(st)) if not_a_log_file(&st).is_none() && FileId::of(&st) != cur.id => {
+                let size = match cur.file.metadata() {
+                    Ok(m) => m.len(),
+                    Err(e) => {
+                        self.mark_unseen();
+                        self.cur = Some(cur);
+                        return Err(self.io_err("stat", self.dir.display(name))(e));
+                    }
+                };
+                if size > cur.offset {
+                    // Bytes reached the old file before it was replaced:
+                    // read them, then come back here.
+                    self.mark_unseen();
+                    self.cur = Some(cur);
+                    return Ok(Flow::Again);
+                }
                 self.want = Position {
-                    index: cur.index + 1,
+                    index: cur.index,
                     offset: 0,
                 };
-                continue;
-            }
-            let size = match cur.file.metadata() {
-                Ok(m) => m.len(),
-                Err(e) => {
-                    let err = self.io_err("stat", self.path(cur.index))(e);
-                    self.cur = Some(cur);
-                    return Err(err);
-                }
-            };
-            if size < cur.offset {
-                let ev = Event::Truncated {
+                Ok(Flow::Return(Step::Event(Event::Replaced {
                     index: cur.index,
                     offset: cur.offset,
-                    size,
-                };
-                cur.offset = 0;
+                })))
+            }
+            Ok(_) => {
                 self.cur = Some(cur);
-                return Ok(Step::Event(ev));
+                Ok(Flow::Return(Step::Idle))
             }
-            // A follower lists the directory only after the watcher saw a
-            // file come or go (cheap wakeups in a busy directory); a
-            // non-following reader lists it at every end of file.
-            if self.follow && !self.shared.renamed.swap(false, Ordering::SeqCst) {
+            Err(e) => {
+                self.mark_unseen();
                 self.cur = Some(cur);
-                return Ok(Step::Idle);
+                Err(self.io_err("stat", self.dir.display(name))(e))
             }
-            // Until this check is through, the listing counts as unseen
-            // (an error or an early return below must not lose it).
-            let unseen = |f: &Self| f.shared.renamed.store(true, Ordering::SeqCst);
-            let listing = match self.list(cur.index) {
-                Ok(l) => l,
-                Err(e) => {
-                    unseen(self);
-                    self.cur = Some(cur);
-                    return Err(e);
-                }
-            };
-            if listing.top().is_some_and(|top| top > cur.index) {
-                // Finished for good; read once more to its end, then move on.
-                cur.complete = true;
-                self.cur = Some(cur);
-                continue;
-            }
-            // The highest file: is it still the file at that name?
-            let name = self.name(cur.index);
-            match self.dir.stat(&name) {
-                Ok(Some(st)) if not_a_log_file(&st).is_none() && FileId::of(&st) != cur.id => {
-                    let size = match cur.file.metadata() {
-                        Ok(m) => m.len(),
-                        Err(e) => {
-                            unseen(self);
-                            self.cur = Some(cur);
-                            return Err(self.io_err("stat", self.dir.display(name))(e));
-                        }
-                    };
-                    if size > cur.offset {
-                        // Bytes reached the old file before it was
-                        // replaced: read them, then come back here.
-                        unseen(self);
-                        self.cur = Some(cur);
-                        continue;
-                    }
-                    self.want = Position {
-                        index: cur.index,
-                        offset: 0,
-                    };
-                    return Ok(Step::Event(Event::Replaced {
-                        index: cur.index,
-                        offset: cur.offset,
-                    }));
-                }
-                // Still ours; or deleted and not (yet) recreated; or taken
-                // by something that is not a log file (noted by the
-                // listing): wait in the file held, for it or a successor.
-                Ok(_) => {}
-                Err(e) => {
-                    unseen(self);
-                    self.cur = Some(cur);
-                    return Err(self.io_err("stat", self.dir.display(name))(e));
-                }
-            }
-            self.cur = Some(cur);
-            return Ok(Step::Idle);
         }
+    }
+
+    /// Counts the directory's changes as not yet looked at: a listing
+    /// that failed or ended early must be done again.
+    fn mark_unseen(&self) {
+        self.shared.renamed.store(true, Ordering::SeqCst);
     }
 
     /// Opens the first log file at or after `want`, passing over names

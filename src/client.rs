@@ -637,13 +637,12 @@ pub fn reattach_with_timeout(
             pid: cfg.pid,
             reason,
         },
-        HandshakeError::Timeout | HandshakeError::Closed => ReattachError::Unresponsive {
-            pid: cfg.pid,
-            timeout,
-        },
-        HandshakeError::NotLogmon(m) | HandshakeError::Other(m) => {
-            ReattachError::ProtocolMismatch(m)
+        // A reset, an EOF or a cut frame says nothing about the protocol:
+        // the logmon died or wedged in the handshake (issue #13).
+        HandshakeError::Timeout | HandshakeError::Closed | HandshakeError::Io(_) => {
+            died_or_unresponsive(cfg, timeout)
         }
+        HandshakeError::NotLogmon(m) => ReattachError::ProtocolMismatch(m),
     })?;
     if h.welcome.pid != cfg.pid
         || h.welcome.instance != cfg.instance
@@ -663,6 +662,23 @@ pub fn reattach_with_timeout(
     Ok(h)
 }
 
+/// How long a handshake that failed on I/O waits for the recorded process
+/// to finish exiting: a killed logmon closes its sockets before it turns
+/// into a zombie.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+/// The handshake failed without an answer: `ProcessGone` if the recorded
+/// process exits (within [`EXIT_GRACE`]), else `Unresponsive`.
+fn died_or_unresponsive(cfg: &ReattachConfig, timeout: Duration) -> ReattachError {
+    match process::wait_gone(cfg.pid, cfg.start_time, EXIT_GRACE) {
+        Ok(true) => ReattachError::ProcessGone { pid: cfg.pid },
+        _ => ReattachError::Unresponsive {
+            pid: cfg.pid,
+            timeout,
+        },
+    }
+}
+
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
     let cred =
         nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
@@ -676,7 +692,8 @@ enum HandshakeError {
     Refused(String),
     /// The peer sent something that is not a logmon frame.
     NotLogmon(String),
-    Other(String),
+    /// Any other I/O failure before an answer.
+    Io(io::Error),
 }
 
 fn is_timeout(e: &FrameError) -> bool {
@@ -694,21 +711,20 @@ pub struct Expect<'a> {
 
 impl Handle {
     fn handshake(mut stream: UnixStream, timeout: Duration) -> Result<Handle, HandshakeError> {
-        let other = |e: &dyn std::fmt::Display| HandshakeError::Other(e.to_string());
         stream
             .set_read_timeout(Some(timeout))
-            .map_err(|e| other(&e))?;
+            .map_err(HandshakeError::Io)?;
         stream
             .set_write_timeout(Some(timeout))
-            .map_err(|e| other(&e))?;
+            .map_err(HandshakeError::Io)?;
         let wrote = protocol::write_frame(
             &mut stream,
             &Request::Hello {
                 protocol: PROTOCOL_VERSION,
             },
         );
-        match &wrote {
-            Err(e) if is_timeout(e) => return Err(HandshakeError::Timeout),
+        let wrote = match wrote {
+            Err(e) if is_timeout(&e) => return Err(HandshakeError::Timeout),
             // A server that refuses (another uid) may answer and close
             // before our Hello is written: its refusal is already in our
             // receive buffer, so read it rather than report the pipe.
@@ -716,13 +732,18 @@ impl Handle {
                 if matches!(
                     e.kind(),
                     io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) => {}
-            Err(e) => return Err(other(e)),
-            Ok(()) => {}
-        }
+                ) =>
+            {
+                false
+            }
+            Err(FrameError::Io(e)) => return Err(HandshakeError::Io(e)),
+            // Encoding a Hello cannot fail; should it, no answer is read.
+            Err(e) => return Err(HandshakeError::Io(io::Error::other(e.to_string()))),
+            Ok(()) => true,
+        };
         let answer = protocol::read_frame::<Response>(&mut stream);
         match answer {
-            Ok(Response::Welcome(welcome)) if wrote.is_ok() => Ok(Handle { stream, welcome }),
+            Ok(Response::Welcome(welcome)) if wrote => Ok(Handle { stream, welcome }),
             Ok(Response::Welcome(_)) => Err(HandshakeError::Closed),
             Ok(Response::Refused { reason }) => Err(HandshakeError::Refused(reason)),
             Ok(other_msg) => Err(HandshakeError::NotLogmon(format!(
@@ -744,7 +765,7 @@ impl Handle {
             Err(FrameError::Decode(e)) => Err(HandshakeError::NotLogmon(format!(
                 "its answer does not decode: {e}"
             ))),
-            Err(e) => Err(other(&e)),
+            Err(FrameError::Io(e)) => Err(HandshakeError::Io(e)),
         }
     }
 
@@ -786,7 +807,7 @@ impl Handle {
                 path: path.to_owned(),
                 detail,
             },
-            HandshakeError::Other(m) => ClientError::Unexpected(m),
+            HandshakeError::Io(e) => ClientError::Frame(FrameError::Io(e)),
         })?;
         let wrong = |detail: String| ClientError::WrongSocket {
             path: path.to_owned(),

@@ -463,7 +463,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         for (f, cap) in fifos.into_iter().zip(captures.iter()) {
             // The scratch pipe is made now, before confinement, with the
             // privileges that sized the FIFO (see `pump`).
-            let peeker = crate::fifo::Peeker::new(f.capacity)
+            let peeker = crate::capture::pipe::Peeker::new(f.capacity)
                 .map_err(io_err("cannot make the scratch pipe"))?;
             pumps.push(tokio::task::spawn_local(pump(
                 f.fd,
@@ -500,7 +500,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         if ready == Ready::Stdout {
             print_ready(&ready_cfg)?;
         }
-        systemd::notify_ready(&state);
+        systemd::notify_ready(&state.stats());
         tracing::info!(task = %cfg.task, pid, socket = %socket_shown, "ready");
 
         let mut stop_wait = stop_rx.clone();
@@ -508,7 +508,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
             _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
             _ = stop_wait.wait_for(|s| *s) => {}
-            _ = systemd::status_loop(&state, &activity) => {}
+            _ = systemd::status_loop(|| state.stats(), &activity) => {}
         }
         systemd::notify_stopping();
         stop_tx.send_replace(true);

@@ -15,8 +15,9 @@
 //! - **capture** — [`fifo`] opens the FIFOs (both ends O_RDWR: no EOF for
 //!   logmon, no SIGPIPE for the task; one reader per FIFO); [`capture`]
 //!   moves bytes from each pipe into files with splice(2), peeking for
-//!   newlines with tee(2), so a byte leaves the pipe only by landing in a
-//!   file and a SIGKILL loses nothing; [`rotate`] decides where each byte
+//!   newlines with tee(2) ([`capture::pipe`]), so a byte leaves the pipe
+//!   only by landing in a file and a SIGKILL loses nothing; its pump waits
+//!   on SIGIO ([`capture::sigio`]), never on epoll; [`rotate`] decides where each byte
 //!   goes (line-aware rotation, purge, numbers never reused) and writes
 //!   [`index`], the capture time of each batch beside each file.
 //! - **control** — [`daemon`] wires one task's capture, its lock, its
@@ -24,13 +25,15 @@
 //!   confines itself ([`sandbox`]: no new privileges, no capabilities,
 //!   Landlock, seccomp) and prints the ready line; [`server`] answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
-//!   socket; [`diag`] moves a launched daemon's diagnostics into its log.
-//! - **reattach** — [`client`] launches a daemon and proves, before trusting
-//!   it, that the process behind a persisted [`protocol::ReattachConfig`] is
-//!   the one launched (pid, start time, peer credentials, instance id, the
-//!   socket file, task and directory); [`hook`] is the agent's prestart/stop
-//!   hook built on it (and owns the state file); [`process`] holds the
-//!   identity primitives.
+//!   socket ([`sockaddr`] makes long socket paths work); [`diag`] filters
+//!   logmon's own diagnostics and moves a launched daemon's into its log.
+//! - **reattach** — [`launch`] starts a detached daemon; [`client`] proves,
+//!   before trusting it, that the process behind a persisted
+//!   [`protocol::ReattachConfig`] is the one launched (pid, start time, peer
+//!   credentials, instance id, the socket file, task and directory);
+//!   [`state`] reads and writes the state file; [`hook`] is the agent's
+//!   prestart/stop hook built on them; [`process`] holds the identity
+//!   primitives.
 //! - **reading** — [`follow`] reads and follows a stream across rotations,
 //!   reading only logmon's own files; [`timeline`] adds capture times,
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
@@ -53,11 +56,14 @@ pub mod fifo;
 pub mod follow;
 pub mod hook;
 pub mod index;
+pub mod launch;
 pub mod meta;
 pub mod process;
 pub mod protocol;
 pub mod rotate;
 pub mod sandbox;
 pub mod server;
+pub mod sockaddr;
+pub mod state;
 pub mod systemd;
 pub mod timeline;

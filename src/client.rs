@@ -29,7 +29,7 @@
 //!   reports pre-ready errors through a stderr pipe (and, launched this
 //!   way, its typed failure on stdout), and opens `.<task>.logmon.log`
 //!   itself through its log-dir handle right before its ready line
-//!   ([`crate::diag`]).
+//!   (`diag`).
 
 use std::io;
 use std::os::unix::net::UnixStream;

@@ -293,18 +293,10 @@ fn open_fifos(
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
 
-/// Where the ready line goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ready {
-    /// Print it on stdout, then close stdout (the default).
-    Stdout,
-    /// Print nothing (tests, embedding).
-    Quiet,
-}
-
 /// Runs the daemon for `cfg` until it is stopped. Blocks the calling
-/// thread; builds its own current-thread runtime.
-pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
+/// thread; builds its own current-thread runtime. Prints the ready line on
+/// stdout, then closes stdout.
+pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     cfg.validate()?;
     // Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
     // write-error policy) rather than kill the daemon.
@@ -474,12 +466,10 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
                 stop_rx.clone(),
             )));
         }
-        if ready == Ready::Stdout {
-            // A launched daemon's stderr moves to its diagnostics log, opened
-            // through the log directory's handle (DESIGN.md §9), before the
-            // sandbox narrows what may be opened.
-            crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
-        }
+        // A launched daemon's stderr moves to its diagnostics log, opened
+        // through the log directory's handle (DESIGN.md §9), before the
+        // sandbox narrows what may be opened.
+        crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
         // Confined before the ready line, on the only thread (DESIGN.md §10).
         crate::sandbox::confine(&crate::sandbox::Policy::run(
             &log_dir,
@@ -497,9 +487,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         let server =
             tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
-        if ready == Ready::Stdout {
-            print_ready(&ready_cfg)?;
-        }
+        print_ready(&ready_cfg)?;
         systemd::notify_ready(&state.stats());
         tracing::info!(task = %cfg.task, pid, socket = %socket_shown, "ready");
 

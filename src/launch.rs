@@ -6,7 +6,7 @@
 //! The launcher never opens the daemon's diagnostics log by path: the child
 //! reports pre-ready errors through a stderr pipe (and, launched this way,
 //! its typed failure on stdout), and opens `.<task>.logmon.log` itself
-//! through its log-dir handle right before its ready line ([`crate::diag`];
+//! through its log-dir handle right before its ready line (`diag`;
 //! `tests/errors.rs` runs each failure through the binary).
 
 use std::ffi::OsString;
@@ -57,7 +57,7 @@ impl LaunchError {
 }
 
 /// What a launched `run` prints on stdout instead of its ready line when it
-/// cannot start ([`crate::diag::LAUNCHED_ENV`] set): its error and exit code.
+/// cannot start (`LOGMON_INTERNAL_LAUNCHED` set): its error and exit code.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LaunchFailure {
     /// The one-line error.
@@ -121,7 +121,7 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
 /// the ready line, stderr a pipe read until the daemon, right before its
 /// ready line, moves its stderr to `<log-dir>/.<task>.logmon.log` — opened
 /// by the daemon through its log-dir handle, never by path here
-/// ([`crate::diag`]). A daemon that cannot start says why on stdout
+/// (`diag`). A daemon that cannot start says why on stdout
 /// ([`LaunchFailure`]: its error and exit code), else its last stderr line
 /// is passed on. Warnings it printed before it was ready are passed to our
 /// stderr.

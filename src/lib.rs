@@ -20,24 +20,24 @@
 //!   on SIGIO ([`capture::sigio`]), never on epoll; [`rotate`] decides where each byte
 //!   goes (line-aware rotation, purge, numbers never reused) and writes
 //!   [`index`], the capture time of each batch beside each file.
-//! - **control** — [`daemon`] wires one task's capture, its lock, its
+//! - **control** — `daemon` wires one task's capture, its lock, its
 //!   control socket and its [`meta`]data on a current-thread runtime,
 //!   confines itself ([`sandbox`]: no new privileges, no capabilities,
-//!   Landlock, seccomp) and prints the ready line; [`server`] answers
+//!   Landlock, seccomp) and prints the ready line; `server` answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
-//!   socket ([`sockaddr`] makes long socket paths work); [`diag`] filters
+//!   socket (`sockaddr` makes long socket paths work); `diag` filters
 //!   logmon's own diagnostics and moves a launched daemon's into its log.
-//! - **reattach** — [`launch`] starts a detached daemon; [`client`] proves,
+//! - **reattach** — `launch` starts a detached daemon; [`client`] proves,
 //!   before trusting it, that the process behind a persisted
 //!   [`protocol::ReattachConfig`] is the one launched (pid, start time, peer
 //!   credentials, instance id, the socket file, task and directory);
-//!   [`state`] reads and writes the state file; [`hook`] is the agent's
+//!   `state` reads and writes the state file; [`hook`] is the agent's
 //!   prestart/stop hook built on them; [`process`] holds the identity
 //!   primitives.
 //! - **reading** — [`follow`] reads and follows a stream across rotations,
 //!   reading only logmon's own files; [`timeline`] adds capture times,
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
-//! - **service** — [`systemd`] adds readiness, the fd store and socket
+//! - **service** — `systemd` adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
 //!   `main.rs` only calls [`cli::main`].
@@ -45,25 +45,28 @@
 //! The contract these modules keep is `DESIGN.md`; each module's doc names
 //! the guarantees it keeps and the tests that prove them.
 
+// The modules an agent, the binary, the benches and the integration tests
+// use are public; the daemon's own wiring is not, so the compiler sees what
+// nothing calls.
 pub mod capture;
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod daemon;
-pub mod diag;
+mod daemon;
+mod diag;
 pub mod dir;
 pub mod fifo;
 pub mod follow;
 pub mod hook;
 pub mod index;
-pub mod launch;
+mod launch;
 pub mod meta;
 pub mod process;
 pub mod protocol;
 pub mod rotate;
 pub mod sandbox;
-pub mod server;
-pub mod sockaddr;
-pub mod state;
-pub mod systemd;
+mod server;
+mod sockaddr;
+mod state;
+mod systemd;
 pub mod timeline;

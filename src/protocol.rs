@@ -214,13 +214,19 @@ pub fn decode<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T, FrameError
     Ok(postcard::from_bytes(payload)?)
 }
 
+/// One whole frame (length prefix and payload), framed by [`codec`]: the
+/// server's refusal at accept and the blocking client send these bytes.
+pub fn frame<T: Serialize>(msg: &T) -> Result<bytes::BytesMut, FrameError> {
+    use tokio_util::codec::Encoder;
+    let payload = encode(msg)?;
+    let mut buf = bytes::BytesMut::with_capacity(4 + payload.len());
+    codec().encode(bytes::Bytes::from(payload), &mut buf)?;
+    Ok(buf)
+}
+
 /// Writes one frame (blocking).
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let payload = encode(msg)?;
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    buf.extend_from_slice(&payload);
-    w.write_all(&buf)?;
+    w.write_all(&frame(msg)?)?;
     Ok(())
 }
 

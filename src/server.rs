@@ -342,9 +342,7 @@ pub async fn serve(
             let refusal = Response::Refused {
                 reason: protocol::BUSY.into(),
             };
-            if let Ok(payload) = protocol::encode(&refusal) {
-                let mut frame = (payload.len() as u32).to_be_bytes().to_vec();
-                frame.extend_from_slice(&payload);
+            if let Ok(frame) = protocol::frame(&refusal) {
                 let _ = stream.try_write(&frame);
             }
             continue;

@@ -502,7 +502,7 @@ pub fn main() -> ! {
     std::process::exit(dispatch(cli));
 }
 
-/// Sets up the daemon's own diagnostics ([`crate::diag::log_filter`]): to the journal
+/// Sets up the daemon's own diagnostics (`diag::log_filter`: `LOGMON_LOG`, else `default`): to the journal
 /// under journald, else to stderr. Never to stdout, never into the
 /// captured logs.
 pub fn init_tracing(default: &str) {

@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -547,11 +547,8 @@ fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
         .write(true)
         .open("/dev/null")
         .map_err(io_err("cannot open /dev/null"))?;
-    // SAFETY: dup2 onto fd 1 replaces stdout with /dev/null; both fds are
-    // valid, and std's stdout handle was flushed above and does not cache the
-    // descriptor.
-    if unsafe { nix::libc::dup2(devnull.as_raw_fd(), 1) } < 0 {
-        return Err(io_err("cannot close stdout")(io::Error::last_os_error()));
-    }
+    // std's stdout handle was flushed above and does not cache the
+    // descriptor, so replacing fd 1 under it is sound.
+    nix::unistd::dup2_stdout(&devnull).map_err(|e| io_err("cannot close stdout")(e.into()))?;
     Ok(())
 }

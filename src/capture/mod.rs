@@ -40,8 +40,10 @@ use tokio::time::Instant;
 use crate::config::{Stream, WriteErrorPolicy};
 use crate::rotate::{plan, Rotator, Step};
 
+#[allow(unsafe_code)] // FIONREAD
 pub mod pipe;
 mod pump;
+#[allow(unsafe_code)] // sigaction, registering the signalfd
 pub mod sigio;
 
 pub use pump::{pump, SharedCapture, BATCH_WAIT};

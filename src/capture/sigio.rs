@@ -5,10 +5,11 @@
 //! is armed only while its pump waits); measured by `benches/peers.sh`.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::rc::Rc;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 /// Tells the pump that a task wrote into its FIFO, without polling the FIFO.
 ///
@@ -46,7 +47,7 @@ pub struct DataSignal {
 /// from it, through which the pump that took one tells the others.
 #[derive(Debug)]
 struct SigioHub {
-    fd: tokio::io::unix::AsyncFd<OwnedFd>,
+    fd: tokio::io::unix::AsyncFd<SignalFd>,
     taken: tokio::sync::watch::Sender<u64>,
 }
 
@@ -81,23 +82,9 @@ impl SigioHub {
         let mut set = SigSet::empty();
         set.add(Signal::SIGIO);
         set.thread_block()?;
-        // SAFETY: signalfd(2) with fd -1 creates a new descriptor from a
-        // valid, initialised sigset; the result is checked before use.
-        let raw = unsafe {
-            nix::libc::signalfd(
-                -1,
-                set.as_ref(),
-                nix::libc::SFD_NONBLOCK | nix::libc::SFD_CLOEXEC,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` was just returned by signalfd and is owned by
-        // nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: the AsyncFd owns the fd, so it stays open exactly as long
-        // as the registration, and nothing else closes it.
+        let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+        // SAFETY: the AsyncFd owns the signalfd, so it stays open exactly as
+        // long as the registration, and nothing else closes it.
         let fd = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
         }
@@ -112,12 +99,8 @@ impl SigioHub {
 
     /// Reads every pending SIGIO off the signalfd.
     fn take_all(&self) {
-        let mut buf = [0u8; 128 * 4];
-        while let Ok(n) = nix::unistd::read(self.fd.get_ref(), &mut buf) {
-            if n == 0 {
-                break;
-            }
-        }
+        // Ok(None) once none is pending (the signalfd is non-blocking).
+        while let Ok(Some(_)) = self.fd.get_ref().read_signal() {}
     }
 }
 

@@ -16,7 +16,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
 
 mod control;
+#[allow(unsafe_code)] // the command's pre_exec
 mod exec;
+#[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
 
 /// Exit code for a usage or configuration error.

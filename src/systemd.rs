@@ -180,7 +180,6 @@ fn plan(
 pub struct InheritedFds {
     fifos: [Option<OwnedFd>; 2],
     listener: Option<std::os::unix::net::UnixListener>,
-    listener_inherited: bool,
 }
 
 impl InheritedFds {
@@ -280,14 +279,7 @@ impl InheritedFds {
 
     /// The socket-activated control socket, if one was passed.
     pub fn take_listener(&mut self) -> Option<std::os::unix::net::UnixListener> {
-        let l = self.listener.take();
-        self.listener_inherited |= l.is_some();
-        l
-    }
-
-    /// Whether the control socket came from systemd.
-    pub fn listener_was_inherited(&self) -> bool {
-        self.listener_inherited
+        self.listener.take()
     }
 }
 

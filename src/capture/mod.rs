@@ -172,6 +172,16 @@ pub enum Drained {
     },
 }
 
+/// What one step of a drain pass leads to.
+enum Next {
+    /// Look at the source again.
+    LookAgain,
+    /// Plan with what was seen.
+    Plan,
+    /// The pass is over.
+    Done(Drained),
+}
+
 #[derive(Debug)]
 struct Failure {
     next_retry: Instant,
@@ -278,99 +288,141 @@ impl StreamCapture {
                 self.left = 0;
                 return Ok(Drained::More);
             }
-            let size = self.rotator.size();
-            let rem = self.rotator.limit().saturating_sub(size);
+            let room = self.room(now);
             // Each look takes the pipe's mutex, contended by the writer: it
             // counts and peeks at once (no separate FIONREAD).
-            // While a write error waits for its retry only the count is
-            // needed.
-            let retry_later = self.failure.as_ref().is_some_and(|f| now < f.next_retry);
-            let room = if retry_later {
-                0
-            } else {
-                usize::try_from(rem).unwrap_or(usize::MAX)
-            };
-            let Look {
-                avail,
-                peeked,
-                last_nl,
-            } = src.look(room, self.clean)?;
-            let budget = budget.get_or_insert(if stopping { usize::MAX } else { avail });
-            self.left = avail;
-            if avail == 0 {
+            let look = src.look(room, self.clean)?;
+            let budget = budget.get_or_insert(if stopping { usize::MAX } else { look.avail });
+            self.left = look.avail;
+            if look.avail == 0 {
                 self.clean = 0;
                 self.partial_since = None;
                 return Ok(Drained::Empty);
             }
-            if let Some(f) = &self.failure {
-                if now < f.next_retry {
-                    match self.policy {
-                        WriteErrorPolicy::Block => {
-                            return Ok(Drained::Blocked {
-                                retry_at: f.next_retry,
-                            })
-                        }
-                        WriteErrorPolicy::Drop if stopping => {
-                            // Leave them in the pipe for the next logmon.
-                            return Ok(Drained::Empty);
-                        }
-                        WriteErrorPolicy::Drop => {
-                            let n = src.discard(avail.min(*budget))?;
-                            self.clean = self.clean.saturating_sub(n);
-                            *budget = budget.saturating_sub(n);
-                            self.stats.bytes_dropped += n as u64;
-                            if let Some(f) = &mut self.failure {
-                                f.dropped_unreported += n as u64;
-                            }
-                            continue;
-                        }
-                    }
-                }
-                // Time to retry: the marker for what was dropped goes first.
-                if f.dropped_unreported > 0 {
-                    let dropped = f.dropped_unreported;
-                    if let Err(e) = self.write_marker(dropped) {
-                        self.fail(now, &e);
-                        continue;
-                    }
-                    if let Some(f) = &mut self.failure {
-                        f.dropped_unreported = 0;
-                    }
-                    // The marker moved the file's end: look again.
-                    continue;
-                }
+            let next = match self.failure {
+                Some(_) => self.while_failing(src, now, stopping, look.avail, budget)?,
+                None => Next::Plan,
+            };
+            let next = match next {
+                Next::Plan => self.step(src, now, stopping, room, look, budget)?,
+                other => other,
+            };
+            match next {
+                Next::Done(d) => return Ok(d),
+                Next::Plan | Next::LookAgain => {}
             }
-            // A partial line that fills the pipe cannot get its newline
-            // in: the writer is blocked on it.
-            let pipe_full = avail + 4096 >= src.capacity();
-            let waited = self
-                .partial_since
-                .is_some_and(|t| now.duration_since(t) >= PARTIAL_LINE_WAIT);
-            // Nor can one longer than the source can show (a scratch pipe
-            // smaller than the FIFO): its newline would never be seen, and
-            // holding it would let it out a second's wait at a time.
-            let unseen = peeked < avail.min(room);
-            let flush = stopping || pipe_full || waited || unseen;
-            match plan(size, self.rotator.limit(), avail, peeked, last_nl, flush) {
-                Step::Rotate => self.rotator.rotate(),
-                Step::Hold => {
-                    // Hold comes only without a newline among them.
-                    self.clean = peeked;
-                    let since = *self.partial_since.get_or_insert(now);
-                    return Ok(Drained::Held {
-                        deadline: since + PARTIAL_LINE_WAIT,
-                    });
-                }
-                Step::Write(k) => {
-                    let ends_line = last_nl == Some(k - 1);
-                    match self.write(src, k, ends_line) {
-                        Ok(0) => return Ok(Drained::Empty),
-                        Ok(n) => *budget = budget.saturating_sub(n),
-                        Err(e) => self.fail(now, &e),
+        }
+    }
+
+    /// How much the active file may still take; 0 while a write error
+    /// waits for its retry (then only the count is needed).
+    fn room(&self, now: Instant) -> usize {
+        let retry_later = self.failure.as_ref().is_some_and(|f| now < f.next_retry);
+        if retry_later {
+            0
+        } else {
+            let rem = self.rotator.limit().saturating_sub(self.rotator.size());
+            usize::try_from(rem).unwrap_or(usize::MAX)
+        }
+    }
+
+    /// While a write error waits for its retry: block, leave the bytes, or
+    /// drop them, by policy. When the retry is due, the marker for what was
+    /// dropped goes first; then the pass plans as usual.
+    fn while_failing(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        stopping: bool,
+        avail: usize,
+        budget: &mut usize,
+    ) -> io::Result<Next> {
+        let Some(f) = &self.failure else {
+            return Ok(Next::Plan);
+        };
+        if now < f.next_retry {
+            return match self.policy {
+                WriteErrorPolicy::Block => Ok(Next::Done(Drained::Blocked {
+                    retry_at: f.next_retry,
+                })),
+                // Leave them in the pipe for the next logmon.
+                WriteErrorPolicy::Drop if stopping => Ok(Next::Done(Drained::Empty)),
+                WriteErrorPolicy::Drop => {
+                    let n = src.discard(avail.min(*budget))?;
+                    self.clean = self.clean.saturating_sub(n);
+                    *budget = budget.saturating_sub(n);
+                    self.stats.bytes_dropped += n as u64;
+                    if let Some(f) = &mut self.failure {
+                        f.dropped_unreported += n as u64;
                     }
+                    Ok(Next::LookAgain)
+                }
+            };
+        }
+        if f.dropped_unreported == 0 {
+            return Ok(Next::Plan);
+        }
+        let dropped = f.dropped_unreported;
+        match self.write_marker(dropped) {
+            Err(e) => self.fail(now, &e),
+            Ok(()) => {
+                if let Some(f) = &mut self.failure {
+                    f.dropped_unreported = 0;
                 }
             }
         }
+        // The marker moved the file's end (or failed): look again.
+        Ok(Next::LookAgain)
+    }
+
+    /// Plans what to do with what `look` saw ([`plan`]) and does it:
+    /// rotate, hold a partial line, or write.
+    fn step(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        stopping: bool,
+        room: usize,
+        look: Look,
+        budget: &mut usize,
+    ) -> io::Result<Next> {
+        let Look {
+            avail,
+            peeked,
+            last_nl,
+        } = look;
+        // A partial line that fills the pipe cannot get its newline
+        // in: the writer is blocked on it.
+        let pipe_full = avail + 4096 >= src.capacity();
+        let waited = self
+            .partial_since
+            .is_some_and(|t| now.duration_since(t) >= PARTIAL_LINE_WAIT);
+        // Nor can one longer than the source can show (a scratch pipe
+        // smaller than the FIFO): its newline would never be seen, and
+        // holding it would let it out a second's wait at a time.
+        let unseen = peeked < avail.min(room);
+        let flush = stopping || pipe_full || waited || unseen;
+        let size = self.rotator.size();
+        match plan(size, self.rotator.limit(), avail, peeked, last_nl, flush) {
+            Step::Rotate => self.rotator.rotate(),
+            Step::Hold => {
+                // Hold comes only without a newline among them.
+                self.clean = peeked;
+                let since = *self.partial_since.get_or_insert(now);
+                return Ok(Next::Done(Drained::Held {
+                    deadline: since + PARTIAL_LINE_WAIT,
+                }));
+            }
+            Step::Write(k) => {
+                let ends_line = last_nl == Some(k - 1);
+                match self.write(src, k, ends_line) {
+                    Ok(0) => return Ok(Next::Done(Drained::Empty)),
+                    Ok(n) => *budget = budget.saturating_sub(n),
+                    Err(e) => self.fail(now, &e),
+                }
+            }
+        }
+        Ok(Next::LookAgain)
     }
 
     fn write(&mut self, src: &mut impl Source, k: usize, ends_line: bool) -> io::Result<usize> {

@@ -9,7 +9,6 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::fd::BorrowedFd;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -77,28 +76,165 @@ const BURST: u64 = 64 * 1024;
 pub async fn pump(
     fd: std::os::fd::OwnedFd,
     capacity: usize,
-    mut peeker: Peeker,
+    peeker: Peeker,
     capture: SharedCapture,
     activity: Rc<Notify>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let devnull = File::options().write(true).open("/dev/null")?;
-    let mut data = DataSignal::new(fd.as_fd())?;
-    let mut last_drain = Instant::now();
-    // Drains once; returns the outcome, whether bytes moved, whether they
-    // came too fast to wait, and how many were left in the pipe.
-    let mut drain = |fd: BorrowedFd<'_>, stopping: bool| -> io::Result<Pass> {
-        let mut src = PipeSource::new(fd, capacity, &mut peeker, &devnull);
-        let mut c = capture.borrow_mut();
+    let data = DataSignal::new(fd.as_fd())?;
+    let mut p = Pump {
+        fd,
+        capacity,
+        peeker,
+        devnull,
+        capture,
+        activity,
+        stop,
+        data,
+        last_drain: Instant::now(),
+        timer: None,
+        left: 0,
+        blocked: false,
+        phase_bytes: 0,
+    };
+    while !*p.stop.borrow() {
+        // Every way through here awaits something, so the pump can never
+        // spin without yielding to the runtime.
+        let went_idle = Instant::now();
+        let fresh = p.wait_for_bytes(went_idle).await?;
+        if fresh && p.phase_bytes >= BURST && went_idle.elapsed() < STILL_BUSY {
+            // Bytes flowed a moment ago: the task is still writing, only
+            // in bursts (on a loaded machine it is preempted for
+            // milliseconds at a time). Let the burst fill the pipe rather
+            // than chase it one write per wakeup.
+            p.pause().await;
+        }
+        if p.drain_phase().await? {
+            break;
+        }
+    }
+    p.finish()
+}
+
+/// One stream's pump: the FIFO, its capture, and what the phases pass on
+/// to each other.
+struct Pump {
+    fd: std::os::fd::OwnedFd,
+    capacity: usize,
+    peeker: Peeker,
+    devnull: File,
+    capture: SharedCapture,
+    activity: Rc<Notify>,
+    stop: watch::Receiver<bool>,
+    data: DataSignal,
+    last_drain: Instant,
+    /// The partial-line or retry deadline of the last drain.
+    timer: Option<Instant>,
+    /// Bytes the last drain left in the pipe.
+    left: usize,
+    /// A write error holds bytes back (`--on-write-error block`).
+    blocked: bool,
+    /// Bytes moved by the last draining phase.
+    phase_bytes: u64,
+}
+
+impl Pump {
+    /// The waiting phase: until new bytes (more than the drain left), the
+    /// deadline, or stop. Returns whether new bytes came.
+    async fn wait_for_bytes(&mut self, went_idle: Instant) -> io::Result<bool> {
+        // Under `block` new bytes cannot be written before the retry
+        // anyway: do not let every write wake the pump meanwhile.
+        let arm_failed = !self.blocked && !self.data.arm_or_warn(self.fd.as_fd());
+        let armed = !self.blocked && !arm_failed;
+        let mut fresh = false;
+        loop {
+            // Bytes written before the FIFO was armed sent no signal; after
+            // a signal, it may have been for the other stream's FIFO.
+            if !self.blocked
+                && super::pipe::bytes_waiting(self.fd.as_fd()).map_or(true, |n| n > self.left)
+            {
+                fresh = true;
+                break;
+            }
+            let deadline = if arm_failed {
+                // Poll instead, only until arming works again.
+                let poll = went_idle + BATCH_WAIT;
+                Some(self.timer.map_or(poll, |t| t.min(poll)))
+            } else {
+                self.timer
+            };
+            tokio::select! {
+                r = self.data.wait(), if armed => {
+                    r?;
+                    continue;
+                }
+                _ = sleep_until(deadline), if deadline.is_some() => {}
+                _ = self.stop.changed() => {}
+            }
+            break;
+        }
+        if armed {
+            self.data.disarm_or_warn(self.fd.as_fd());
+        }
+        Ok(fresh)
+    }
+
+    /// Sleeps [`BATCH_WAIT`], or until stop.
+    async fn pause(&mut self) {
+        tokio::select! {
+            _ = tokio::time::sleep(BATCH_WAIT) => {}
+            _ = self.stop.changed() => {}
+        }
+    }
+
+    /// The draining phase: drains every [`BATCH_WAIT`] (at once when the
+    /// bytes come fast) until a drain finds nothing new. Returns whether
+    /// stop was asked.
+    async fn drain_phase(&mut self) -> io::Result<bool> {
+        self.phase_bytes = 0;
+        loop {
+            if *self.stop.borrow() {
+                return Ok(true);
+            }
+            let pass = self.drain(false)?;
+            self.timer = deadline_of(pass.outcome);
+            self.blocked = matches!(pass.outcome, Drained::Blocked { .. });
+            self.left = pass.left;
+            self.phase_bytes += pass.bytes;
+            if pass.changed {
+                self.activity.notify_one();
+            }
+            if !pass.moved {
+                return Ok(false);
+            }
+            if pass.fast {
+                tokio::task::yield_now().await;
+            } else {
+                self.pause().await;
+            }
+        }
+    }
+
+    /// Drains once; returns the outcome, whether bytes moved, whether they
+    /// came too fast to wait, and how many were left in the pipe.
+    fn drain(&mut self, stopping: bool) -> io::Result<Pass> {
+        let mut src = PipeSource::new(
+            self.fd.as_fd(),
+            self.capacity,
+            &mut self.peeker,
+            &self.devnull,
+        );
+        let mut c = self.capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let errors_before = c.stats.write_errors;
         let now = Instant::now();
         let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
-        let elapsed = now.duration_since(last_drain).as_nanos().max(1);
-        last_drain = now;
+        let elapsed = now.duration_since(self.last_drain).as_nanos().max(1);
+        self.last_drain = now;
         let longest_wait = 2 * BATCH_WAIT.as_nanos();
-        let fast = u128::from(moved) * longest_wait * 4 >= capacity as u128 * 3 * elapsed;
+        let fast = u128::from(moved) * longest_wait * 4 >= self.capacity as u128 * 3 * elapsed;
         Ok(Pass {
             outcome,
             bytes: moved,
@@ -107,98 +243,22 @@ pub async fn pump(
             fast,
             left: c.left(),
         })
-    };
-    let mut timer: Option<Instant> = None;
-    let mut left = 0;
-    let mut blocked = false;
-    // Bytes moved by the last draining phase.
-    let mut phase_bytes = 0u64;
-    'run: while !*stop.borrow() {
-        // Waiting: for new bytes (more than the drain left), the deadline,
-        // or stop. Every way through here awaits something, so the pump can
-        // never spin without yielding to the runtime.
-        let went_idle = Instant::now();
-        // Under `block` new bytes cannot be written before the retry
-        // anyway: do not let every write wake the pump meanwhile.
-        let arm_failed = !blocked && !data.arm_or_warn(fd.as_fd());
-        let armed = !blocked && !arm_failed;
-        let mut fresh = false;
-        loop {
-            // Bytes written before the FIFO was armed sent no signal; after
-            // a signal, it may have been for the other stream's FIFO.
-            if !blocked && super::pipe::bytes_waiting(fd.as_fd()).map_or(true, |n| n > left) {
-                fresh = true;
-                break;
-            }
-            let deadline = if arm_failed {
-                // Poll instead, only until arming works again.
-                let poll = went_idle + BATCH_WAIT;
-                Some(timer.map_or(poll, |t| t.min(poll)))
-            } else {
-                timer
-            };
-            tokio::select! {
-                r = data.wait(), if armed => {
-                    r?;
-                    continue;
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {}
-                _ = stop.changed() => {}
-            }
-            break;
-        }
-        if armed {
-            data.disarm_or_warn(fd.as_fd());
-        }
-        if fresh && phase_bytes >= BURST && went_idle.elapsed() < STILL_BUSY {
-            // Bytes flowed a moment ago: the task is still writing, only
-            // in bursts (on a loaded machine it is preempted for
-            // milliseconds at a time). Let the burst fill the pipe rather
-            // than chase it one write per wakeup.
-            tokio::select! {
-                _ = tokio::time::sleep(BATCH_WAIT) => {}
-                _ = stop.changed() => {}
-            }
-        }
-        // Draining.
-        phase_bytes = 0;
-        loop {
-            if *stop.borrow() {
-                break 'run;
-            }
-            let pass = drain(fd.as_fd(), false)?;
-            timer = deadline_of(pass.outcome);
-            blocked = matches!(pass.outcome, Drained::Blocked { .. });
-            left = pass.left;
-            phase_bytes += pass.bytes;
-            if pass.changed {
-                activity.notify_one();
-            }
-            if !pass.moved {
-                break;
-            }
-            if pass.fast {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::select! {
-                    _ = tokio::time::sleep(BATCH_WAIT) => {}
-                    _ = stop.changed() => {}
-                }
-            }
-        }
     }
-    let last = drain(fd.as_fd(), true)?.outcome;
-    let mut c = capture.borrow_mut();
-    if let Drained::Blocked { .. } = last {
-        tracing::warn!(stream = %c.stream(), "stopping with an unwritable log file; the bytes stay in the pipe for the next logmon");
+
+    /// Stopping: drains what is left (a held partial line included) and
+    /// fsyncs.
+    fn finish(mut self) -> io::Result<()> {
+        let last = self.drain(true)?.outcome;
+        let mut c = self.capture.borrow_mut();
+        if let Drained::Blocked { .. } = last {
+            tracing::warn!(stream = %c.stream(), "stopping with an unwritable log file; the bytes stay in the pipe for the next logmon");
+        }
+        c.mark_unreported_drops();
+        c.sync();
+        Ok(())
     }
-    c.mark_unreported_drops();
-    c.sync();
-    Ok(())
 }
 
-/// One drain as the pump sees it.
-#[derive(Debug, Clone, Copy)]
 struct Pass {
     outcome: Drained,
     /// Bytes written (or dropped).

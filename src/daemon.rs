@@ -88,24 +88,6 @@ pub enum DaemonError {
     },
 }
 
-impl DaemonError {
-    /// The CLI exit code: 2 for what the user must fix in the flags or
-    /// paths, 1 for everything else.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            DaemonError::Config(_)
-            | DaemonError::Rotate(RotateError::MissingDir { .. })
-            | DaemonError::Fifo(FifoError::NotFifo { .. } | FifoError::Symlink(_))
-            | DaemonError::Socket(
-                SocketError::NotASocket { .. }
-                | SocketError::NameTooLong { .. }
-                | SocketError::InUse { .. },
-            ) => 2,
-            _ => 1,
-        }
-    }
-}
-
 fn io_err(action: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
     move |source| DaemonError::Io { action, source }
 }

@@ -46,16 +46,6 @@ pub enum LaunchError {
     },
 }
 
-impl LaunchError {
-    /// The exit code class: the daemon's own for its errors, else 1.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            LaunchError::Daemon { code, .. } => *code,
-            _ => 1,
-        }
-    }
-}
-
 /// What a launched `run` prints on stdout instead of its ready line when it
 /// cannot start (`LOGMON_INTERNAL_LAUNCHED` set): its error and exit code.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

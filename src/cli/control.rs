@@ -20,7 +20,7 @@ use super::{
 /// `logmon run`.
 pub fn run(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
-    daemon::run(cfg).map_err(|e| CliError::new(e.exit_code(), e))?;
+    daemon::run(cfg).map_err(|e| CliError::new(super::exit_code_daemon(&e), e))?;
     Ok(0)
 }
 

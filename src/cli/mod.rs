@@ -70,13 +70,38 @@ pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
     }
 }
 
+/// The exit code of a `run` that cannot start or stops on an error: 2 for
+/// what the user must fix in the flags or paths, 1 for everything else.
+pub(crate) fn exit_code_daemon(e: &crate::daemon::DaemonError) -> i32 {
+    use crate::daemon::DaemonError as D;
+    use crate::fifo::FifoError as F;
+    use crate::rotate::RotateError as R;
+    use crate::server::SocketError as S;
+    match e {
+        D::Config(_)
+        | D::Rotate(R::MissingDir { .. })
+        | D::Fifo(F::NotFifo { .. } | F::Symlink(_))
+        | D::Socket(S::NotASocket { .. } | S::NameTooLong { .. } | S::InUse { .. }) => EXIT_USAGE,
+        _ => EXIT_FAILURE,
+    }
+}
+
+/// The exit code of a failed launch: the daemon's own for its errors (it
+/// exited with `exit_code_daemon`), else 1.
+pub fn exit_code_launch(e: &crate::client::LaunchError) -> i32 {
+    match e {
+        crate::client::LaunchError::Daemon { code, .. } => *code,
+        _ => EXIT_FAILURE,
+    }
+}
+
 /// The exit code of an `ensure` failure.
 pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
     use crate::hook::HookError as H;
     match e {
         H::Recoverable(_) => EXIT_TEMPFAIL,
         H::LogDir { .. } => EXIT_USAGE,
-        H::Launch(l) => l.exit_code(),
+        H::Launch(l) => exit_code_launch(l),
         H::OldStillRunning { .. } | H::NotOwner { .. } => EXIT_FAILURE,
     }
 }
@@ -106,7 +131,7 @@ impl From<crate::hook::HookError> for CliError {
 
 impl From<crate::client::LaunchError> for CliError {
     fn from(e: crate::client::LaunchError) -> Self {
-        CliError::new(e.exit_code(), e)
+        CliError::new(exit_code_launch(&e), e)
     }
 }
 

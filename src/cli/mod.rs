@@ -481,6 +481,56 @@ fn env_context(e: &clap::Error) -> String {
     }
 }
 
+/// A clap error in one line, from its kind and context (never from its
+/// rendered text, whose layout clap may change).
+fn clap_error_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind as K, ContextValue as V, ErrorKind as E};
+    let one = |k| match e.get(k) {
+        Some(V::String(s)) => Some(s.clone()),
+        Some(V::Strings(v)) => Some(v.join(", ")),
+        Some(V::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let arg = one(K::InvalidArg).unwrap_or_default();
+    let value = one(K::InvalidValue).unwrap_or_default();
+    let why = std::error::Error::source(e)
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default();
+    let valid = one(K::ValidValue)
+        .filter(|v| !v.is_empty())
+        .map(|v| format!(" [possible values: {v}]"))
+        .unwrap_or_default();
+    let kind = e.kind().as_str().unwrap_or("invalid arguments").to_owned();
+    match e.kind() {
+        E::MissingRequiredArgument if !arg.is_empty() => {
+            format!("the following required arguments were not provided: {arg}")
+        }
+        E::UnknownArgument if !arg.is_empty() => format!("unexpected argument '{arg}' found"),
+        E::InvalidValue if !arg.is_empty() && value.is_empty() => {
+            format!("a value is required for '{arg}' but none was supplied{valid}")
+        }
+        E::InvalidValue if !arg.is_empty() => {
+            format!("invalid value '{value}' for '{arg}'{valid}")
+        }
+        E::ValueValidation if !arg.is_empty() => {
+            format!("invalid value '{value}' for '{arg}'{why}")
+        }
+        E::InvalidSubcommand => match one(K::InvalidSubcommand) {
+            Some(sub) => format!("unrecognized subcommand '{sub}'"),
+            None => kind,
+        },
+        E::ArgumentConflict if !arg.is_empty() => match one(K::PriorArg) {
+            Some(prior) if prior == arg => format!("the argument '{arg}' cannot be used multiple times"),
+            Some(prior) => format!("the argument '{arg}' cannot be used with '{prior}'"),
+            None => format!("the argument '{arg}' cannot be used with one or more of the other specified arguments"),
+        },
+        E::TooManyValues if !arg.is_empty() => {
+            format!("unexpected value '{value}' for '{arg}' found; no more were expected")
+        }
+        _ => kind,
+    }
+}
+
 /// The whole `logmon` program: parses `std::env::args`, runs the command
 /// and exits with its code. Clap's errors become one line and exit 2.
 ///
@@ -503,23 +553,11 @@ pub fn main() -> ! {
                 }
                 _ => {}
             }
-            let text = e.render().to_string();
-            let mut lines = text.lines();
-            let first = lines
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            // Clap lists missing arguments on indented lines below the first.
-            let more: Vec<&str> = lines
-                .take_while(|l| l.starts_with("  "))
-                .map(str::trim)
-                .collect();
-            let sep = if more.is_empty() { "" } else { " " };
             let _ = writeln!(
                 std::io::stderr(),
-                "logmon: error: {first}{}{sep}{} (see 'logmon --help')",
-                env_context(&e),
-                more.join(", ")
+                "logmon: error: {}{} (see 'logmon --help')",
+                clap_error_line(&e),
+                env_context(&e)
             );
             std::process::exit(EXIT_USAGE);
         }

@@ -7,6 +7,12 @@
 //! with a typed [`ReattachError`] naming the first that does not hold. Each
 //! reason is produced for real in `tests/reattach.rs`.
 //!
+//! A logmon that dies or wedges during the handshake (connection reset,
+//! closed, a frame cut short, no answer) is `ProcessGone` if the recorded
+//! process has exited by then, else `Unresponsive`; only a decoded
+//! incompatible version (or an answer that is no logmon frame) is
+//! `ProtocolMismatch` (`tests/handshake.rs`).
+//!
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
 //!

@@ -241,7 +241,7 @@ fn run_copy(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, buf: &mut [u8]) 
 fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
     let mut capture = new_capture(dir.path(), index);
-    let mut peeker = fifo::Peeker::new(fifo.capacity).expect("peeker");
+    let mut peeker = logmon::capture::pipe::Peeker::new(fifo.capacity).expect("peeker");
     let devnull = File::options()
         .write(true)
         .open("/dev/null")
@@ -317,7 +317,7 @@ fn run_pump(
             pump(
                 reader,
                 fifo.capacity,
-                logmon::fifo::Peeker::new(fifo.capacity).expect("scratch pipe"),
+                logmon::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
                 capture.clone(),
                 std::rc::Rc::new(tokio::sync::Notify::new()),
                 stop_rx

@@ -7,6 +7,12 @@
 //! with a typed [`ReattachError`] naming the first that does not hold. Each
 //! reason is produced for real in `tests/reattach.rs`.
 //!
+//! A logmon that dies or wedges during the handshake (connection reset,
+//! closed, a frame cut short, no answer) is `ProcessGone` if the recorded
+//! process has exited by then, else `Unresponsive`; only a decoded
+//! incompatible version (or an answer that is no logmon frame) is
+//! `ProtocolMismatch` (`tests/handshake.rs`).
+//!
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
 //!
@@ -29,22 +35,22 @@
 //!   reports pre-ready errors through a stderr pipe (and, launched this
 //!   way, its typed failure on stdout), and opens `.<task>.logmon.log`
 //!   itself through its log-dir handle right before its ready line
-//!   ([`crate::diag`]).
+//!   (`diag`).
 
-use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::config::CaptureConfig;
 use crate::process;
 use crate::protocol::{
     self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION,
 };
-use crate::server::with_short_path;
+use crate::sockaddr::with_short_path;
+
+// An agent reaches launching and the state file through this module.
+pub use crate::launch::{launch, run_args, LaunchError, LaunchFailure, Program};
+pub use crate::state::{parse_state, read_state};
 
 /// How long reattach waits for `Welcome` (and each later answer).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -274,303 +280,6 @@ pub enum ClientError {
     },
 }
 
-/// Why a launch failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// The process could not be started.
-    #[error("cannot start {program}: {source}")]
-    Spawn {
-        /// The program.
-        program: PathBuf,
-        /// The error.
-        source: io::Error,
-    },
-    /// The process exited, or closed stdout, before printing its ready line.
-    #[error("logmon exited before it was ready: {detail}")]
-    NotReady {
-        /// Why: the child's own last words on stderr, if any.
-        detail: String,
-    },
-    /// The daemon refused to start and said why (its own one-line error).
-    #[error("{message}")]
-    Daemon {
-        /// The daemon's error.
-        message: String,
-        /// The exit code `run` would have exited with (2: configuration).
-        code: i32,
-    },
-}
-
-impl LaunchError {
-    /// The exit code class: the daemon's own for its errors, else 1.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            LaunchError::Daemon { code, .. } => *code,
-            _ => 1,
-        }
-    }
-}
-
-/// What a launched `run` prints on stdout instead of its ready line when it
-/// cannot start ([`crate::diag::LAUNCHED_ENV`] set): its error and exit code.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct LaunchFailure {
-    /// The one-line error.
-    pub error: String,
-    /// The exit code `run` exits with.
-    pub exit_code: i32,
-}
-
-/// Which program to launch.
-#[derive(Debug, Clone, Default)]
-pub enum Program {
-    /// The current executable with the `run` subcommand: an agent that embeds
-    /// this crate needs no binary on PATH and gets the version it was built
-    /// with (its `main` must dispatch `run` to [`crate::cli`]).
-    #[default]
-    CurrentExe,
-    /// An explicit `logmon` binary.
-    Path(PathBuf),
-}
-
-/// The `run` flags that reproduce `cfg`, metadata included (one `--meta`
-/// per pair): parsed back by the CLI they give `cfg` again (tested below).
-pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
-    let mut a: Vec<OsString> = vec!["run".into()];
-    let mut flag = |k: &str, v: OsString| {
-        a.push(k.into());
-        a.push(v);
-    };
-    flag("--task", cfg.task.as_str().into());
-    flag("--log-dir", cfg.log_dir.clone().into());
-    flag("--stdout-fifo", cfg.stdout_fifo.clone().into());
-    flag("--stderr-fifo", cfg.stderr_fifo.clone().into());
-    flag("--max-files", cfg.max_files.to_string().into());
-    flag("--max-file-size", cfg.max_file_size.to_string().into());
-    flag("--socket", cfg.socket.clone().into());
-    flag(
-        "--on-write-error",
-        match cfg.on_write_error {
-            crate::config::WriteErrorPolicy::Drop => "drop",
-            crate::config::WriteErrorPolicy::Block => "block",
-        }
-        .into(),
-    );
-    flag("--pipe-size", cfg.pipe_size.to_string().into());
-    if cfg.no_sandbox {
-        a.push("--no-sandbox".into());
-    }
-    for (k, v) in cfg.meta.iter() {
-        a.push("--meta".into());
-        a.push(format!("{k}={v}").into());
-    }
-    a
-}
-
-/// Launches a detached `logmon run` for `cfg` and returns its reattach
-/// config once it is ready.
-///
-/// The daemon runs in its own session (setsid) and is reparented to init (or
-/// the nearest subreaper) at once, so it neither dies with the agent nor
-/// stays the agent's zombie; stdin is /dev/null, stdout a pipe read up to
-/// the ready line, stderr a pipe read until the daemon, right before its
-/// ready line, moves its stderr to `<log-dir>/.<task>.logmon.log` — opened
-/// by the daemon through its log-dir handle, never by path here
-/// ([`crate::diag`]). A daemon that cannot start says why on stdout
-/// ([`LaunchFailure`]: its error and exit code), else its last stderr line
-/// is passed on. Warnings it printed before it was ready are passed to our
-/// stderr.
-pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
-    let exe = match program {
-        Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
-            program: "current executable".into(),
-            source,
-        })?,
-        Program::Path(p) => p.clone(),
-    };
-    let mut cmd = Command::new(&exe);
-    cmd.args(run_args(cfg))
-        // The flags carry the metadata; an inherited variable must not add
-        // any when the configuration has none.
-        .env_remove(crate::meta::ENV_VAR)
-        .env(crate::diag::LAUNCHED_ENV, "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: between fork and exec only async-signal-safe calls are made
-    // (setsid, fork, _exit); no allocation, no locks.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(io::Error::from)?;
-            // Double fork: the daemon's parent exits now, so it is reparented
-            // and reaped by init instead of lingering as our zombie.
-            match nix::libc::fork() {
-                -1 => Err(io::Error::last_os_error()),
-                0 => Ok(()),
-                _ => nix::libc::_exit(0),
-            }
-        });
-    }
-    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-        program: exe.clone(),
-        source,
-    })?;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    // The intermediate process exits at once; reap it.
-    let _ = child.wait();
-    // Read stderr alongside, so a chatty start never fills the pipe and
-    // blocks the daemon before its ready line.
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(mut e) = stderr {
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
-            let _ = tx.send(kept);
-            // Anything past the cap is drained and dropped.
-            let _ = io::copy(&mut e, &mut io::sink());
-        });
-    }
-    let not_ready = |detail: String| LaunchError::NotReady { detail };
-    let stdout = stdout.ok_or_else(|| not_ready("no stdout pipe".into()))?;
-    let mut line = String::new();
-    let read = BufReader::new(stdout).read_line(&mut line);
-    // The daemon's stderr reaches EOF when it hands stderr over to its log
-    // (right before the ready line) or exits.
-    let diag = rx
-        .recv_timeout(Duration::from_secs(5))
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    if let Err(e) = read {
-        return Err(not_ready(format!("cannot read its ready line: {e}")));
-    }
-    let line = line.trim();
-    if let Ok(rc) = serde_json::from_str::<ReattachConfig>(line) {
-        for l in diag
-            .lines()
-            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        {
-            eprintln!("{l}");
-        }
-        return Ok(rc);
-    }
-    if let Ok(f) = serde_json::from_str::<LaunchFailure>(line) {
-        return Err(LaunchError::Daemon {
-            message: f.error,
-            code: f.exit_code,
-        });
-    }
-    let last = diag
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim_start_matches("logmon: error: ").to_owned());
-    Err(not_ready(match (line.is_empty(), last) {
-        (true, Some(l)) => l,
-        (true, None) => "it printed no ready line and no error".into(),
-        (false, _) => format!("unexpected ready line {line:?}"),
-    }))
-}
-
-/// Parses a persisted state (the ready line's JSON).
-pub fn parse_state(bytes: &[u8]) -> Result<ReattachConfig, ReattachError> {
-    let cfg: ReattachConfig =
-        serde_json::from_slice(bytes).map_err(|e| ReattachError::CorruptState(e.to_string()))?;
-    if cfg.instance.len() != 32 || !cfg.instance.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ReattachError::CorruptState(
-            "instance is not 32 hex digits".into(),
-        ));
-    }
-    if cfg.pid == 0 {
-        return Err(ReattachError::CorruptState("pid 0".into()));
-    }
-    Ok(cfg)
-}
-
-/// Reads and parses the state file at `path`: opened through its
-/// directory's descriptor with `O_NOFOLLOW` (a symlink planted at the name
-/// is refused, never followed), and only if it is a regular file.
-pub fn read_state(path: &Path) -> Result<ReattachConfig, ReattachError> {
-    let bytes = read_state_bytes(path)?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ReattachError::CorruptState(format!(
-            "{} is empty: it was not written by `logmon ensure`; remove it and run `logmon ensure`",
-            path.display()
-        )));
-    }
-    parse_state(&bytes).map_err(|e| match e {
-        ReattachError::CorruptState(m) => ReattachError::CorruptState(format!(
-            "{} is not a logmon state file ({m}): remove it and run `logmon ensure`",
-            path.display()
-        )),
-        other => other,
-    })
-}
-
-/// The directory of `path` and its file name.
-pub(crate) fn split_path(path: &Path) -> io::Result<(PathBuf, std::ffi::OsString)> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"))?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    Ok((dir, name.to_owned()))
-}
-
-fn read_state_bytes(path: &Path) -> Result<Vec<u8>, ReattachError> {
-    use nix::fcntl::OFlag;
-    let unreadable = |why: String| ReattachError::StateUnreadable {
-        path: path.to_owned(),
-        why,
-    };
-    let io_why = |e: &io::Error| match e.raw_os_error() {
-        Some(nix::libc::EACCES | nix::libc::EPERM) => {
-            "permission denied: run this as the user who wrote it, or as root".to_owned()
-        }
-        Some(nix::libc::ELOOP | nix::libc::EXDEV) => {
-            "it is a symlink: a state file is read only by its own name".to_owned()
-        }
-        Some(nix::libc::ENOTDIR) => "a component of its path is not a directory".to_owned(),
-        _ => e.to_string(),
-    };
-    let (dir, name) = split_path(path).map_err(|e| unreadable(e.to_string()))?;
-    let dir = match crate::dir::Dir::open(&dir) {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ReattachError::NoState {
-                path: path.to_owned(),
-            })
-        }
-        Err(e) => return Err(unreadable(io_why(&e))),
-    };
-    let file = match dir.open_at(
-        &name,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ReattachError::NoState {
-                path: path.to_owned(),
-            })
-        }
-        Err(e) => return Err(unreadable(io_why(&e))),
-    };
-    let st = nix::sys::stat::fstat(&file).map_err(|e| unreadable(e.to_string()))?;
-    if !crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG) {
-        return Err(unreadable(format!(
-            "it is a {}, not a state file: pass the file `logmon ensure --state` wrote",
-            crate::dir::kind_of(&st)
-        )));
-    }
-    let mut bytes = Vec::new();
-    io::Read::read_to_end(&mut io::Read::take(&file, 1 << 20), &mut bytes)
-        .map_err(|e| unreadable(io_why(&e)))?;
-    Ok(bytes)
-}
-
 /// A verified connection to a logmon.
 #[derive(Debug)]
 pub struct Handle {
@@ -626,7 +335,7 @@ pub fn reattach_with_timeout(
         });
     }
     let h = Handle::handshake(stream, timeout).map_err(|e| match e {
-        HandshakeError::Refused(r) if r == crate::server::BUSY => ReattachError::Unresponsive {
+        HandshakeError::Refused(r) if r == protocol::BUSY => ReattachError::Unresponsive {
             pid: cfg.pid,
             timeout,
         },
@@ -637,13 +346,12 @@ pub fn reattach_with_timeout(
             pid: cfg.pid,
             reason,
         },
-        HandshakeError::Timeout | HandshakeError::Closed => ReattachError::Unresponsive {
-            pid: cfg.pid,
-            timeout,
-        },
-        HandshakeError::NotLogmon(m) | HandshakeError::Other(m) => {
-            ReattachError::ProtocolMismatch(m)
+        // A reset, an EOF or a cut frame says nothing about the protocol:
+        // the logmon died or wedged in the handshake (issue #13).
+        HandshakeError::Timeout | HandshakeError::Closed | HandshakeError::Io(_) => {
+            died_or_unresponsive(cfg, timeout)
         }
+        HandshakeError::NotLogmon(m) => ReattachError::ProtocolMismatch(m),
     })?;
     if h.welcome.pid != cfg.pid
         || h.welcome.instance != cfg.instance
@@ -663,6 +371,23 @@ pub fn reattach_with_timeout(
     Ok(h)
 }
 
+/// How long a handshake that failed on I/O waits for the recorded process
+/// to finish exiting: a killed logmon closes its sockets before it turns
+/// into a zombie.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+/// The handshake failed without an answer: `ProcessGone` if the recorded
+/// process exits (within [`EXIT_GRACE`]), else `Unresponsive`.
+fn died_or_unresponsive(cfg: &ReattachConfig, timeout: Duration) -> ReattachError {
+    match process::wait_gone(cfg.pid, cfg.start_time, EXIT_GRACE) {
+        Ok(true) => ReattachError::ProcessGone { pid: cfg.pid },
+        _ => ReattachError::Unresponsive {
+            pid: cfg.pid,
+            timeout,
+        },
+    }
+}
+
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
     let cred =
         nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
@@ -676,7 +401,8 @@ enum HandshakeError {
     Refused(String),
     /// The peer sent something that is not a logmon frame.
     NotLogmon(String),
-    Other(String),
+    /// Any other I/O failure before an answer.
+    Io(io::Error),
 }
 
 fn is_timeout(e: &FrameError) -> bool {
@@ -694,21 +420,20 @@ pub struct Expect<'a> {
 
 impl Handle {
     fn handshake(mut stream: UnixStream, timeout: Duration) -> Result<Handle, HandshakeError> {
-        let other = |e: &dyn std::fmt::Display| HandshakeError::Other(e.to_string());
         stream
             .set_read_timeout(Some(timeout))
-            .map_err(|e| other(&e))?;
+            .map_err(HandshakeError::Io)?;
         stream
             .set_write_timeout(Some(timeout))
-            .map_err(|e| other(&e))?;
+            .map_err(HandshakeError::Io)?;
         let wrote = protocol::write_frame(
             &mut stream,
             &Request::Hello {
                 protocol: PROTOCOL_VERSION,
             },
         );
-        match &wrote {
-            Err(e) if is_timeout(e) => return Err(HandshakeError::Timeout),
+        let wrote = match wrote {
+            Err(e) if is_timeout(&e) => return Err(HandshakeError::Timeout),
             // A server that refuses (another uid) may answer and close
             // before our Hello is written: its refusal is already in our
             // receive buffer, so read it rather than report the pipe.
@@ -716,13 +441,18 @@ impl Handle {
                 if matches!(
                     e.kind(),
                     io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) => {}
-            Err(e) => return Err(other(e)),
-            Ok(()) => {}
-        }
+                ) =>
+            {
+                false
+            }
+            Err(FrameError::Io(e)) => return Err(HandshakeError::Io(e)),
+            // Encoding a Hello cannot fail; should it, no answer is read.
+            Err(e) => return Err(HandshakeError::Io(io::Error::other(e.to_string()))),
+            Ok(()) => true,
+        };
         let answer = protocol::read_frame::<Response>(&mut stream);
         match answer {
-            Ok(Response::Welcome(welcome)) if wrote.is_ok() => Ok(Handle { stream, welcome }),
+            Ok(Response::Welcome(welcome)) if wrote => Ok(Handle { stream, welcome }),
             Ok(Response::Welcome(_)) => Err(HandshakeError::Closed),
             Ok(Response::Refused { reason }) => Err(HandshakeError::Refused(reason)),
             Ok(other_msg) => Err(HandshakeError::NotLogmon(format!(
@@ -744,7 +474,7 @@ impl Handle {
             Err(FrameError::Decode(e)) => Err(HandshakeError::NotLogmon(format!(
                 "its answer does not decode: {e}"
             ))),
-            Err(e) => Err(other(&e)),
+            Err(FrameError::Io(e)) => Err(HandshakeError::Io(e)),
         }
     }
 
@@ -786,7 +516,7 @@ impl Handle {
                 path: path.to_owned(),
                 detail,
             },
-            HandshakeError::Other(m) => ClientError::Unexpected(m),
+            HandshakeError::Io(e) => ClientError::Frame(FrameError::Io(e)),
         })?;
         let wrong = |detail: String| ClientError::WrongSocket {
             path: path.to_owned(),
@@ -880,39 +610,5 @@ impl Handle {
             Ok(false) => Err(ClientError::StopTimeout { pid, timeout }),
             Err(e) => Err(ClientError::Frame(FrameError::Io(e))),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[test]
-    fn run_args_parse_back_to_the_same_config() {
-        let task = crate::config::TaskName::new("web").unwrap();
-        let mut cfg = CaptureConfig::new(task, "/l");
-        cfg.stdout_fifo = "/f/out".into();
-        cfg.socket = "/s/web.sock".into();
-        cfg.max_files = 3;
-        cfg.max_file_size = 4096;
-        cfg.pipe_size = 65536;
-        cfg.on_write_error = crate::config::WriteErrorPolicy::Block;
-        cfg.no_sandbox = true;
-        for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
-            cfg.meta.insert_pair(p).unwrap();
-        }
-        let mut argv: Vec<OsString> = vec!["logmon".into()];
-        argv.extend(run_args(&cfg));
-        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
-        let crate::cli::Command::Run(a) = cli.command else {
-            panic!("not a run command");
-        };
-        assert_eq!(a.to_config().unwrap(), cfg);
-
-        cfg.meta = crate::meta::Meta::new();
-        let mut argv: Vec<OsString> = vec!["logmon".into()];
-        argv.extend(run_args(&cfg));
-        assert!(!argv.iter().any(|a| a == "--meta"));
     }
 }

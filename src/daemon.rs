@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -86,24 +86,6 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
-}
-
-impl DaemonError {
-    /// The CLI exit code: 2 for what the user must fix in the flags or
-    /// paths, 1 for everything else.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            DaemonError::Config(_)
-            | DaemonError::Rotate(RotateError::MissingDir { .. })
-            | DaemonError::Fifo(FifoError::NotFifo { .. } | FifoError::Symlink(_))
-            | DaemonError::Socket(
-                SocketError::NotASocket { .. }
-                | SocketError::NameTooLong { .. }
-                | SocketError::InUse { .. },
-            ) => 2,
-            _ => 1,
-        }
-    }
 }
 
 fn io_err(action: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
@@ -293,29 +275,17 @@ fn open_fifos(
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
 
-/// Where the ready line goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ready {
-    /// Print it on stdout, then close stdout (the default).
-    Stdout,
-    /// Print nothing (tests, embedding).
-    Quiet,
-}
-
 /// Runs the daemon for `cfg` until it is stopped. Blocks the calling
-/// thread; builds its own current-thread runtime.
-pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
+/// thread; builds its own current-thread runtime. Prints the ready line on
+/// stdout, then closes stdout.
+///
+/// The steps, in order: take what systemd passed, open the log directory
+/// (the one walk of the operator's paths), lock the task, open the FIFOs,
+/// the rotators and the control socket, then serve on the runtime until
+/// stopped ([`serve_until_stopped`]), and remove the socket if it is ours.
+pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     cfg.validate()?;
-    // Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
-    // write-error policy) rather than kill the daemon.
-    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
-    // code; nothing else in this process depends on SIGXFSZ.
-    unsafe {
-        let _ = nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGXFSZ,
-            nix::sys::signal::SigHandler::SigIgn,
-        );
-    }
+    ignore_sigxfsz();
     // Before anything else opens a descriptor, so a manager that claims
     // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
@@ -332,22 +302,7 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
     };
     let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
     let fifos = open_fifos(&cfg, &mut dirs, &mut inherited)?;
-    let rotators = [
-        Rotator::open_in(
-            log_dir.clone(),
-            &cfg.task,
-            Stream::Stdout,
-            cfg.max_files,
-            cfg.max_file_size,
-        )?,
-        Rotator::open_in(
-            log_dir.clone(),
-            &cfg.task,
-            Stream::Stderr,
-            cfg.max_files,
-            cfg.max_file_size,
-        )?,
-    ];
+    let rotators = open_rotators(&cfg, &log_dir)?;
     // Under the task lock, so a refused second `run` never rewrites it.
     match crate::meta::publish(&log_dir, &cfg.task, &cfg.meta) {
         Ok(n) => foreign += n,
@@ -355,62 +310,157 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
             tracing::warn!(error = %e, "cannot write the metadata file for readers; status still shows the metadata")
         }
     }
+    let socket = open_control_socket(&cfg, &mut dirs, &mut inherited)?;
+    foreign += socket.foreign;
+    let (ready, welcome) = identity(&cfg, &log_dir, &socket)?;
+    let bound = socket.bound.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("cannot start the runtime"))?;
+    let local = tokio::task::LocalSet::new();
+    let result = local.block_on(
+        &rt,
+        serve_until_stopped(Serving {
+            cfg: &cfg,
+            log_dir,
+            socket,
+            fifos,
+            rotators,
+            ready,
+            welcome,
+            foreign,
+        }),
+    );
+    // Never unlink a socket we did not bind (socket activation owns its
+    // own), nor a name the task put in its place.
+    if let Some(b) = bound {
+        server::unlink_if_ours(&b.dir, &b.name, b.id);
+    }
+    result
+}
+
+/// Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
+/// write-error policy) rather than kill the daemon.
+fn ignore_sigxfsz() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler
+    // code; nothing else in this process depends on SIGXFSZ.
+    unsafe {
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGXFSZ,
+            nix::sys::signal::SigHandler::SigIgn,
+        );
+    }
+}
+
+/// The rotator of each stream, in the log directory.
+fn open_rotators(cfg: &CaptureConfig, log_dir: &Arc<Dir>) -> Result<[Rotator; 2], DaemonError> {
+    let open = |stream| {
+        Rotator::open_in(
+            log_dir.clone(),
+            &cfg.task,
+            stream,
+            cfg.max_files,
+            cfg.max_file_size,
+        )
+    };
+    Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
+}
+
+/// A control socket bound by this process: removed at exit if still ours.
+#[derive(Clone)]
+struct BoundSocket {
+    dir: Arc<Dir>,
+    name: std::ffi::OsString,
+    id: FileId,
+}
+
+/// The control socket, bound here or passed by systemd.
+struct ControlSocket {
+    listener: std::os::unix::net::UnixListener,
+    /// The path the ready line names.
+    path: PathBuf,
+    /// The socket file's identity (zero when systemd's has no path).
+    id: FileId,
+    /// Set when bound here.
+    bound: Option<BoundSocket>,
+    /// Foreign names removed to bind it.
+    foreign: u64,
+}
+
+/// Takes the socket systemd passed (socket activation), else binds
+/// `cfg.socket` through its directory's handle.
+fn open_control_socket(
+    cfg: &CaptureConfig,
+    dirs: &mut Dirs,
+    inherited: &mut systemd::InheritedFds,
+) -> Result<ControlSocket, DaemonError> {
     let socket_path =
         std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
-    // The socket's directory and name, when logmon binds it itself.
-    let mut bound: Option<(Arc<Dir>, FileId)> = None;
-    let (socket_name, listener, socket_id) = match inherited.take_listener() {
-        Some(l) => {
-            // Under socket activation the socket is systemd's: its identity
-            // is read from its path when it has one (a listener's fstat
-            // shows the socket, not the file), else left zero.
-            let id = l
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-                .and_then(|p| std::fs::symlink_metadata(p).ok())
-                .map_or(FileId { dev: 0, ino: 0 }, |m| {
-                    use std::os::unix::fs::MetadataExt;
-                    FileId {
-                        dev: m.dev(),
-                        ino: m.ino(),
-                    }
-                });
-            (None, l, id)
-        }
-        None => {
-            let (parent, name) = split(&socket_path).map_err(|source| SocketError::Io {
-                action: "resolve",
-                path: socket_path.clone(),
-                source,
-            })?;
-            let dir = dirs.get(parent, server::open_socket_dir)?;
-            let b = server::bind(&dir, name)?;
-            foreign += b.foreign;
-            bound = Some((dir, b.id));
-            (Some(name.to_owned()), b.listener, b.id)
-        }
-    };
-    // Under socket activation the ready line names the socket systemd gave.
-    let socket_path = if inherited.listener_was_inherited() {
-        listener
+    if let Some(l) = inherited.take_listener() {
+        // Under socket activation the socket is systemd's: the ready line
+        // names the path it has, and its identity is read from that path
+        // when it has one (a listener's fstat shows the socket, not the
+        // file), else left zero.
+        let path = l
             .local_addr()
             .ok()
-            .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-            .unwrap_or(socket_path)
-    } else {
-        socket_path
-    };
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf));
+        let id = path
+            .as_ref()
+            .and_then(|p| std::fs::symlink_metadata(p).ok())
+            .map_or(FileId { dev: 0, ino: 0 }, |m| {
+                use std::os::unix::fs::MetadataExt;
+                FileId {
+                    dev: m.dev(),
+                    ino: m.ino(),
+                }
+            });
+        return Ok(ControlSocket {
+            listener: l,
+            path: path.unwrap_or(socket_path),
+            id,
+            bound: None,
+            foreign: 0,
+        });
+    }
+    let (parent, name) = split(&socket_path).map_err(|source| SocketError::Io {
+        action: "resolve",
+        path: socket_path.clone(),
+        source,
+    })?;
+    let dir = dirs.get(parent, server::open_socket_dir)?;
+    let b = server::bind(&dir, name)?;
+    Ok(ControlSocket {
+        bound: Some(BoundSocket {
+            dir,
+            name: name.to_owned(),
+            id: b.id,
+        }),
+        listener: b.listener,
+        id: b.id,
+        path: socket_path.clone(),
+        foreign: b.foreign,
+    })
+}
+
+/// Who this daemon is: the ready line (the agent's state) and the
+/// `Welcome` every client checks it against.
+fn identity(
+    cfg: &CaptureConfig,
+    log_dir: &Dir,
+    socket: &ControlSocket,
+) -> Result<(ReattachConfig, Welcome), DaemonError> {
     let pid = std::process::id();
     let start_time = process::start_time(pid)
         .map_err(io_err("cannot read own start time"))?
         .ok_or_else(|| io_err("cannot read own start time")(io::ErrorKind::NotFound.into()))?;
     let instance = process::new_instance_id().map_err(io_err("cannot make an instance id"))?;
-    let ready_cfg = ReattachConfig {
+    let ready = ReattachConfig {
         protocol: PROTOCOL_VERSION,
         pid,
         start_time,
-        socket: socket_path.clone(),
+        socket: socket.path.clone(),
         instance: instance.clone(),
         meta: cfg.meta.clone(),
     };
@@ -423,126 +473,137 @@ pub fn run(cfg: CaptureConfig, ready: Ready) -> Result<(), DaemonError> {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         log_dir: log_dir.path().to_owned(),
         log_dir_id: log_dir.id(),
-        socket_id,
+        socket_id: socket.id,
     };
+    Ok((ready, welcome))
+}
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(io_err("cannot start the runtime"))?;
-    let local = tokio::task::LocalSet::new();
-    let socket_shown = socket_path.display().to_string();
-    let socket_dir = bound.as_ref().map(|(d, _)| d.clone());
-    let result = local.block_on(&rt, async move {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut sigterm =
-            signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
-        let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot handle SIGINT"))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(io_err("cannot configure the socket"))?;
-        let listener = tokio::net::UnixListener::from_std(listener)
-            .map_err(io_err("cannot register the socket"))?;
+/// Everything opened before the runtime starts.
+struct Serving<'a> {
+    cfg: &'a CaptureConfig,
+    log_dir: Arc<Dir>,
+    socket: ControlSocket,
+    fifos: [OpenedFifo; 2],
+    rotators: [Rotator; 2],
+    ready: ReattachConfig,
+    welcome: Welcome,
+    foreign: u64,
+}
 
-        let [r_out, r_err] = rotators;
-        let captures = [
-            Rc::new(RefCell::new(StreamCapture::new(
-                Stream::Stdout,
-                r_out,
-                cfg.on_write_error,
-            ))),
-            Rc::new(RefCell::new(StreamCapture::new(
-                Stream::Stderr,
-                r_err,
-                cfg.on_write_error,
-            ))),
-        ];
-        systemd::store_fifos(&fifos.each_ref().map(|f| &f.fd));
-        let activity = Rc::new(tokio::sync::Notify::new());
-        let mut pumps = Vec::new();
-        for (f, cap) in fifos.into_iter().zip(captures.iter()) {
-            // The scratch pipe is made now, before confinement, with the
-            // privileges that sized the FIFO (see `pump`).
-            let peeker = crate::fifo::Peeker::new(f.capacity)
-                .map_err(io_err("cannot make the scratch pipe"))?;
-            pumps.push(tokio::task::spawn_local(pump(
-                f.fd,
-                f.capacity,
-                peeker,
-                cap.clone(),
-                activity.clone(),
-                stop_rx.clone(),
-            )));
-        }
-        if ready == Ready::Stdout {
-            // A launched daemon's stderr moves to its diagnostics log, opened
-            // through the log directory's handle (DESIGN.md §9), before the
-            // sandbox narrows what may be opened.
-            crate::diag::hand_over_stderr(&log_dir, cfg.task.as_str());
-        }
-        // Confined before the ready line, on the only thread (DESIGN.md §10).
-        crate::sandbox::confine(&crate::sandbox::Policy::run(
-            &log_dir,
-            socket_dir.as_deref(),
-        ));
-        let state = Rc::new(ServerState {
-            welcome,
-            captures,
-            started: tokio::time::Instant::now(),
-            policy: cfg.on_write_error,
-            stop: stop_tx.clone(),
-            foreign_names: std::cell::Cell::new(foreign),
-            meta: cfg.meta.clone(),
-        });
-        let server =
-            tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
+/// On the runtime: starts the pumps, confines the process, serves the
+/// socket, prints the ready line, then waits for a stop and drains.
+async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
+    let cfg = s.cfg;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot handle SIGINT"))?;
+    s.socket
+        .listener
+        .set_nonblocking(true)
+        .map_err(io_err("cannot configure the socket"))?;
+    let listener = tokio::net::UnixListener::from_std(s.socket.listener)
+        .map_err(io_err("cannot register the socket"))?;
 
-        if ready == Ready::Stdout {
-            print_ready(&ready_cfg)?;
-        }
-        systemd::notify_ready(&state);
-        tracing::info!(task = %cfg.task, pid, socket = %socket_shown, "ready");
+    let [r_out, r_err] = s.rotators;
+    let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
+        Rc::new(RefCell::new(StreamCapture::new(
+            stream,
+            r,
+            cfg.on_write_error,
+        )))
+    });
+    systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
+    let activity = Rc::new(tokio::sync::Notify::new());
+    let pumps = spawn_pumps(s.fifos, &captures, &activity, &stop_rx)?;
+    // A launched daemon's stderr moves to its diagnostics log, opened
+    // through the log directory's handle (DESIGN.md §9), before the
+    // sandbox narrows what may be opened.
+    crate::diag::hand_over_stderr(&s.log_dir, cfg.task.as_str());
+    // Confined before the ready line, on the only thread (DESIGN.md §10).
+    let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
+    crate::sandbox::confine(&crate::sandbox::Policy::run(
+        &s.log_dir,
+        socket_dir.as_deref(),
+    ));
+    let state = Rc::new(ServerState {
+        welcome: s.welcome,
+        captures,
+        started: tokio::time::Instant::now(),
+        policy: cfg.on_write_error,
+        stop: stop_tx.clone(),
+        foreign_names: std::cell::Cell::new(s.foreign),
+        meta: cfg.meta.clone(),
+    });
+    let server = tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
-        let mut stop_wait = stop_rx.clone();
-        tokio::select! {
-            _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
-            _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
-            _ = stop_wait.wait_for(|s| *s) => {}
-            _ = systemd::status_loop(&state, &activity) => {}
-        }
-        systemd::notify_stopping();
-        stop_tx.send_replace(true);
-        let mut first_err = None;
-        for p in pumps {
-            match p.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "capture failed while stopping");
-                    first_err.get_or_insert(DaemonError::Io {
-                        action: "capture failed",
-                        source: e,
-                    });
-                }
-                Err(e) => {
-                    first_err.get_or_insert(DaemonError::Io {
-                        action: "capture task failed",
-                        source: io::Error::other(e),
-                    });
-                }
+    print_ready(&s.ready)?;
+    systemd::notify_ready(&state.stats());
+    tracing::info!(task = %cfg.task, pid = s.ready.pid, socket = %s.socket.path.display(), "ready");
+
+    let mut stop_wait = stop_rx.clone();
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
+        _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
+        _ = stop_wait.wait_for(|s| *s) => {}
+        _ = systemd::status_loop(|| state.stats(), &activity) => {}
+    }
+    systemd::notify_stopping();
+    stop_tx.send_replace(true);
+    let drained = join_pumps(pumps).await;
+    let _ = server.await;
+    drained
+}
+
+/// One pump per stream, each with its scratch pipe.
+fn spawn_pumps(
+    fifos: [OpenedFifo; 2],
+    captures: &[crate::capture::SharedCapture; 2],
+    activity: &Rc<tokio::sync::Notify>,
+    stop_rx: &watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<io::Result<()>>>, DaemonError> {
+    let mut pumps = Vec::new();
+    for (f, cap) in fifos.into_iter().zip(captures.iter()) {
+        // The scratch pipe is made now, before confinement, with the
+        // privileges that sized the FIFO (see `pump`).
+        let peeker = crate::capture::pipe::Peeker::new(f.capacity)
+            .map_err(io_err("cannot make the scratch pipe"))?;
+        pumps.push(tokio::task::spawn_local(pump(
+            f.fd,
+            f.capacity,
+            peeker,
+            cap.clone(),
+            activity.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    Ok(pumps)
+}
+
+/// Waits for every pump to drain and stop; the first failure is the
+/// daemon's.
+async fn join_pumps(
+    pumps: Vec<tokio::task::JoinHandle<io::Result<()>>>,
+) -> Result<(), DaemonError> {
+    let mut first_err = None;
+    for p in pumps {
+        match p.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "capture failed while stopping");
+                first_err.get_or_insert(DaemonError::Io {
+                    action: "capture failed",
+                    source: e,
+                });
+            }
+            Err(e) => {
+                first_err.get_or_insert(DaemonError::Io {
+                    action: "capture task failed",
+                    source: io::Error::other(e),
+                });
             }
         }
-        let _ = server.await;
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    });
-    // Never unlink a socket we did not bind (socket activation owns its
-    // own), nor a name the task put in its place.
-    if let (Some((dir, id)), Some(name)) = (bound, socket_name) {
-        server::unlink_if_ours(&dir, &name, id);
     }
-    result
+    first_err.map_or(Ok(()), Err)
 }
 
 /// Prints the ready line on stdout and closes stdout, so a launcher reading
@@ -559,11 +620,8 @@ fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
         .write(true)
         .open("/dev/null")
         .map_err(io_err("cannot open /dev/null"))?;
-    // SAFETY: dup2 onto fd 1 replaces stdout with /dev/null; both fds are
-    // valid, and std's stdout handle was flushed above and does not cache the
-    // descriptor.
-    if unsafe { nix::libc::dup2(devnull.as_raw_fd(), 1) } < 0 {
-        return Err(io_err("cannot close stdout")(io::Error::last_os_error()));
-    }
+    // std's stdout handle was flushed above and does not cache the
+    // descriptor, so replacing fd 1 under it is sound.
+    nix::unistd::dup2_stdout(&devnull).map_err(|e| io_err("cannot close stdout")(e.into()))?;
     Ok(())
 }

@@ -89,3 +89,52 @@ pub fn hand_over_stderr(dir: &Dir, task: &str) {
         }
     }
 }
+
+/// The filter of logmon's own diagnostics: `LOGMON_LOG` (`debug`, `warn`,
+/// or per-module directives such as `logmon::server=debug,info`), else
+/// `default`. A plain directive parser, not a regex engine: it keeps the
+/// daemon's binary, and so its memory, small.
+///
+/// A value that does not parse is named in one warning line on stderr and
+/// the default applies; whatever the value, ERROR events always pass (an
+/// operator can quiet logmon, never blind it to a disk-full error).
+pub fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let parse = |s: &str| {
+        // Targets' parser takes any word as a target name; refuse what no
+        // module path can be, so a typo is named instead of silencing all.
+        for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (target, level) = d.split_once('=').unwrap_or((d, "trace"));
+            let target_ok = !target.is_empty()
+                && target
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-');
+            if !target_ok || level.parse::<LevelFilter>().is_err() {
+                return Err(format!("bad directive {d:?}"));
+            }
+        }
+        s.parse::<Targets>().map_err(|e| e.to_string())
+    };
+    let chosen = match std::env::var("LOGMON_LOG") {
+        Ok(v) => match parse(&v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!(
+                        "logmon: warning: LOGMON_LOG={v:?} is not a valid filter ({e}); using the default {default:?}\n"
+                    ));
+                }
+                None
+            }
+        },
+        Err(_) => None,
+    };
+    let t = chosen.or_else(|| parse(default).ok()).unwrap_or_default();
+    let floor = |l: LevelFilter| l.max(LevelFilter::ERROR);
+    let mut out = Targets::new().with_default(floor(t.default_level().unwrap_or(LevelFilter::OFF)));
+    for (target, level) in t.iter() {
+        out = out.with_target(target.to_owned(), floor(level));
+    }
+    out
+}

@@ -29,13 +29,9 @@
 //! its own gets the state's (`tests/ensure.rs`:
 //! `metadata_survives_a_kill_9_and_a_relaunch_without_meta`).
 
-use std::ffi::OsString;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
 use serde::Serialize;
 
 use crate::client::{self, ClientError, Expect, Handle, LaunchError, Program, ReattachError};
@@ -43,6 +39,9 @@ use crate::config::CaptureConfig;
 use crate::dir::{Dir, FileId};
 use crate::process;
 use crate::protocol::ReattachConfig;
+
+// The state file's readers and writer, where an agent's hook looks for them.
+pub use crate::state::{load_state, persist_state, StateFile};
 
 /// What to do when reattaching fails.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -499,106 +498,4 @@ fn kill_checked(state: &ReattachConfig) -> Result<(), HookError> {
         Ok(false) => Err(err("still alive after SIGKILL".into())),
         Err(e) => Err(err(e.to_string())),
     }
-}
-
-/// Reads a persisted state. A missing file is `None`; an unreadable or
-/// corrupt one is logged and also `None` (launch fresh), never a crash.
-pub fn load_state(path: &Path) -> Option<ReattachConfig> {
-    match client::read_state(path) {
-        Ok(cfg) => Some(cfg),
-        Err(ReattachError::NoState { .. }) => None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring unusable state file");
-            None
-        }
-    }
-}
-
-/// A state file about to be written: its directory opened once, and a
-/// temp file created in it (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600)
-/// *before* anything is launched, so an `ensure` that could not record
-/// its logmon never starts one. [`StateFile::commit`] writes, fsyncs,
-/// `renameat`s the temp over the name within that directory and fsyncs
-/// the directory: a name planted there (symlink, hard link) is replaced,
-/// never followed or written through. Dropped uncommitted, the temp file
-/// is removed.
-#[derive(Debug)]
-pub struct StateFile {
-    dir: Dir,
-    name: OsString,
-    tmp: OsString,
-    file: Option<std::fs::File>,
-    path: PathBuf,
-}
-
-impl StateFile {
-    /// Opens the directory of `path` and creates the temp file. Fails when
-    /// the directory is missing or not writable, or `path` is a directory.
-    pub fn prepare(path: &Path) -> std::io::Result<StateFile> {
-        let (dir, name) = client::split_path(path)?;
-        let dir = Dir::open(&dir)?;
-        if let Some(st) = dir.stat(&name)? {
-            if crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFDIR) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::IsADirectory,
-                    "it is a directory",
-                ));
-            }
-        }
-        let mut rand = [0u8; 6];
-        getrandom::fill(&mut rand).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let tmp: OsString = format!(
-            ".{}.tmp.{}.{}",
-            name.to_string_lossy(),
-            std::process::id(),
-            rand.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )
-        .into();
-        let file = dir.open_at(
-            &tmp,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-            Mode::from_bits_truncate(0o600),
-        )?;
-        Ok(StateFile {
-            dir,
-            name,
-            tmp,
-            file: Some(file),
-            path: path.to_owned(),
-        })
-    }
-
-    /// The path being written, for messages.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Writes `cfg`, makes it durable and puts it in place atomically.
-    pub fn commit(mut self, cfg: &ReattachConfig) -> std::io::Result<()> {
-        let mut json = serde_json::to_vec(cfg).map_err(std::io::Error::other)?;
-        json.push(b'\n');
-        let Some(mut f) = self.file.take() else {
-            return Err(std::io::Error::other("state file already committed"));
-        };
-        f.write_all(&json)?;
-        f.sync_all()?;
-        drop(f);
-        self.dir.rename(&self.tmp, &self.name)?;
-        // Renamed: nothing left to clean up.
-        self.tmp.clear();
-        self.dir.sync()
-    }
-}
-
-impl Drop for StateFile {
-    fn drop(&mut self) {
-        if !self.tmp.is_empty() {
-            let _ = self.dir.remove(&self.tmp);
-        }
-    }
-}
-
-/// Writes `cfg` to `path` atomically ([`StateFile`]).
-pub fn persist_state(path: &Path, cfg: &ReattachConfig) -> std::io::Result<()> {
-    StateFile::prepare(path)?.commit(cfg)
 }

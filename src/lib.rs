@@ -15,26 +15,29 @@
 //! - **capture** — [`fifo`] opens the FIFOs (both ends O_RDWR: no EOF for
 //!   logmon, no SIGPIPE for the task; one reader per FIFO); [`capture`]
 //!   moves bytes from each pipe into files with splice(2), peeking for
-//!   newlines with tee(2), so a byte leaves the pipe only by landing in a
-//!   file and a SIGKILL loses nothing; [`rotate`] decides where each byte
+//!   newlines with tee(2) ([`capture::pipe`]), so a byte leaves the pipe
+//!   only by landing in a file and a SIGKILL loses nothing; its pump waits
+//!   on SIGIO ([`capture::sigio`]), never on epoll; [`rotate`] decides where each byte
 //!   goes (line-aware rotation, purge, numbers never reused) and writes
 //!   [`index`], the capture time of each batch beside each file.
-//! - **control** — [`daemon`] wires one task's capture, its lock, its
+//! - **control** — `daemon` wires one task's capture, its lock, its
 //!   control socket and its [`meta`]data on a current-thread runtime,
 //!   confines itself ([`sandbox`]: no new privileges, no capabilities,
-//!   Landlock, seccomp) and prints the ready line; [`server`] answers
+//!   Landlock, seccomp) and prints the ready line; `server` answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
-//!   socket; [`diag`] moves a launched daemon's diagnostics into its log.
-//! - **reattach** — [`client`] launches a daemon and proves, before trusting
-//!   it, that the process behind a persisted [`protocol::ReattachConfig`] is
-//!   the one launched (pid, start time, peer credentials, instance id, the
-//!   socket file, task and directory); [`hook`] is the agent's prestart/stop
-//!   hook built on it (and owns the state file); [`process`] holds the
-//!   identity primitives.
+//!   socket (`sockaddr` makes long socket paths work); `diag` filters
+//!   logmon's own diagnostics and moves a launched daemon's into its log.
+//! - **reattach** — `launch` starts a detached daemon; [`client`] proves,
+//!   before trusting it, that the process behind a persisted
+//!   [`protocol::ReattachConfig`] is the one launched (pid, start time, peer
+//!   credentials, instance id, the socket file, task and directory);
+//!   `state` reads and writes the state file; [`hook`] is the agent's
+//!   prestart/stop hook built on them; [`process`] holds the identity
+//!   primitives.
 //! - **reading** — [`follow`] reads and follows a stream across rotations,
 //!   reading only logmon's own files; [`timeline`] adds capture times,
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
-//! - **service** — [`systemd`] adds readiness, the fd store and socket
+//! - **service** — `systemd` adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
 //!   `main.rs` only calls [`cli::main`].
@@ -42,22 +45,36 @@
 //! The contract these modules keep is `DESIGN.md`; each module's doc names
 //! the guarantees it keeps and the tests that prove them.
 
+#![deny(unsafe_code)]
+
+// The modules an agent, the binary, the benches and the integration tests
+// use are public; the daemon's own wiring is not, so the compiler sees what
+// nothing calls.
 pub mod capture;
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod daemon;
-pub mod diag;
+#[allow(unsafe_code)] // ignoring SIGXFSZ
+mod daemon;
+mod diag;
 pub mod dir;
+#[allow(unsafe_code)] // flock(2) on a borrowed fd
 pub mod fifo;
 pub mod follow;
 pub mod hook;
 pub mod index;
+#[allow(unsafe_code)] // the double fork in pre_exec
+mod launch;
 pub mod meta;
+#[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;
 pub mod rotate;
+#[allow(unsafe_code)] // prctl, capset
 pub mod sandbox;
-pub mod server;
-pub mod systemd;
+mod server;
+mod sockaddr;
+mod state;
+#[allow(unsafe_code)] // owning the LISTEN_FDS descriptors
+mod systemd;
 pub mod timeline;

@@ -16,10 +16,12 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::capture::StreamStats;
-
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The refusal reason when a logmon serves as many control connections as
+/// it will: a client reads it as "unresponsive, try later".
+pub const BUSY: &str = "busy: too many control connections";
 
 /// The largest frame either side accepts (payload bytes).
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -96,6 +98,36 @@ pub struct Welcome {
     /// activation when unknown): a client that reached it through a path
     /// checks that the path names this very socket, not a planted link.
     pub socket_id: crate::dir::FileId,
+}
+
+/// Counters of one stream, as reported by `Stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamStats {
+    /// Bytes written into log files by this process.
+    pub bytes_captured: u64,
+    /// Bytes drained and thrown away because the file could not be written.
+    pub bytes_dropped: u64,
+    /// Rotations done by this process.
+    pub rotations: u64,
+    /// Index N of the active file.
+    pub active_index: u64,
+    /// Bytes in the active file.
+    pub active_size: u64,
+    /// Failed attempts to write a log file.
+    pub write_errors: u64,
+    /// The last write error, if any.
+    pub last_error: Option<String>,
+    /// Times the active file (or the log directory) had vanished and was
+    /// created again.
+    pub files_recreated: u64,
+    /// Names this stream would have created (or resumed) that were taken
+    /// by something logmon did not create: removed or skipped, never
+    /// written through (DESIGN.md §9).
+    pub foreign_names: u64,
+    /// Failed writes of the capture-time index or the high-water mark
+    /// (DESIGN.md §11); the log files were written all the same.
+    #[serde(default)]
+    pub index_errors: u64,
 }
 
 /// The daemon's counters.
@@ -182,13 +214,19 @@ pub fn decode<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T, FrameError
     Ok(postcard::from_bytes(payload)?)
 }
 
+/// One whole frame (length prefix and payload), framed by [`codec`]: the
+/// server's refusal at accept and the blocking client send these bytes.
+pub fn frame<T: Serialize>(msg: &T) -> Result<bytes::BytesMut, FrameError> {
+    use tokio_util::codec::Encoder;
+    let payload = encode(msg)?;
+    let mut buf = bytes::BytesMut::with_capacity(4 + payload.len());
+    codec().encode(bytes::Bytes::from(payload), &mut buf)?;
+    Ok(buf)
+}
+
 /// Writes one frame (blocking).
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
-    let payload = encode(msg)?;
-    let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    buf.extend_from_slice(&payload);
-    w.write_all(&buf)?;
+    w.write_all(&frame(msg)?)?;
     Ok(())
 }
 

@@ -21,8 +21,8 @@
 use std::cell::Cell;
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -38,15 +38,13 @@ use crate::capture::SharedCapture;
 use crate::config::WriteErrorPolicy;
 use crate::dir::{self, Dir, FileId};
 use crate::protocol::{self, Request, Response, Stats, Welcome, PROTOCOL_VERSION};
+use crate::sockaddr::with_short_path;
 
 /// How long a new connection may take to say `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connections served at once; more are refused at accept.
 pub const MAX_CONNECTIONS: usize = 1024;
-
-/// The refusal reason when [`MAX_CONNECTIONS`] are open.
-pub const BUSY: &str = "busy: too many control connections";
 
 /// The socket path cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -79,39 +77,6 @@ pub enum SocketError {
         /// The OS error.
         source: io::Error,
     },
-}
-
-/// Longest path that fits in `sun_path` with its NUL.
-const SUN_PATH_MAX: usize = 107;
-
-/// Calls `f` with a path naming the same file as `path` that fits into a
-/// unix socket address: `path` itself when short enough, otherwise
-/// `/proc/self/fd/<dirfd>/<name>` through a descriptor of its directory (so
-/// a deep log directory never yields a cryptic bind or connect error).
-pub fn with_short_path<R>(path: &Path, f: impl FnOnce(&Path) -> io::Result<R>) -> io::Result<R> {
-    if path.as_os_str().len() <= SUN_PATH_MAX {
-        return f(path);
-    }
-    let name = path.file_name().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name")
-    })?;
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let dir: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_PATH | nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
-        .open(parent)?
-        .into();
-    let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
-    if short.as_os_str().len() > SUN_PATH_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "socket file name too long",
-        ));
-    }
-    f(&short)
 }
 
 /// Opens the socket's directory `path`, creating it (and any missing
@@ -375,11 +340,9 @@ pub async fn serve(
             // Best effort, never blocking: the socket buffer of a fresh
             // connection has room for this small frame.
             let refusal = Response::Refused {
-                reason: BUSY.into(),
+                reason: protocol::BUSY.into(),
             };
-            if let Ok(payload) = protocol::encode(&refusal) {
-                let mut frame = (payload.len() as u32).to_be_bytes().to_vec();
-                frame.extend_from_slice(&payload);
+            if let Ok(frame) = protocol::frame(&refusal) {
                 let _ = stream.try_write(&frame);
             }
             continue;

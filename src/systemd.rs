@@ -40,10 +40,8 @@ use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use sd_notify::NotifyState;
 use tokio::sync::Notify;
 
-use crate::capture::StreamStats;
 use crate::config::Stream;
-use crate::protocol::Stats;
-use crate::server::ServerState;
+use crate::protocol::{Stats, StreamStats};
 
 /// The first descriptor passed by `LISTEN_FDS` (`SD_LISTEN_FDS_START`).
 const LISTEN_FDS_START: RawFd = 3;
@@ -182,7 +180,6 @@ fn plan(
 pub struct InheritedFds {
     fifos: [Option<OwnedFd>; 2],
     listener: Option<std::os::unix::net::UnixListener>,
-    listener_inherited: bool,
 }
 
 impl InheritedFds {
@@ -282,14 +279,7 @@ impl InheritedFds {
 
     /// The socket-activated control socket, if one was passed.
     pub fn take_listener(&mut self) -> Option<std::os::unix::net::UnixListener> {
-        let l = self.listener.take();
-        self.listener_inherited |= l.is_some();
-        l
-    }
-
-    /// Whether the control socket came from systemd.
-    pub fn listener_was_inherited(&self) -> bool {
-        self.listener_inherited
+        self.listener.take()
     }
 }
 
@@ -437,11 +427,11 @@ fn status_text(stats: &Stats) -> String {
 /// Sends `READY=1` with `MAINPID` (our pid: right even when logmon was
 /// started through a wrapper) and a first `STATUS=` line. Only under
 /// systemd (`NOTIFY_SOCKET` set).
-pub fn notify_ready(state: &ServerState) {
+pub fn notify_ready(stats: &Stats) {
     if !notify_socket_set() {
         return;
     }
-    let status = status_text(&state.stats());
+    let status = status_text(stats);
     notify(
         "READY=1",
         &[
@@ -473,19 +463,19 @@ pub fn notify_stopping() {
 /// §2), so a periodic timer is out. Counters change only when the pumps
 /// move bytes, and they say so through `activity`, so this waits for
 /// exactly that (not on the FIFOs themselves: polling a pipe would make
-/// every write of the task pay for a wakeup, see `fifo::DataSignal`). Then
+/// every write of the task pay for a wakeup, see `capture::sigio::DataSignal`). Then
 /// it sleeps [`STATUS_INTERVAL`] and sends `STATUS=` if the text changed.
 /// So: no wakeup while idle, at most one datagram per interval while busy,
 /// and nothing at all when not under systemd (`NOTIFY_SOCKET` unset: the
 /// future just pends).
-pub async fn status_loop(state: &ServerState, activity: &Notify) {
+pub async fn status_loop(stats: impl Fn() -> Stats, activity: &Notify) {
     if !notify_socket_set() {
         return std::future::pending().await;
     }
     loop {
         activity.notified().await;
         tokio::time::sleep(STATUS_INTERVAL).await;
-        let status = status_text(&state.stats());
+        let status = status_text(&stats());
         let changed = LAST_STATUS.with(|l| *l.borrow() != status);
         if changed {
             notify("STATUS=", &[NotifyState::Status(&status)]);
@@ -508,7 +498,7 @@ fn journal_stream_matches(value: &OsStr, dev: u64, ino: u64) -> bool {
 /// Sends the daemon's own diagnostics to the journal when running under
 /// journald (`JOURNAL_STREAM` names our stderr), as structured entries:
 /// event fields become `LOGMON_*` journal fields, the level the priority.
-/// `LOGMON_LOG` applies, else `default` ([`crate::cli::log_filter`]). Returns whether it
+/// `LOGMON_LOG` applies, else `default` ([`crate::diag::log_filter`]). Returns whether it
 /// did; on `false` the caller logs to stderr.
 pub fn init_journald(default: &str) -> bool {
     use tracing_subscriber::layer::SubscriberExt;
@@ -529,7 +519,7 @@ pub fn init_journald(default: &str) -> bool {
         Ok(l) => l.with_field_prefix(Some("LOGMON".into())),
         Err(_) => return false,
     };
-    let filter = crate::cli::log_filter(default);
+    let filter = crate::diag::log_filter(default);
     tracing_subscriber::registry()
         .with(filter)
         .with(layer)

@@ -9,7 +9,7 @@
 use std::io;
 
 use crate::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
-use crate::daemon::{self, Ready};
+use crate::daemon;
 use crate::hook::{Action, Hook, Policy, StateFile};
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
 /// `logmon run`.
 pub fn run(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
-    daemon::run(cfg, Ready::Stdout).map_err(|e| CliError::new(e.exit_code(), e))?;
+    daemon::run(cfg).map_err(|e| CliError::new(super::exit_code_daemon(&e), e))?;
     Ok(0)
 }
 

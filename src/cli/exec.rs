@@ -9,40 +9,84 @@
 //! when the command cannot be run); after, the command's status is the exit
 //! code (`super::exit_codes`).
 
+use std::fs::File;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus};
 
 use nix::sys::signal::{SigSet, Signal};
 
 use crate::client::{self, Program};
+use crate::config::CaptureConfig;
 use crate::fifo;
+use crate::protocol::ReattachConfig;
 
 use super::{CliError, CliResult, ExecArgs, EXIT_FAILURE};
 
-/// `logmon exec`.
+/// `logmon exec`: launch logmon, run the command into its FIFOs, wait for
+/// it (forwarding SIGTERM/SIGHUP), stop logmon, exit with its status.
 pub fn run(a: &ExecArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
     let state = client::launch(&cfg, &Program::CurrentExe)?;
-    let stop_logmon = || -> Result<(), CliError> {
-        let h = client::reattach(&state).map_err(|e| {
-            CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}"))
-        })?;
-        h.stop(client::STOP_TIMEOUT)
-            .map_err(|e| CliError::new(EXIT_FAILURE, e))
-    };
-    let ends = fifo::open_task_end(&cfg.stdout_fifo)
-        .and_then(|o| Ok((o, fifo::open_task_end(&cfg.stderr_fifo)?)));
-    let (out, err) = match ends {
+    let (out, err) = match open_task_ends(&cfg) {
         Ok(e) => e,
         Err(e) => {
-            let _ = stop_logmon();
+            let _ = stop_logmon(&state);
             return Err(CliError::new(EXIT_FAILURE, e));
         }
     };
-    // Block the signals we handle before the child exists, so none is
-    // missed; the child gets an empty mask back before it execs.
+    let set = block_handled_signals()?;
+    let child = match spawn_command(&a.command, out, err) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = set.thread_unblock();
+            stop_logmon(&state)?;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(CliError::new(
+                code,
+                format!("cannot run {}: {e}", a.command[0].to_string_lossy()),
+            ));
+        }
+    };
+    let status = wait_forwarding(child, &set)?;
+    let _ = set.thread_unblock();
+    let code = exit_code_of(status);
+    // The command's status wins: a failure to stop logmon afterwards is
+    // said, and only turns a success into 1 (see `super::exit_codes`).
+    if let Err(e) = stop_logmon(&state) {
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("logmon: error: {}\n", e.message),
+        );
+        return Ok(if code == 0 { EXIT_FAILURE } else { code });
+    }
+    Ok(code)
+}
+
+/// Stops the launched logmon through its socket (it drains every byte).
+fn stop_logmon(state: &ReattachConfig) -> Result<(), CliError> {
+    let h = client::reattach(state)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}")))?;
+    h.stop(client::STOP_TIMEOUT)
+        .map_err(|e| CliError::new(EXIT_FAILURE, e))
+}
+
+/// The task ends of both FIFOs: the command's stdout and stderr.
+fn open_task_ends(cfg: &CaptureConfig) -> Result<(File, File), fifo::FifoError> {
+    Ok((
+        fifo::open_task_end(&cfg.stdout_fifo)?,
+        fifo::open_task_end(&cfg.stderr_fifo)?,
+    ))
+}
+
+/// Blocks the signals `exec` handles before the child exists, so none is
+/// missed; the child gets an empty mask back before it execs.
+fn block_handled_signals() -> Result<SigSet, CliError> {
     let mut set = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -55,8 +99,13 @@ pub fn run(a: &ExecArgs) -> CliResult {
     }
     set.thread_block()
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot block signals: {e}")))?;
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).stdout(out).stderr(err);
+    Ok(set)
+}
+
+/// Starts the command with `out` and `err` as its stdout and stderr.
+fn spawn_command(command: &[std::ffi::OsString], out: File, err: File) -> std::io::Result<Child> {
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]).stdout(out).stderr(err);
     // SAFETY: pthread_sigmask is async-signal-safe and allocates nothing;
     // std keeps the parent's signal mask in the child, so it is cleared here.
     unsafe {
@@ -66,25 +115,14 @@ pub fn run(a: &ExecArgs) -> CliResult {
                 .map_err(std::io::Error::from)
         });
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = set.thread_unblock();
-            stop_logmon()?;
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
-            return Err(CliError::new(
-                code,
-                format!("cannot run {}: {e}", a.command[0].to_string_lossy()),
-            ));
-        }
-    };
-    let status = loop {
+    cmd.spawn()
+}
+
+/// Waits for the command, forwarding SIGTERM and SIGHUP to it.
+fn wait_forwarding(mut child: Child, set: &SigSet) -> Result<ExitStatus, CliError> {
+    loop {
         match child.try_wait() {
-            Ok(Some(st)) => break st,
+            Ok(Some(st)) => return Ok(st),
             Ok(None) => {}
             Err(e) => {
                 return Err(CliError::new(
@@ -100,23 +138,16 @@ pub fn run(a: &ExecArgs) -> CliResult {
             Ok(Signal::SIGHUP) => forward(&child, Signal::SIGHUP),
             _ => {}
         }
-    };
-    let _ = set.thread_unblock();
-    let code = match (status.code(), status.signal()) {
+    }
+}
+
+/// The command's exit status as `exec`'s code (128+N if killed by signal N).
+fn exit_code_of(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(sig)) => 128 + sig,
         (None, None) => EXIT_FAILURE,
-    };
-    // The command's status wins: a failure to stop logmon afterwards is
-    // said, and only turns a success into 1 (see `super::exit_codes`).
-    if let Err(e) = stop_logmon() {
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!("logmon: error: {}\n", e.message),
-        );
-        return Ok(if code == 0 { EXIT_FAILURE } else { code });
     }
-    Ok(code)
 }
 
 fn forward(child: &std::process::Child, sig: Signal) {

@@ -16,7 +16,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
 
 mod control;
+#[allow(unsafe_code)] // the command's pre_exec
 mod exec;
+#[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
 
 /// Exit code for a usage or configuration error.
@@ -68,13 +70,38 @@ pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
     }
 }
 
+/// The exit code of a `run` that cannot start or stops on an error: 2 for
+/// what the user must fix in the flags or paths, 1 for everything else.
+pub(crate) fn exit_code_daemon(e: &crate::daemon::DaemonError) -> i32 {
+    use crate::daemon::DaemonError as D;
+    use crate::fifo::FifoError as F;
+    use crate::rotate::RotateError as R;
+    use crate::server::SocketError as S;
+    match e {
+        D::Config(_)
+        | D::Rotate(R::MissingDir { .. })
+        | D::Fifo(F::NotFifo { .. } | F::Symlink(_))
+        | D::Socket(S::NotASocket { .. } | S::NameTooLong { .. } | S::InUse { .. }) => EXIT_USAGE,
+        _ => EXIT_FAILURE,
+    }
+}
+
+/// The exit code of a failed launch: the daemon's own for its errors (it
+/// exited with `exit_code_daemon`), else 1.
+pub fn exit_code_launch(e: &crate::client::LaunchError) -> i32 {
+    match e {
+        crate::client::LaunchError::Daemon { code, .. } => *code,
+        _ => EXIT_FAILURE,
+    }
+}
+
 /// The exit code of an `ensure` failure.
 pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
     use crate::hook::HookError as H;
     match e {
         H::Recoverable(_) => EXIT_TEMPFAIL,
         H::LogDir { .. } => EXIT_USAGE,
-        H::Launch(l) => l.exit_code(),
+        H::Launch(l) => exit_code_launch(l),
         H::OldStillRunning { .. } | H::NotOwner { .. } => EXIT_FAILURE,
     }
 }
@@ -104,7 +131,7 @@ impl From<crate::hook::HookError> for CliError {
 
 impl From<crate::client::LaunchError> for CliError {
     fn from(e: crate::client::LaunchError) -> Self {
-        CliError::new(e.exit_code(), e)
+        CliError::new(exit_code_launch(&e), e)
     }
 }
 
@@ -454,6 +481,56 @@ fn env_context(e: &clap::Error) -> String {
     }
 }
 
+/// A clap error in one line, from its kind and context (never from its
+/// rendered text, whose layout clap may change).
+fn clap_error_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind as K, ContextValue as V, ErrorKind as E};
+    let one = |k| match e.get(k) {
+        Some(V::String(s)) => Some(s.clone()),
+        Some(V::Strings(v)) => Some(v.join(", ")),
+        Some(V::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let arg = one(K::InvalidArg).unwrap_or_default();
+    let value = one(K::InvalidValue).unwrap_or_default();
+    let why = std::error::Error::source(e)
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default();
+    let valid = one(K::ValidValue)
+        .filter(|v| !v.is_empty())
+        .map(|v| format!(" [possible values: {v}]"))
+        .unwrap_or_default();
+    let kind = e.kind().as_str().unwrap_or("invalid arguments").to_owned();
+    match e.kind() {
+        E::MissingRequiredArgument if !arg.is_empty() => {
+            format!("the following required arguments were not provided: {arg}")
+        }
+        E::UnknownArgument if !arg.is_empty() => format!("unexpected argument '{arg}' found"),
+        E::InvalidValue if !arg.is_empty() && value.is_empty() => {
+            format!("a value is required for '{arg}' but none was supplied{valid}")
+        }
+        E::InvalidValue if !arg.is_empty() => {
+            format!("invalid value '{value}' for '{arg}'{valid}")
+        }
+        E::ValueValidation if !arg.is_empty() => {
+            format!("invalid value '{value}' for '{arg}'{why}")
+        }
+        E::InvalidSubcommand => match one(K::InvalidSubcommand) {
+            Some(sub) => format!("unrecognized subcommand '{sub}'"),
+            None => kind,
+        },
+        E::ArgumentConflict if !arg.is_empty() => match one(K::PriorArg) {
+            Some(prior) if prior == arg => format!("the argument '{arg}' cannot be used multiple times"),
+            Some(prior) => format!("the argument '{arg}' cannot be used with '{prior}'"),
+            None => format!("the argument '{arg}' cannot be used with one or more of the other specified arguments"),
+        },
+        E::TooManyValues if !arg.is_empty() => {
+            format!("unexpected value '{value}' for '{arg}' found; no more were expected")
+        }
+        _ => kind,
+    }
+}
+
 /// The whole `logmon` program: parses `std::env::args`, runs the command
 /// and exits with its code. Clap's errors become one line and exit 2.
 ///
@@ -476,23 +553,11 @@ pub fn main() -> ! {
                 }
                 _ => {}
             }
-            let text = e.render().to_string();
-            let mut lines = text.lines();
-            let first = lines
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            // Clap lists missing arguments on indented lines below the first.
-            let more: Vec<&str> = lines
-                .take_while(|l| l.starts_with("  "))
-                .map(str::trim)
-                .collect();
-            let sep = if more.is_empty() { "" } else { " " };
             let _ = writeln!(
                 std::io::stderr(),
-                "logmon: error: {first}{}{sep}{} (see 'logmon --help')",
-                env_context(&e),
-                more.join(", ")
+                "logmon: error: {}{} (see 'logmon --help')",
+                clap_error_line(&e),
+                env_context(&e)
             );
             std::process::exit(EXIT_USAGE);
         }
@@ -502,57 +567,7 @@ pub fn main() -> ! {
     std::process::exit(dispatch(cli));
 }
 
-/// The filter of logmon's own diagnostics: `LOGMON_LOG` (`debug`, `warn`,
-/// or per-module directives such as `logmon::server=debug,info`), else
-/// `default`. A plain directive parser, not a regex engine: it keeps the
-/// daemon's binary, and so its memory, small.
-///
-/// A value that does not parse is named in one warning line on stderr and
-/// the default applies; whatever the value, ERROR events always pass (an
-/// operator can quiet logmon, never blind it to a disk-full error).
-pub fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let parse = |s: &str| {
-        // Targets' parser takes any word as a target name; refuse what no
-        // module path can be, so a typo is named instead of silencing all.
-        for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            let (target, level) = d.split_once('=').unwrap_or((d, "trace"));
-            let target_ok = !target.is_empty()
-                && target
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-');
-            if !target_ok || level.parse::<LevelFilter>().is_err() {
-                return Err(format!("bad directive {d:?}"));
-            }
-        }
-        s.parse::<Targets>().map_err(|e| e.to_string())
-    };
-    let chosen = match std::env::var("LOGMON_LOG") {
-        Ok(v) => match parse(&v) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "logmon: warning: LOGMON_LOG={v:?} is not a valid filter ({e}); using the default {default:?}"
-                    );
-                }
-                None
-            }
-        },
-        Err(_) => None,
-    };
-    let t = chosen.or_else(|| parse(default).ok()).unwrap_or_default();
-    let floor = |l: LevelFilter| l.max(LevelFilter::ERROR);
-    let mut out = Targets::new().with_default(floor(t.default_level().unwrap_or(LevelFilter::OFF)));
-    for (target, level) in t.iter() {
-        out = out.with_target(target.to_owned(), floor(level));
-    }
-    out
-}
-
-/// Sets up the daemon's own diagnostics ([`log_filter`]): to the journal
+/// Sets up the daemon's own diagnostics (`diag::log_filter`: `LOGMON_LOG`, else `default`): to the journal
 /// under journald, else to stderr. Never to stdout, never into the
 /// captured logs.
 pub fn init_tracing(default: &str) {
@@ -565,7 +580,7 @@ pub fn init_tracing(default: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(false);
     let _ = tracing_subscriber::registry()
-        .with(log_filter(default))
+        .with(crate::diag::log_filter(default))
         .with(fmt)
         .try_init();
 }

@@ -28,22 +28,25 @@
 //! [`StreamCapture`] is the synchronous state machine, driven by a
 //! [`Source`]; [`pump`] drives it from a FIFO on the tokio runtime.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use std::os::unix::fs::FileExt;
-use std::rc::Rc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::config::{Stream, WriteErrorPolicy};
-use crate::fifo;
 use crate::rotate::{plan, Rotator, Step};
+
+#[allow(unsafe_code)] // FIONREAD
+pub mod pipe;
+mod pump;
+#[allow(unsafe_code)] // sigaction, registering the signalfd
+pub mod sigio;
+
+pub use pump::{pump, SharedCapture, BATCH_WAIT};
 
 /// How long a partial line may wait in the pipe for its newline before it is
 /// written as it is (prompts and progress bars must show up).
@@ -52,35 +55,7 @@ pub const PARTIAL_LINE_WAIT: Duration = Duration::from_secs(1);
 /// How often a failing log file is retried.
 pub const WRITE_RETRY: Duration = Duration::from_secs(1);
 
-/// Counters of one stream, as reported by `Stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamStats {
-    /// Bytes written into log files by this process.
-    pub bytes_captured: u64,
-    /// Bytes drained and thrown away because the file could not be written.
-    pub bytes_dropped: u64,
-    /// Rotations done by this process.
-    pub rotations: u64,
-    /// Index N of the active file.
-    pub active_index: u64,
-    /// Bytes in the active file.
-    pub active_size: u64,
-    /// Failed attempts to write a log file.
-    pub write_errors: u64,
-    /// The last write error, if any.
-    pub last_error: Option<String>,
-    /// Times the active file (or the log directory) had vanished and was
-    /// created again.
-    pub files_recreated: u64,
-    /// Names this stream would have created (or resumed) that were taken
-    /// by something logmon did not create: removed or skipped, never
-    /// written through (DESIGN.md §9).
-    pub foreign_names: u64,
-    /// Failed writes of the capture-time index or the high-water mark
-    /// (DESIGN.md §11); the log files were written all the same.
-    #[serde(default)]
-    pub index_errors: u64,
-}
+pub use crate::protocol::StreamStats;
 
 /// What a [`Source`] holds, as seen in one look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +94,7 @@ const SPLICE_PIECE: usize = 128 * 1024;
 #[derive(Debug)]
 pub struct PipeSource<'a> {
     fd: BorrowedFd<'a>,
-    peeker: &'a mut fifo::Peeker,
+    peeker: &'a mut pipe::Peeker,
     devnull: &'a File,
     capacity: usize,
 }
@@ -129,7 +104,7 @@ impl<'a> PipeSource<'a> {
     pub fn new(
         fd: BorrowedFd<'a>,
         capacity: usize,
-        peeker: &'a mut fifo::Peeker,
+        peeker: &'a mut pipe::Peeker,
         devnull: &'a File,
     ) -> Self {
         PipeSource {
@@ -157,7 +132,7 @@ impl Source for PipeSource<'_> {
         let mut done = 0;
         while done < len {
             let piece = (len - done).min(SPLICE_PIECE);
-            match fifo::splice_to_file(self.fd, file.as_fd(), offset + done as u64, piece) {
+            match pipe::splice_to_file(self.fd, file.as_fd(), offset + done as u64, piece) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if done == 0 => return Err(e),
@@ -168,7 +143,7 @@ impl Source for PipeSource<'_> {
         Ok(done)
     }
     fn discard(&mut self, len: usize) -> io::Result<usize> {
-        fifo::discard(self.fd, self.devnull.as_fd(), len)
+        pipe::discard(self.fd, self.devnull.as_fd(), len)
     }
     fn capacity(&self) -> usize {
         self.capacity
@@ -195,6 +170,16 @@ pub enum Drained {
         /// When to retry.
         retry_at: Instant,
     },
+}
+
+/// What one step of a drain pass leads to.
+enum Next {
+    /// Look at the source again.
+    LookAgain,
+    /// Plan with what was seen.
+    Plan,
+    /// The pass is over.
+    Done(Drained),
 }
 
 #[derive(Debug)]
@@ -303,107 +288,149 @@ impl StreamCapture {
                 self.left = 0;
                 return Ok(Drained::More);
             }
-            let size = self.rotator.size();
-            let rem = self.rotator.limit().saturating_sub(size);
+            let room = self.room(now);
             // Each look takes the pipe's mutex, contended by the writer: it
             // counts and peeks at once (no separate FIONREAD).
-            // While a write error waits for its retry only the count is
-            // needed.
-            let retry_later = self.failure.as_ref().is_some_and(|f| now < f.next_retry);
-            let room = if retry_later {
-                0
-            } else {
-                usize::try_from(rem).unwrap_or(usize::MAX)
-            };
-            let Look {
-                avail,
-                peeked,
-                last_nl,
-            } = src.look(room, self.clean)?;
-            let budget = budget.get_or_insert(if stopping { usize::MAX } else { avail });
-            self.left = avail;
-            if avail == 0 {
+            let look = src.look(room, self.clean)?;
+            let budget = budget.get_or_insert(if stopping { usize::MAX } else { look.avail });
+            self.left = look.avail;
+            if look.avail == 0 {
                 self.clean = 0;
                 self.partial_since = None;
                 return Ok(Drained::Empty);
             }
-            if let Some(f) = &self.failure {
-                if now < f.next_retry {
-                    match self.policy {
-                        WriteErrorPolicy::Block => {
-                            return Ok(Drained::Blocked {
-                                retry_at: f.next_retry,
-                            })
-                        }
-                        WriteErrorPolicy::Drop if stopping => {
-                            // Leave them in the pipe for the next logmon.
-                            return Ok(Drained::Empty);
-                        }
-                        WriteErrorPolicy::Drop => {
-                            let n = src.discard(avail.min(*budget))?;
-                            self.clean = self.clean.saturating_sub(n);
-                            *budget = budget.saturating_sub(n);
-                            self.stats.bytes_dropped += n as u64;
-                            if let Some(f) = &mut self.failure {
-                                f.dropped_unreported += n as u64;
-                            }
-                            continue;
-                        }
-                    }
-                }
-                // Time to retry: the marker for what was dropped goes first.
-                if f.dropped_unreported > 0 {
-                    let dropped = f.dropped_unreported;
-                    if let Err(e) = self.write_marker(dropped) {
-                        self.fail(now, &e);
-                        continue;
-                    }
-                    if let Some(f) = &mut self.failure {
-                        f.dropped_unreported = 0;
-                    }
-                    // The marker moved the file's end: look again.
-                    continue;
-                }
+            let next = match self.failure {
+                Some(_) => self.while_failing(src, now, stopping, look.avail, budget)?,
+                None => Next::Plan,
+            };
+            let next = match next {
+                Next::Plan => self.step(src, now, stopping, room, look, budget)?,
+                other => other,
+            };
+            match next {
+                Next::Done(d) => return Ok(d),
+                Next::Plan | Next::LookAgain => {}
             }
-            // A partial line that fills the pipe cannot get its newline
-            // in: the writer is blocked on it.
-            let pipe_full = avail + 4096 >= src.capacity();
-            let waited = self
-                .partial_since
-                .is_some_and(|t| now.duration_since(t) >= PARTIAL_LINE_WAIT);
-            // Nor can one longer than the source can show (a scratch pipe
-            // smaller than the FIFO): its newline would never be seen, and
-            // holding it would let it out a second's wait at a time.
-            let unseen = peeked < avail.min(room);
-            let flush = stopping || pipe_full || waited || unseen;
-            match plan(
-                size,
-                self.rotator.limit(),
-                avail,
-                peeked,
-                last_nl,
-                flush,
-                self.rotator.at_line_start(),
-            ) {
-                Step::Rotate => self.rotator.rotate(),
-                Step::Hold => {
-                    // Hold comes only without a newline among them.
-                    self.clean = peeked;
-                    let since = *self.partial_since.get_or_insert(now);
-                    return Ok(Drained::Held {
-                        deadline: since + PARTIAL_LINE_WAIT,
-                    });
-                }
-                Step::Write(k) => {
-                    let ends_line = last_nl == Some(k - 1);
-                    match self.write(src, k, ends_line) {
-                        Ok(0) => return Ok(Drained::Empty),
-                        Ok(n) => *budget = budget.saturating_sub(n),
-                        Err(e) => self.fail(now, &e),
+        }
+    }
+
+    /// How much the active file may still take; 0 while a write error
+    /// waits for its retry (then only the count is needed).
+    fn room(&self, now: Instant) -> usize {
+        let retry_later = self.failure.as_ref().is_some_and(|f| now < f.next_retry);
+        if retry_later {
+            0
+        } else {
+            let rem = self.rotator.limit().saturating_sub(self.rotator.size());
+            usize::try_from(rem).unwrap_or(usize::MAX)
+        }
+    }
+
+    /// While a write error waits for its retry: block, leave the bytes, or
+    /// drop them, by policy. When the retry is due, the marker for what was
+    /// dropped goes first; then the pass plans as usual.
+    fn while_failing(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        stopping: bool,
+        avail: usize,
+        budget: &mut usize,
+    ) -> io::Result<Next> {
+        let Some(f) = &self.failure else {
+            return Ok(Next::Plan);
+        };
+        if now < f.next_retry {
+            return match self.policy {
+                WriteErrorPolicy::Block => Ok(Next::Done(Drained::Blocked {
+                    retry_at: f.next_retry,
+                })),
+                // Leave them in the pipe for the next logmon.
+                WriteErrorPolicy::Drop if stopping => Ok(Next::Done(Drained::Empty)),
+                WriteErrorPolicy::Drop => {
+                    let n = src.discard(avail.min(*budget))?;
+                    self.clean = self.clean.saturating_sub(n);
+                    *budget = budget.saturating_sub(n);
+                    self.stats.bytes_dropped += n as u64;
+                    if let Some(f) = &mut self.failure {
+                        f.dropped_unreported += n as u64;
                     }
+                    Ok(Next::LookAgain)
+                }
+            };
+        }
+        if f.dropped_unreported == 0 {
+            return Ok(Next::Plan);
+        }
+        let dropped = f.dropped_unreported;
+        match self.write_marker(dropped) {
+            Err(e) => self.fail(now, &e),
+            Ok(()) => {
+                if let Some(f) = &mut self.failure {
+                    f.dropped_unreported = 0;
                 }
             }
         }
+        // The marker moved the file's end (or failed): look again.
+        Ok(Next::LookAgain)
+    }
+
+    /// Plans what to do with what `look` saw ([`plan`]) and does it:
+    /// rotate, hold a partial line, or write.
+    fn step(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        stopping: bool,
+        room: usize,
+        look: Look,
+        budget: &mut usize,
+    ) -> io::Result<Next> {
+        let Look {
+            avail,
+            peeked,
+            last_nl,
+        } = look;
+        // A partial line that fills the pipe cannot get its newline
+        // in: the writer is blocked on it.
+        let pipe_full = avail + 4096 >= src.capacity();
+        let waited = self
+            .partial_since
+            .is_some_and(|t| now.duration_since(t) >= PARTIAL_LINE_WAIT);
+        // Nor can one longer than the source can show (a scratch pipe
+        // smaller than the FIFO): its newline would never be seen, and
+        // holding it would let it out a second's wait at a time.
+        let unseen = peeked < avail.min(room);
+        let flush = stopping || pipe_full || waited || unseen;
+        let size = self.rotator.size();
+        match plan(
+            size,
+            self.rotator.limit(),
+            avail,
+            peeked,
+            last_nl,
+            flush,
+            self.rotator.at_line_start(),
+        ) {
+            Step::Rotate => self.rotator.rotate(),
+            Step::Hold => {
+                // Hold comes only without a newline among them.
+                self.clean = peeked;
+                let since = *self.partial_since.get_or_insert(now);
+                return Ok(Next::Done(Drained::Held {
+                    deadline: since + PARTIAL_LINE_WAIT,
+                }));
+            }
+            Step::Write(k) => {
+                let ends_line = last_nl == Some(k - 1);
+                match self.write(src, k, ends_line) {
+                    Ok(0) => return Ok(Next::Done(Drained::Empty)),
+                    Ok(n) => *budget = budget.saturating_sub(n),
+                    Err(e) => self.fail(now, &e),
+                }
+            }
+        }
+        Ok(Next::LookAgain)
     }
 
     fn write(&mut self, src: &mut impl Source, k: usize, ends_line: bool) -> io::Result<usize> {
@@ -476,211 +503,6 @@ impl StreamCapture {
         file.write_all_at(bytes, offset)?;
         self.rotator.advance(bytes.len(), bytes.ends_with(b"\n"));
         Ok(())
-    }
-}
-
-/// A stream's capture shared between its pump and the control server
-/// (one thread: a `RefCell` is enough, and it is never held across an await).
-pub type SharedCapture = Rc<RefCell<StreamCapture>>;
-
-/// While data trickles in as many small writes, how long the pump lets the
-/// pipe fill before draining again. One drain per burst instead of one per
-/// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
-/// Never used when idle: the first drain after idleness (longer than
-/// `STILL_BUSY`) is immediate, and the pump goes back to waiting as soon
-/// as a drain finds nothing new.
-pub const BATCH_WAIT: Duration = Duration::from_millis(1);
-
-/// A task whose bytes arrive within this long of the last drain that found
-/// nothing, after it had just written at least [`BURST`], is treated as
-/// still writing: its next bytes are batched ([`BATCH_WAIT`]) instead of
-/// drained at once. Measured with both cores busy with other work, one
-/// write per 100-byte line: without this, logmon woke for nearly every
-/// write, used 7 CPU s/GB and let the task write at 55-60 MB/s (cat:
-/// 110-154). A task that logs a line now and then is not batched: its
-/// lines reach the file at once.
-const STILL_BUSY: Duration = Duration::from_millis(20);
-
-/// What a draining phase must have moved for [`STILL_BUSY`] to apply.
-const BURST: u64 = 64 * 1024;
-
-/// Drives `capture` from the FIFO `fd` until `stop` turns true, then drains
-/// what is left (a held partial line included) and fsyncs.
-///
-/// Two phases:
-/// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
-///   for SIGIO ([`fifo::DataSignal`]; it is never registered with epoll,
-///   which would make every later write of the task pay for a wakeup) and
-///   the pump sleeps until a signal, its partial-line or retry deadline, or
-///   stop.
-/// - *draining*: the FIFO is disarmed, so the task's writes cost it
-///   nothing extra, and it is drained every [`BATCH_WAIT`]: a stream of
-///   small writes is taken in one splice per millisecond or so instead of
-///   one wakeup per write. When bytes come so fast that the pipe would be
-///   three quarters full before the next drain (tokio's timer rounds a
-///   sleep up to the next millisecond tick, so a wait lasts up to twice
-///   `BATCH_WAIT`), the pump drains again at once, only yielding to the
-///   other tasks. A drain that finds nothing new ends the phase.
-///
-/// Every drain that changed the counters notifies `activity` (the systemd
-/// status loop waits on it rather than on the FIFOs themselves).
-///
-/// While a write error holds bytes back under `--on-write-error block`, the
-/// FIFO is not armed: the pump waits for the retry time only.
-///
-/// `peeker` is the stream's scratch pipe, made by the caller before the
-/// process confines itself: once its capabilities are dropped, a new pipe
-/// counts against the per-user pipe quota (`fs.pipe-user-pages-soft`),
-/// which a node with many logmons of one user exhausts, and a scratch pipe
-/// smaller than the FIFO limits how long a partial line can wait.
-pub async fn pump(
-    fd: std::os::fd::OwnedFd,
-    capacity: usize,
-    mut peeker: fifo::Peeker,
-    capture: SharedCapture,
-    activity: Rc<Notify>,
-    mut stop: watch::Receiver<bool>,
-) -> io::Result<()> {
-    let devnull = File::options().write(true).open("/dev/null")?;
-    let mut data = fifo::DataSignal::new(fd.as_fd())?;
-    let mut last_drain = Instant::now();
-    // Drains once; returns the outcome, whether bytes moved, whether they
-    // came too fast to wait, and how many were left in the pipe.
-    let mut drain = |fd: BorrowedFd<'_>, stopping: bool| -> io::Result<Pass> {
-        let mut src = PipeSource::new(fd, capacity, &mut peeker, &devnull);
-        let mut c = capture.borrow_mut();
-        let before = c.stats.bytes_captured + c.stats.bytes_dropped;
-        let errors_before = c.stats.write_errors;
-        let now = Instant::now();
-        let outcome = c.drain(&mut src, now, stopping)?;
-        let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
-        let elapsed = now.duration_since(last_drain).as_nanos().max(1);
-        last_drain = now;
-        let longest_wait = 2 * BATCH_WAIT.as_nanos();
-        let fast = u128::from(moved) * longest_wait * 4 >= capacity as u128 * 3 * elapsed;
-        Ok(Pass {
-            outcome,
-            bytes: moved,
-            moved: moved > 0,
-            changed: moved > 0 || c.stats.write_errors != errors_before,
-            fast,
-            left: c.left(),
-        })
-    };
-    let mut timer: Option<Instant> = None;
-    let mut left = 0;
-    let mut blocked = false;
-    // Bytes moved by the last draining phase.
-    let mut phase_bytes = 0u64;
-    'run: while !*stop.borrow() {
-        // Waiting: for new bytes (more than the drain left), the deadline,
-        // or stop. Every way through here awaits something, so the pump can
-        // never spin without yielding to the runtime.
-        let went_idle = Instant::now();
-        // Under `block` new bytes cannot be written before the retry
-        // anyway: do not let every write wake the pump meanwhile.
-        let arm_failed = !blocked && !data.arm_or_warn(fd.as_fd());
-        let armed = !blocked && !arm_failed;
-        let mut fresh = false;
-        loop {
-            // Bytes written before the FIFO was armed sent no signal; after
-            // a signal, it may have been for the other stream's FIFO.
-            if !blocked && fifo::bytes_waiting(fd.as_fd()).map_or(true, |n| n > left) {
-                fresh = true;
-                break;
-            }
-            let deadline = if arm_failed {
-                // Poll instead, only until arming works again.
-                let poll = went_idle + BATCH_WAIT;
-                Some(timer.map_or(poll, |t| t.min(poll)))
-            } else {
-                timer
-            };
-            tokio::select! {
-                r = data.wait(), if armed => {
-                    r?;
-                    continue;
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {}
-                _ = stop.changed() => {}
-            }
-            break;
-        }
-        if armed {
-            data.disarm_or_warn(fd.as_fd());
-        }
-        if fresh && phase_bytes >= BURST && went_idle.elapsed() < STILL_BUSY {
-            // Bytes flowed a moment ago: the task is still writing, only
-            // in bursts (on a loaded machine it is preempted for
-            // milliseconds at a time). Let the burst fill the pipe rather
-            // than chase it one write per wakeup.
-            tokio::select! {
-                _ = tokio::time::sleep(BATCH_WAIT) => {}
-                _ = stop.changed() => {}
-            }
-        }
-        // Draining.
-        phase_bytes = 0;
-        loop {
-            if *stop.borrow() {
-                break 'run;
-            }
-            let pass = drain(fd.as_fd(), false)?;
-            timer = deadline_of(pass.outcome);
-            blocked = matches!(pass.outcome, Drained::Blocked { .. });
-            left = pass.left;
-            phase_bytes += pass.bytes;
-            if pass.changed {
-                activity.notify_one();
-            }
-            if !pass.moved {
-                break;
-            }
-            if pass.fast {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::select! {
-                    _ = tokio::time::sleep(BATCH_WAIT) => {}
-                    _ = stop.changed() => {}
-                }
-            }
-        }
-    }
-    let last = drain(fd.as_fd(), true)?.outcome;
-    let mut c = capture.borrow_mut();
-    if let Drained::Blocked { .. } = last {
-        tracing::warn!(stream = %c.stream(), "stopping with an unwritable log file; the bytes stay in the pipe for the next logmon");
-    }
-    c.mark_unreported_drops();
-    c.sync();
-    Ok(())
-}
-
-/// One drain as the pump sees it.
-#[derive(Debug, Clone, Copy)]
-struct Pass {
-    outcome: Drained,
-    /// Bytes written (or dropped).
-    bytes: u64,
-    moved: bool,
-    /// Whether the counters changed (bytes moved, or a write failed).
-    changed: bool,
-    fast: bool,
-    left: usize,
-}
-
-fn deadline_of(d: Drained) -> Option<Instant> {
-    match d {
-        Drained::Empty | Drained::More => None,
-        Drained::Held { deadline } => Some(deadline),
-        Drained::Blocked { retry_at } => Some(retry_at),
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 

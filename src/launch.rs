@@ -1,0 +1,242 @@
+//! Launching a detached logmon (DESIGN.md §3): [`launch`] starts `logmon
+//! run` in its own session, reparented to init, and returns its ready line
+//! once it is ready; [`run_args`] are the flags that reproduce a
+//! [`CaptureConfig`] (round-trip-tested against the parser below).
+//!
+//! The launcher never opens the daemon's diagnostics log by path: the child
+//! reports pre-ready errors through a stderr pipe (and, launched this way,
+//! its typed failure on stdout), and opens `.<task>.logmon.log` itself
+//! through its log-dir handle right before its ready line (`diag`;
+//! `tests/errors.rs` runs each failure through the binary).
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::config::CaptureConfig;
+use crate::protocol::ReattachConfig;
+
+/// Why a launch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The process could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The process exited, or closed stdout, before printing its ready line.
+    #[error("logmon exited before it was ready: {detail}")]
+    NotReady {
+        /// Why: the child's own last words on stderr, if any.
+        detail: String,
+    },
+    /// The daemon refused to start and said why (its own one-line error).
+    #[error("{message}")]
+    Daemon {
+        /// The daemon's error.
+        message: String,
+        /// The exit code `run` would have exited with (2: configuration).
+        code: i32,
+    },
+}
+
+/// What a launched `run` prints on stdout instead of its ready line when it
+/// cannot start (`LOGMON_INTERNAL_LAUNCHED` set): its error and exit code.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LaunchFailure {
+    /// The one-line error.
+    pub error: String,
+    /// The exit code `run` exits with.
+    pub exit_code: i32,
+}
+
+/// Which program to launch.
+#[derive(Debug, Clone, Default)]
+pub enum Program {
+    /// The current executable with the `run` subcommand: an agent that embeds
+    /// this crate needs no binary on PATH and gets the version it was built
+    /// with (its `main` must dispatch `run` to [`crate::cli`]).
+    #[default]
+    CurrentExe,
+    /// An explicit `logmon` binary.
+    Path(PathBuf),
+}
+
+/// The `run` flags that reproduce `cfg`, metadata included (one `--meta`
+/// per pair): parsed back by the CLI they give `cfg` again (tested below).
+pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["run".into()];
+    let mut flag = |k: &str, v: OsString| {
+        a.push(k.into());
+        a.push(v);
+    };
+    flag("--task", cfg.task.as_str().into());
+    flag("--log-dir", cfg.log_dir.clone().into());
+    flag("--stdout-fifo", cfg.stdout_fifo.clone().into());
+    flag("--stderr-fifo", cfg.stderr_fifo.clone().into());
+    flag("--max-files", cfg.max_files.to_string().into());
+    flag("--max-file-size", cfg.max_file_size.to_string().into());
+    flag("--socket", cfg.socket.clone().into());
+    flag(
+        "--on-write-error",
+        match cfg.on_write_error {
+            crate::config::WriteErrorPolicy::Drop => "drop",
+            crate::config::WriteErrorPolicy::Block => "block",
+        }
+        .into(),
+    );
+    flag("--pipe-size", cfg.pipe_size.to_string().into());
+    if cfg.no_sandbox {
+        a.push("--no-sandbox".into());
+    }
+    for (k, v) in cfg.meta.iter() {
+        a.push("--meta".into());
+        a.push(format!("{k}={v}").into());
+    }
+    a
+}
+
+/// Launches a detached `logmon run` for `cfg` and returns its reattach
+/// config once it is ready.
+///
+/// The daemon runs in its own session (setsid) and is reparented to init (or
+/// the nearest subreaper) at once, so it neither dies with the agent nor
+/// stays the agent's zombie; stdin is /dev/null, stdout a pipe read up to
+/// the ready line, stderr a pipe read until the daemon, right before its
+/// ready line, moves its stderr to `<log-dir>/.<task>.logmon.log` — opened
+/// by the daemon through its log-dir handle, never by path here
+/// (`diag`). A daemon that cannot start says why on stdout
+/// ([`LaunchFailure`]: its error and exit code), else its last stderr line
+/// is passed on. Warnings it printed before it was ready are passed to our
+/// stderr.
+pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    let exe = match program {
+        Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
+            program: "current executable".into(),
+            source,
+        })?,
+        Program::Path(p) => p.clone(),
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.args(run_args(cfg))
+        // The flags carry the metadata; an inherited variable must not add
+        // any when the configuration has none.
+        .env_remove(crate::meta::ENV_VAR)
+        .env(crate::diag::LAUNCHED_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec only async-signal-safe calls are made
+    // (setsid, fork, _exit); no allocation, no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            // Double fork: the daemon's parent exits now, so it is reparented
+            // and reaped by init instead of lingering as our zombie.
+            match nix::libc::fork() {
+                -1 => Err(io::Error::last_os_error()),
+                0 => Ok(()),
+                _ => nix::libc::_exit(0),
+            }
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: exe.clone(),
+        source,
+    })?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // The intermediate process exits at once; reap it.
+    let _ = child.wait();
+    // Read stderr alongside, so a chatty start never fills the pipe and
+    // blocks the daemon before its ready line.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut e) = stderr {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
+            let _ = tx.send(kept);
+            // Anything past the cap is drained and dropped.
+            let _ = io::copy(&mut e, &mut io::sink());
+        });
+    }
+    let not_ready = |detail: String| LaunchError::NotReady { detail };
+    let stdout = stdout.ok_or_else(|| not_ready("no stdout pipe".into()))?;
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    // The daemon's stderr reaches EOF when it hands stderr over to its log
+    // (right before the ready line) or exits.
+    let diag = rx
+        .recv_timeout(Duration::from_secs(5))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    if let Err(e) = read {
+        return Err(not_ready(format!("cannot read its ready line: {e}")));
+    }
+    let line = line.trim();
+    if let Ok(rc) = serde_json::from_str::<ReattachConfig>(line) {
+        for l in diag
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        {
+            eprintln!("{l}");
+        }
+        return Ok(rc);
+    }
+    if let Ok(f) = serde_json::from_str::<LaunchFailure>(line) {
+        return Err(LaunchError::Daemon {
+            message: f.error,
+            code: f.exit_code,
+        });
+    }
+    let last = diag
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim_start_matches("logmon: error: ").to_owned());
+    Err(not_ready(match (line.is_empty(), last) {
+        (true, Some(l)) => l,
+        (true, None) => "it printed no ready line and no error".into(),
+        (false, _) => format!("unexpected ready line {line:?}"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn run_args_parse_back_to_the_same_config() {
+        let task = crate::config::TaskName::new("web").unwrap();
+        let mut cfg = CaptureConfig::new(task, "/l");
+        cfg.stdout_fifo = "/f/out".into();
+        cfg.socket = "/s/web.sock".into();
+        cfg.max_files = 3;
+        cfg.max_file_size = 4096;
+        cfg.pipe_size = 65536;
+        cfg.on_write_error = crate::config::WriteErrorPolicy::Block;
+        cfg.no_sandbox = true;
+        for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
+            cfg.meta.insert_pair(p).unwrap();
+        }
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            panic!("not a run command");
+        };
+        assert_eq!(a.to_config().unwrap(), cfg);
+
+        cfg.meta = crate::meta::Meta::new();
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        assert!(!argv.iter().any(|a| a == "--meta"));
+    }
+}

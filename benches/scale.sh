@@ -129,9 +129,11 @@ if (($(ulimit -Sn) < need)); then
 fi
 kv() { local s=" $2"; case $s in *" $1="*) s=${s#* "$1"=}; printf '%s' "${s%% *}" ;; esac; }
 fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
-# Sums over /proc/PID dirs (a process gone meanwhile counts 0).
-cpu_ns() { { awk '{s += $1} END {printf "%d", s}' "${@/%//schedstat}" 2>/dev/null || true; }; }
-mem_kib() { { awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%d %d", r, p}' "${@/%//smaps_rollup}" 2>/dev/null || true; }; }
+# Sums over /proc/PID dirs; mawk stops at a file it cannot open, so only the
+# live ones are read (cpu_ns also prints how many were alive).
+live() { local f; for f in "$@"; do [ -r "$f" ] && echo "$f"; done; return 0; }
+cpu_ns() { local -a f; mapfile -t f < <(live "${@/%//schedstat}"); awk -v n=${#f[@]} '{s += $1} END {printf "%.0f %d", s, n}' "${f[@]}" </dev/null; }
+mem_kib() { local -a f; mapfile -t f < <(live "${@/%//smaps_rollup}"); awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%.0f %.0f", r, p}' "${f[@]}" </dev/null; }
 
 {
     echo "date: $(date -Is)"
@@ -189,11 +191,14 @@ run_n() { # run_n N LOGGER
     lead=$(fcalc "0.2 + $n * 0.0003 + $SECS / 4" 3)
     w=$(fcalc "$SECS / 2" 3)
     nap "$lead"
-    t0=$(date +%s%N); c0=$(cpu_ns "${lpids[@]/#//proc/}")
+    local alive0 alive1
+    t0=$(date +%s%N); read -r c0 alive0 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    ((alive0 == n)) || note+="only-$alive0-alive-at-window-start;"
     nap "$(fcalc "$w / 2" 3)"
     mem=$(mem_kib "${lpids[@]/#//proc/}")
     nap "$(fcalc "$w / 2" 3)"
-    c1=$(cpu_ns "${lpids[@]/#//proc/}"); t1=$(date +%s%N)
+    read -r c1 alive1 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"; t1=$(date +%s%N)
+    ((alive1 == n)) || note+="only-$alive1-alive-at-window-end;"
     wait "$tpid" || note+="tasks-failed;"
     local tout
     tout=$(cat "$run/tasks.out")
@@ -267,7 +272,7 @@ if ((IDLE_N > 0)); then
     raise kernel/threads-max $((IDLE_N * 2 + 10000))
     echo "ulimit -n: $(ulimit -Sn) (footprint.sh raises it for itself as needed)" >>"$OUT/env.txt"
     say "part 2: $IDLE_N idle instances via benches/footprint.sh"
-    "$ROOT/benches/footprint.sh" -n "$IDLE_N" -i "$IDLE_SECS" -c 200 -s 100 >"$OUT/idle.md" 2>"$OUT/idle.log" || say "footprint.sh failed: see $OUT/idle.log"
+    "$ROOT/benches/footprint.sh" -n "$IDLE_N" -i "$IDLE_SECS" -c 200 -s 100 -6 0 >"$OUT/idle.md" 2>"$OUT/idle.log" || say "footprint.sh failed: see $OUT/idle.log"
     IDLE_MD=$OUT/idle.md
 fi
 
@@ -289,7 +294,7 @@ fi
     echo "Tasks held back: tasks that wrote less than their rate by the end (a full pipe blocked them)."
     if [ -n "$IDLE_MD" ]; then
         echo
-        echo "## $IDLE_N idle instances (benches/footprint.sh -n $IDLE_N -i $IDLE_SECS -c 200 -s 100)"
+        echo "## $IDLE_N idle instances (benches/footprint.sh -n $IDLE_N -i $IDLE_SECS -c 200 -s 100 -6 0)"
         echo
         cat "$IDLE_MD"
     fi

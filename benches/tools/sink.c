@@ -21,10 +21,12 @@
  *                     in OUT, yet the FIFO's mutex is not held while the
  *                     file is written (a kill between the two steps would
  *                     write those bytes again: duplicates, not loss)
- *   -b USEC           batching, as logmon does: after a transfer smaller than
- *                     3/4 of the pipe, sleep USEC (default 1000; 0 = drain
- *                     every write at once) so that small writes are moved
- *                     many at a time
+ *   -s BYTES          at most BYTES per splice/tee/read (default 128 KiB, as
+ *                     logmon; at most 1 MiB)
+ *   -b USEC           batching, as logmon does: once a round has emptied the
+ *                     pipe, sleep USEC (default 1000; 0 = drain every write
+ *                     at once) unless the round moved 3/4 of the pipe or
+ *                     more, so that small writes are moved many at a time
  * SIGTERM: drains what is left in the pipe (the writer is done by then),
  * then exits 0.  Prints "sink: bytes=N" on stderr at exit.
  */
@@ -59,8 +61,10 @@ int main(int argc, char **argv)
     long psize = 0;
     int use_read = 0, use_tee = 0, opt;
     long batch_us = 1000;
-    while ((opt = getopt(argc, argv, "p:rtb:")) != -1) {
+    size_t piece = 128 << 10;
+    while ((opt = getopt(argc, argv, "p:rtb:s:")) != -1) {
         switch (opt) {
+        case 's': piece = (size_t)strtoul(optarg, NULL, 10); if (!piece || piece > BUF) piece = BUF; break;
         case 'b': batch_us = strtol(optarg, NULL, 10); break;
         case 'p': psize = strtol(optarg, NULL, 10); break;
         case 'r': use_read = 1; break;
@@ -98,7 +102,7 @@ int main(int argc, char **argv)
     printf("{\"pid\":%d,\"pipe_size\":%d}\n", (int)getpid(), fcntl(in, F_GETPIPE_SZ));
     fflush(stdout);
 
-    unsigned long long total = 0;
+    unsigned long long total = 0, round_total = 0;
     int draining = 0, rc = 0;
     for (;;) {
         if (stop && !draining) {
@@ -108,10 +112,10 @@ int main(int argc, char **argv)
         }
         ssize_t n;
         if (use_read) {
-            n = read(in, b, BUF);
+            n = read(in, b, piece);
             if (n > 0 && write_all(out, b, (size_t)n) < 0) { perror("sink: write"); rc = 1; break; }
         } else if (use_tee) {
-            n = tee(in, priv[1], BUF, draining ? SPLICE_F_NONBLOCK : 0);
+            n = tee(in, priv[1], piece, draining ? SPLICE_F_NONBLOCK : 0);
             if (n > 0) {
                 ssize_t left = n;
                 while (left > 0) {
@@ -127,7 +131,7 @@ int main(int argc, char **argv)
                 }
             }
         } else {
-            n = splice(in, NULL, out, NULL, BUF, SPLICE_F_MOVE | (draining ? SPLICE_F_NONBLOCK : 0));
+            n = splice(in, NULL, out, NULL, piece, SPLICE_F_MOVE | (draining ? SPLICE_F_NONBLOCK : 0));
         }
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -138,15 +142,19 @@ int main(int argc, char **argv)
         }
         if (n == 0) break;
         total += (unsigned long long)n;
-        if (batch_us > 0 && !draining && n < psize / 4 * 3) {
-            struct timespec ts = { batch_us / 1000000, (batch_us % 1000000) * 1000 };
-            nanosleep(&ts, NULL);
+        round_total += (unsigned long long)n;
+        if ((size_t)n < piece) { /* the pipe is empty: the round is over */
+            if (batch_us > 0 && !draining && round_total < (unsigned long long)psize / 4 * 3) {
+                struct timespec ts = { batch_us / 1000000, (batch_us % 1000000) * 1000 };
+                nanosleep(&ts, NULL);
+            }
+            round_total = 0;
         }
     }
     if (close(out) < 0) { perror("sink: close"); rc = 1; }
     fprintf(stderr, "sink: bytes=%llu\n", total);
     return rc;
 usage:
-    fprintf(stderr, "usage: sink [-p BYTES] [-b USEC] [-r|-t] FIFO /dev/null|OUTFILE\n");
+    fprintf(stderr, "usage: sink [-p BYTES] [-s BYTES] [-b USEC] [-r|-t] FIFO /dev/null|OUTFILE\n");
     return 2;
 }

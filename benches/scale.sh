@@ -129,11 +129,11 @@ if (($(ulimit -Sn) < need)); then
 fi
 kv() { local s=" $2"; case $s in *" $1="*) s=${s#* "$1"=}; printf '%s' "${s%% *}" ;; esac; }
 fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
-# Sums over /proc/PID dirs; mawk stops at a file it cannot open, so only the
-# live ones are read (cpu_ns also prints how many were alive).
-live() { local f; for f in "$@"; do [ -r "$f" ] && echo "$f"; done; return 0; }
-cpu_ns() { local -a f; mapfile -t f < <(live "${@/%//schedstat}"); awk -v n=${#f[@]} '{s += $1} END {printf "%.0f %d", s, n}' "${f[@]}" </dev/null; }
-mem_kib() { local -a f; mapfile -t f < <(live "${@/%//smaps_rollup}"); awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%.0f %.0f", r, p}' "${f[@]}" </dev/null; }
+# Sums over /proc/PID dirs; a process gone meanwhile is skipped (cat goes on
+# past a file it cannot open, where mawk would stop), and cpu_ns also prints
+# how many were read.
+cpu_ns() { cat "${@/%//schedstat}" 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d", s, n}'; }
+mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%.0f %.0f", r, p}'; }
 
 {
     echo "date: $(date -Is)"

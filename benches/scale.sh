@@ -10,16 +10,18 @@
 #   1. N loggers, each on its own FIFO and log dir:
 #        logmon   logmon run --task t --log-dir DIR --stdout-fifo FIFO ...
 #                 --max-file-size 64M --max-files 4   (waited for its ready line)
-#        s6-log   s6-log n4 s16777215 DIR <FIFO
+#        s6-log   s6-log n4 s16777215 DIR <FIFO  (this script holds a write
+#                 end open until the CPU is read, then s6-log gets EOF)
 #   2. benches/tools/tasks.c forks N tasks; each writes RATE bytes/s of
 #      100-byte lines, one write(2) per line, paced every 10 ms, for SECS
-#      seconds, timing every write(2) (the task end: O_RDWR for logmon, as its
-#      library hands it out; O_WRONLY for s6-log, which exits at EOF);
-#   3. measured while they run: the loggers' CPU over the middle of the window
-#      (sum of /proc/PID/schedstat run time, ns-precise, of all N loggers /
-#      window = CPU %, 100 % = one core), and RSS and PSS sums from
-#      /proc/PID/smaps_rollup halfway through;
-#   4. afterwards (logmon: SIGTERM, it drains and exits; s6-log: EOF) every
+#      seconds, timing every write(2) (the task end opened O_RDWR, as
+#      logmon's library hands it out; the loggers hold their FIFOs too, so
+#      none sees EOF);
+#   3. measured: the loggers' CPU from before the tasks start to after the
+#      last one ended (sum of /proc/PID/schedstat run time, ns-precise, of
+#      all N loggers / the tasks' write window = CPU %, 100 % = one core),
+#      and RSS and PSS sums from /proc/PID/smaps_rollup halfway through;
+#   4. afterwards (logmon: SIGTERM; s6-log: EOF; both drain and exit) every
 #      instance's files are checked by benches/tools/verify.c against the
 #      lines its task wrote: lines lost must be 0 (and none duplicated,
 #      reordered or torn).
@@ -94,6 +96,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+trap 'echo "scale.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 # ---- prerequisites -----------------------------------------------------------
 missing=()
@@ -153,7 +156,8 @@ run_n() { # run_n N LOGGER
     local n=$1 lg=$2 run=$WORK/run i d note="" rate
     rate=$((TOTAL / n)); ((rate < RATE)) || rate=$RATE
     rm -rf "$run"; mkdir -p "$run"
-    local -a fifos=() lpids=()
+    local -a fifos=() lpids=() holders=()
+    local h
     say "N=$n $lg: starting $n loggers ($rate B/s per task, ${SECS}s)"
     for ((i = 0; i < n; i++)); do
         d=$run/$i
@@ -165,7 +169,13 @@ run_n() { # run_n N LOGGER
             "$LOGMON" run --task t --log-dir "$d/log" --stdout-fifo "$d/fifo" --stderr-fifo "$d/err.fifo" \
                 --socket "$d/ctl.sock" --max-file-size 64M --max-files 4 >"$d/ready" 2>"$d/stderr" &
             ;;
-        s6-log) s6-log n4 s16777215 "$d/log" <"$d/fifo" 2>"$d/stderr" & ;;
+        s6-log)
+            s6-log n4 s16777215 "$d/log" <"$d/fifo" 2>"$d/stderr" &
+            # A writer end held here, so s6-log outlives its task; closed
+            # once the CPU is read, and s6-log drains to EOF and exits.
+            exec {h}>"$d/fifo"
+            holders+=("$h")
+            ;;
         *) die "unknown logger $lg" ;;
         esac
         lpids+=($!)
@@ -180,29 +190,25 @@ run_n() { # run_n N LOGGER
             done
         done
     fi
-    local -a tflags=()
-    [ "$lg" = logmon ] && tflags=(-R)
-    "$BIN/tasks" -d "$SECS" -r "$rate" "${tflags[@]+"${tflags[@]}"}" -o "$run/per-task" "${fifos[@]}" >"$run/tasks.out" &
+    # Every logger holds its FIFO open read-write (s6-log: its stdin), so it
+    # outlives its task, and its CPU is read once all tasks are done: the
+    # CPU % is the loggers' run time over the tasks' write window (whatever
+    # the machine's load did to when they started).
+    local c0 c1 mem alive0 alive1 tout wsecs
+    read -r c0 alive0 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    ((alive0 == n)) || note+="only-$alive0-alive-before;"
+    "$BIN/tasks" -d "$SECS" -r "$rate" -R -o "$run/per-task" "${fifos[@]}" >"$run/tasks.out" &
     local tpid=$!
     PIDS+=("$tpid")
-    # The tasks start 0.2 s + 0.3 ms per task after launch; measure the
-    # middle of the window: from 1/4 to 3/4 of SECS past their start.
-    local lead w c0 c1 t0 t1 mem
-    lead=$(fcalc "0.2 + $n * 0.0003 + $SECS / 4" 3)
-    w=$(fcalc "$SECS / 2" 3)
-    nap "$lead"
-    local alive0 alive1
-    t0=$(date +%s%N); read -r c0 alive0 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
-    ((alive0 == n)) || note+="only-$alive0-alive-at-window-start;"
-    nap "$(fcalc "$w / 2" 3)"
+    nap "$(fcalc "0.2 + $n * 0.0003 + $SECS / 2" 3)"
     mem=$(mem_kib "${lpids[@]/#//proc/}")
-    nap "$(fcalc "$w / 2" 3)"
-    read -r c1 alive1 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"; t1=$(date +%s%N)
-    ((alive1 == n)) || note+="only-$alive1-alive-at-window-end;"
     wait "$tpid" || note+="tasks-failed;"
-    local tout
+    read -r c1 alive1 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    ((alive1 == n)) || note+="only-$alive1-alive-after;"
     tout=$(cat "$run/tasks.out")
+    wsecs=$(kv secs "$tout")
     if [ "$lg" = logmon ]; then kill -TERM "${lpids[@]}" 2>/dev/null || true; fi
+    for h in "${holders[@]}"; do exec {h}>&-; done
     for i in "${!lpids[@]}"; do wait "${lpids[$i]}" || note+="logger-$i-status=$?;"; done
     PIDS=()
     # Every instance: its task's lines, all in its files, once, in order.
@@ -230,7 +236,7 @@ run_n() { # run_n N LOGGER
     local verds="" k
     for k in "${!VERD[@]}"; do verds+="$k x${VERD[$k]} "; done
     local cpu rss pss
-    cpu=$(fcalc "($c1 - $c0) / ($t1 - $t0) * 100" 1)
+    cpu=$(fcalc "(${wsecs:-0} > 0) ? ($c1 - $c0) / 1e9 / ${wsecs:-1} * 100 : 0" 1)
     read -r rss pss <<<"$mem"
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$lg" "$rate" "$lines" "$lost" "${verds% }" "$cpu" "$rss" "$pss" \
         "$(kv lat_p50_us "$tout")" "$(kv lat_p99_us "$tout")" "$(kv lat_p999_us "$tout")" "$(kv lat_max_us "$tout")" "$(kv behind_tasks "$tout")" "${note:--}" >>"$RAW"

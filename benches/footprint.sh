@@ -344,7 +344,17 @@ if ((S6N > 0)); then
         mkfifo "$d/fifo"
         s6-log n4 s1000000 "$d/log" <>"$d/fifo" 2>"$d/err" &
         S6PIDS+=($!)
-        printf 'footprint s%d\n' "$k" 1<>"$d/fifo"
+    done
+    # A line written before s6-log holds the FIFO would be dropped with the
+    # pipe when the writer closes: write once each one has exec'd (its
+    # stdin, the FIFO, was opened before that).
+    for ((k = 1; k <= S6N; k++)); do
+        p=${S6PIDS[$((k - 1))]}
+        for _ in $(seq 200); do
+            [ "$(readlink "/proc/$p/exe" 2>/dev/null)" != "$(command -v s6-log)" ] || break
+            sleep 0.05
+        done
+        printf 'footprint s%d\n' "$k" 1<>"$TMP/s$k/fifo"
     done
     S6OK=0
     for _ in $(seq 100); do

@@ -338,6 +338,7 @@ if ((S6N > 0)) && ! command -v s6-log >/dev/null; then
 fi
 if ((S6N > 0)); then
     T0=$SECONDS
+    S6BIN=$(readlink -f "$(command -v s6-log)")
     for ((k = 1; k <= S6N; k++)); do
         d=$TMP/s$k
         mkdir -p "$d/log"
@@ -351,7 +352,7 @@ if ((S6N > 0)); then
     for ((k = 1; k <= S6N; k++)); do
         p=${S6PIDS[$((k - 1))]}
         for _ in $(seq 200); do
-            [ "$(readlink "/proc/$p/exe" 2>/dev/null)" != "$(command -v s6-log)" ] || break
+            [ "$(readlink "/proc/$p/exe" 2>/dev/null)" != "$S6BIN" ] || break
             sleep 0.05
         done
         printf 'footprint s%d\n' "$k" 1<>"$TMP/s$k/fifo"

@@ -14,8 +14,7 @@
  * (so benches/tools/verify.c checks them).
  * Each write(2) is timed (CLOCK_MONOTONIC around the call) into a log-linear
  * histogram (1/16 octave, ~4 % resolution) in shared memory.  Prints:
- *   per task to OUT (default stdout is not used for that; -o FILE):
- *     "<index> <lines written> <errno>"
+ *   with -o OUT, one line per task into OUT: "<index> <lines written> <errno>"
  *   on stdout, one summary line:
  *     tasks= lines= bytes= secs= lat_p50_us= lat_p99_us= lat_p999_us=
  *     lat_max_us= behind_tasks= errors=

@@ -27,6 +27,11 @@
 #      (the printed reattach config, so the stop is identity-checked) and
 #      checks that none is left (pid with the same start time) and that
 #      every socket is gone.
+#   7. beside them, in the same run (-6 M, default N; 0 skips; needs
+#      s6-log from the s6 package): M s6-log instances, each reading its own
+#      FIFO (opened read-write, so it never sees EOF) into its own dir, each
+#      given one line; once every line is in its `current`, the same PSS /
+#      RSS / private figures, and logmon's per-instance PSS over s6-log's.
 # Targets (performance issue): launch-to-ready <= 5 ms median; summed PSS of
 # 1,000 instances <= 1 GiB; 0 wakeups when idle; each still captures; all
 # stopped cleanly.  The machine's load skews latencies: run it quiet.
@@ -47,29 +52,33 @@ IDLE=10
 CHECK=
 SAMPLES=
 KEEP_TMP=0
+S6N=
 
 usage() {
     cat <<EOF
-usage: $0 [-n N] [-i SECS] [-c K] [-s M] [-k]
+usage: $0 [-n N] [-i SECS] [-c K] [-s M] [-6 M] [-k]
   -n N     instances to launch (default $N)
   -i SECS  idle window for the wakeup count (default $IDLE)
   -c K     instances whose capture is checked (default: all)
   -s M     exec-to-ready samples of 'logmon run' (default: min(N, 100))
+  -6 M     s6-log instances measured beside them (default: N; 0 = none)
   -k       keep the temp dir (logs, states) for inspection
 env LOGMON_BASE=BINARY also runs N instances of that (older) logmon, interleaved,
          and reports logmon / logmon-base
 EOF
     exit 2
 }
-while getopts "n:i:c:s:kh" o; do
+while getopts "n:i:c:s:6:kh" o; do
     case $o in
-    n) N=$OPTARG ;; i) IDLE=$OPTARG ;; c) CHECK=$OPTARG ;; s) SAMPLES=$OPTARG ;; k) KEEP_TMP=1 ;; *) usage ;;
+    n) N=$OPTARG ;; i) IDLE=$OPTARG ;; c) CHECK=$OPTARG ;; s) SAMPLES=$OPTARG ;; 6) S6N=$OPTARG ;; k) KEEP_TMP=1 ;; *) usage ;;
     esac
 done
 [[ $N =~ ^[0-9]+$ ]] && ((N >= 1)) || usage
 CHECK=${CHECK:-$N}
 ((CHECK <= N)) || CHECK=$N
 SAMPLES=${SAMPLES:-$((N < 100 ? N : 100))}
+S6N=${S6N:-$N}
+[[ $S6N =~ ^[0-9]+$ ]] || usage
 
 die() { echo "footprint.sh: $*" >&2; exit 1; }
 say() { echo "footprint.sh: $*" >&2; }
@@ -77,9 +86,11 @@ say() { echo "footprint.sh: $*" >&2; }
 # ---- cleanup: every instance we launched, then the temp dir -----------------
 TMP=
 declare -a PID START VAR JJ # per instance: pid, start time, binary (variant), index within it
+S6PIDS=()                   # the s6-log instances (children of this shell)
 cleanup() {
     set +e
     local k left=0
+    ((${#S6PIDS[@]} == 0)) || kill -KILL "${S6PIDS[@]}" 2>/dev/null
     for k in "${!PID[@]}"; do
         if alive "$k"; then kill -TERM "${PID[$k]}" 2>/dev/null || true; left=$((left + 1)); fi
     done
@@ -231,8 +242,12 @@ live_pids() { # live_pids VARIANT
     return 0
 }
 mem() { # mem VARIANT: "sum_pss_kib n pss_min pss_med pss_max rss_med priv_med threads_total anon_med" (KiB)
-    local -a files=() pids
+    local -a pids
     mapfile -t pids < <(live_pids "$1")
+    mem_pids "${pids[@]+"${pids[@]}"}"
+}
+mem_pids() { # mem_pids PID...: the same figures for those processes
+    local -a files=() pids=("$@")
     local p
     for p in "${pids[@]}"; do files+=("/proc/$p/smaps_rollup"); done
     [ ${#files[@]} -gt 0 ] || { echo "0 0 0 0 0 0 0 0 0"; return; }
@@ -315,6 +330,56 @@ for v in "${VARS[@]}"; do
     MEM2[$v]=$(mem "$v")
 done
 
+# ---- 7. s6-log instances beside them ----------------------------------------------------
+S6MEM=
+if ((S6N > 0)) && ! command -v s6-log >/dev/null; then
+    say "s6-log not installed (apt-get install s6): no s6-log instances measured"
+    S6N=0
+fi
+if ((S6N > 0)); then
+    T0=$SECONDS
+    S6BIN=$(readlink -f "$(command -v s6-log)")
+    for ((k = 1; k <= S6N; k++)); do
+        d=$TMP/s$k
+        mkdir -p "$d/log"
+        mkfifo "$d/fifo"
+        s6-log n4 s1000000 "$d/log" <>"$d/fifo" 2>"$d/err" &
+        S6PIDS+=($!)
+    done
+    # A line written before s6-log holds the FIFO would be dropped with the
+    # pipe when the writer closes: write once each one has exec'd (its
+    # stdin, the FIFO, was opened before that).
+    for ((k = 1; k <= S6N; k++)); do
+        p=${S6PIDS[$((k - 1))]}
+        for _ in $(seq 200); do
+            [ "$(readlink "/proc/$p/exe" 2>/dev/null)" != "$S6BIN" ] || break
+            sleep 0.05
+        done
+        printf 'footprint s%d\n' "$k" 1<>"$TMP/s$k/fifo"
+    done
+    S6OK=0
+    for _ in $(seq 100); do
+        S6OK=0
+        for ((k = 1; k <= S6N; k++)); do
+            l=""
+            { read -r l <"$TMP/s$k/log/current"; } 2>/dev/null || true
+            [ "$l" != "footprint s$k" ] || S6OK=$((S6OK + 1))
+        done
+        ((S6OK < S6N)) || break
+        sleep 0.1
+    done
+    sleep 1
+    S6MEM=$(mem_pids "${S6PIDS[@]}")
+    kill -TERM "${S6PIDS[@]}" 2>/dev/null || true
+    for p in "${S6PIDS[@]}"; do
+        for _ in $(seq 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    S6PIDS=()
+    say "s6-log: $S6OK/$S6N captured their line; $(((SECONDS - T0))) s"
+fi
+
 # ---- 6. stop -------------------------------------------------------------------------
 declare -A STOPOK=() NLAUNCHED=() LEFT=() SOCKS=() ZOMBIES=()
 for v in "${VARS[@]}"; do : >"$TMP/$v.stop.us"; STOPOK[$v]=0 NLAUNCHED[$v]=0 LEFT[$v]=0 SOCKS[$v]=0 ZOMBIES[$v]=0; done
@@ -385,6 +450,21 @@ report() { # report VARIANT: the table of that binary's instances
 EOF
 }
 for v in "${VARS[@]}"; do report "$v"; done
+if [ -n "$S6MEM" ]; then
+    read -r S6PSS S6NP S6PMIN S6PMED S6PMAX S6RSS S6PRIV _ S6ANON <<<"$S6MEM"
+    read -r LPSS NPL _ LPMED _ LRSS LPRIV _ LANON <<<"${MEM2[logmon]}"
+    cat <<EOF
+
+# s6-log beside them, same run: $S6N instances, each holding one line
+
+| measure | logmon (after capture, $NPL alive) | s6-log ($S6NP alive) | logmon / s6-log |
+|---|---|---|---|
+| PSS per instance KiB, median | $LPMED | $S6PMED (min $S6PMIN, max $S6PMAX) | $(awk -v a="$LPMED" -v b="$S6PMED" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }') |
+| summed PSS MiB | $((LPSS / 1024)) | $((S6PSS / 1024)) | |
+| RSS / private / anonymous per instance KiB, median | $LRSS / $LPRIV / $LANON | $S6RSS / $S6PRIV / $S6ANON | |
+| captured its line | ${OKCAP[logmon]} / $CHECK | $S6OK / $S6N | |
+EOF
+fi
 if [ -n "$LOGMON_BASE" ]; then
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'; }
     row() { # row LABEL KEY [ms]: after, before, after / before

@@ -18,6 +18,12 @@
 #        rotatelogs  rotatelogs -n KEEP DIR/log SIZE/1024K <FIFO
 #        multilog    multilog sSIZE nKEEP DIR <FIFO
 #        svlogd      svlogd DIR <FIFO  (DIR/config: sSIZE, nKEEP)
+#      and, in the same run, the machine's limits (no logger):
+#        limit-null  the writer into /dev/null (the task's own syscall cost)
+#        limit-pipe  benches/tools/sink.c: opens the FIFO like logmon,
+#                    enlarges it to pipe-max-size, splices into /dev/null
+#        limit-file  the same, splicing into one growing file (pipe -> file)
+#        limit-tee   (only when named) limit-file by tee + splice + drop
 #   3. `writer` (benches/tools/writer.c) writes BYTES of sequence-numbered
 #      100-byte lines: bulk = 64 KiB write()s, line = one write() per line.
 #      It opens the FIFO O_WRONLY (O_RDWR for logmon, the task end logmon's
@@ -33,8 +39,9 @@
 # bytes / (writer start -> logger exit), CPU s/GB = the logger's user+sys
 # seconds (wait4 rusage) per 10^9 bytes, peak RSS = ru_maxrss (VmHWM).
 # Reported: per-run lines, then medians (RSS: the maximum) as a Markdown
-# table, then the targets of the performance issue as ratios against cat,
-# rotatelogs and s6-log measured in this same run.  Optionally (default on,
+# table, then every logger's write MB/s over each limit's, then the targets
+# of the performance issue as ratios against cat, rotatelogs and s6-log
+# measured in this same run.  Optionally (default on,
 # -K to skip) a SIGKILL check: logmon is killed -9 twice mid-stream and
 # restarted; every line must still be in the files.
 #
@@ -68,10 +75,20 @@ KILL_RATE=${PEERS_KILL_RATE:-60}
 INSTALL=1
 OUT=
 EOF_TIMEOUT=120
-ALL_LOGGERS=(logmon cat s6-log rotatelogs multilog svlogd)
+ALL_LOGGERS=(logmon cat s6-log rotatelogs multilog svlogd limit-null limit-pipe limit-file)
 LOGMON_BASE=${LOGMON_BASE:-}
 # The baseline binary is a logger only when given (and then in the default set).
 [ -z "$LOGMON_BASE" ] || ALL_LOGGERS=(logmon logmon-base "${ALL_LOGGERS[@]:1}")
+# The machine's limits, measured in the same run as the loggers (no logger;
+# benches/tools/sink.c, which opens the FIFO and is stopped like logmon):
+#   limit-null  the writer alone into /dev/null: the task's own syscall limit
+#   limit-pipe  the writer into a FIFO enlarged like logmon's, drained by
+#               splice(2) into /dev/null (nothing touches a file): the pipe limit
+#   limit-file  the same reader splicing into one growing file: pipe -> file
+#   limit-tee   (only when named) limit-file done as tee(2) into a private
+#               pipe, splice into the file, then drop from the FIFO: the
+#               FIFO's mutex is not held during the file write
+is_limit() { case $1 in limit-*) return 0 ;; esac; return 1; }
 
 usage() {
     cat <<EOF
@@ -88,6 +105,8 @@ usage: $0 [options] [LOGGER...]      LOGGERs: ${ALL_LOGGERS[*]} (default: all)
   -o DIR     results dir (default target/bench-results/peers-DATE)
   -K         skip the SIGKILL check
   -n         do not install missing peers (fail instead)
+limit-tee (not in the default set): limit-file by tee(2) into a private pipe,
+             splice into the file, then drop from the FIFO
 env LOGMON_BASE=BINARY adds the logger logmon-base: that (older) logmon binary,
              run and checked like logmon; the summary gives logmon / logmon-base
 EOF
@@ -121,7 +140,7 @@ to_bytes() {
 BULK=$(to_bytes "$BULK"); LINE=$(to_bytes "$LINE"); SIZE=$(to_bytes "$SIZE"); KILL_BYTES=$(to_bytes "$KILL_BYTES")
 for l in "${LOGGERS[@]}"; do
     [ "$l" != logmon-base ] || [ -n "$LOGMON_BASE" ] || die "logmon-base needs LOGMON_BASE=/path/to/the/baseline/logmon"
-    case " ${ALL_LOGGERS[*]} " in *" $l "*) ;; *) die "unknown logger '$l' (known: ${ALL_LOGGERS[*]})" ;; esac
+    case " ${ALL_LOGGERS[*]} limit-tee " in *" $l "*) ;; *) die "unknown logger '$l' (known: ${ALL_LOGGERS[*]} limit-tee)" ;; esac
 done
 ((SIZE >= 4096)) || die "rotation size must be at least 4096"
 
@@ -174,12 +193,15 @@ if [ -n "$LOGMON_BASE" ]; then
     [ -x "$LOGMON_BASE" ] || die "LOGMON_BASE: no executable at $LOGMON_BASE"
 fi
 is_logmon() { [ "$1" = logmon ] || [ "$1" = logmon-base ]; }
+# Started like logmon: opens the FIFO itself, prints a ready line, the writer
+# holds the FIFO O_RDWR, and it gets SIGTERM once the writer is done.
+is_daemonish() { is_logmon "$1" || [ "$1" = limit-pipe ] || [ "$1" = limit-file ] || [ "$1" = limit-tee ]; }
 
 mkdir -p "$SCRATCH"
 WORK=$(mktemp -d "$SCRATCH/logmon-peers.XXXXXX")
 BIN=$WORK/bin
 mkdir -p "$BIN"
-for t in writer verify rrun; do
+for t in writer verify rrun sink; do
     gcc -O2 -Wall -Wextra -o "$BIN/$t" "$TOOLS/$t.c" || die "compiling $TOOLS/$t.c failed"
 done
 
@@ -246,7 +268,7 @@ logmon_files() { # oldest first
 list_files() { # list_files LOGGER DIR -> kept files, oldest first
     case $1 in
     logmon | logmon-base) logmon_files "$2" ;;
-    cat) [ -f "$2/out" ] && echo "$2/out" ;;
+    cat | limit-file | limit-tee) [ -f "$2/out" ] && echo "$2/out" ;;
     s6-log | multilog | svlogd)
         find "$2" -maxdepth 1 -type f -name '@*' | LC_ALL=C sort
         [ -f "$2/current" ] && echo "$2/current" ;;
@@ -272,16 +294,28 @@ run_one() { # run_one REP MODE LOGGER
     rotatelogs) cmd=(rotatelogs -n "$KEEP" "$dir/log" "$((SIZE / 1024))K"); rr=(-i "$fifo") ;;
     multilog) cmd=(multilog "s$SIZE" "n$KEEP" "$dir"); rr=(-i "$fifo") ;;
     svlogd) printf 's%s\nn%s\n' "$SIZE" "$KEEP" >"$dir/config"; cmd=(svlogd "$dir"); rr=(-i "$fifo") ;;
+    limit-null) cmd=(true) ;; # no logger: the writer writes into /dev/null
+    limit-pipe) cmd=("$BIN/sink" "$fifo" /dev/null); rr=(-o "$run/ready"); wflags=(-R) ;;
+    limit-file) cmd=("$BIN/sink" "$fifo" "$dir/out"); rr=(-o "$run/ready"); wflags=(-R) ;;
+    limit-tee) cmd=("$BIN/sink" -t "$fifo" "$dir/out"); rr=(-o "$run/ready"); wflags=(-R) ;;
     esac
     echo "command: ${cmd[*]}" >"$log"
 
-    "$BIN/rrun" -s "$run/stat" -e "$log" "${rr[@]}" -- "${cmd[@]}" &
+    local target=$fifo
+    if [ "$name" = limit-null ]; then
+        # Nothing to run: a logger that exits at once, so the code below
+        # finds the writer still running and waits for it.
+        target=/dev/null
+        "$BIN/rrun" -s "$run/stat" -e "$log" -- sleep 3600 &
+    else
+        "$BIN/rrun" -s "$run/stat" -e "$log" "${rr[@]}" -- "${cmd[@]}" &
+    fi
     local rpid=$! wpid
     PIDS+=("$rpid")
-    if is_logmon "$name" && ! wait_ready "$run/ready" "$rpid"; then
+    if is_daemonish "$name" && ! wait_ready "$run/ready" "$rpid"; then
         note+="no-ready-line;"
     fi
-    "$BIN/writer" -m "$mode" -n "$bytes" -l "$LLEN" -c "$CHUNK" "${wflags[@]+"${wflags[@]}"}" "$fifo" >"$run/writer.out" 2>>"$log" &
+    "$BIN/writer" -m "$mode" -n "$bytes" -l "$LLEN" -c "$CHUNK" "${wflags[@]+"${wflags[@]}"}" "$target" >"$run/writer.out" 2>>"$log" &
     wpid=$!
     PIDS+=("$wpid")
     local first="" t0 i
@@ -293,8 +327,10 @@ run_one() { # run_one REP MODE LOGGER
         if kill "$wpid" 2>/dev/null; then note+="logger-exited-early;"; fi
         wait "$wpid" || true
     else
-        if is_logmon "$name"; then
+        if is_daemonish "$name"; then
             kill -TERM "$rpid" 2>/dev/null || true
+        elif [ "$name" = limit-null ]; then
+            kill -USR1 "$rpid" 2>/dev/null || true # the placeholder: SIGKILL
         fi
         t0=$SECONDS
         while kill -0 "$rpid" 2>/dev/null; do
@@ -320,16 +356,24 @@ run_one() { # run_one REP MODE LOGGER
     cpu=$(kv cpu "$st"); maxrss=$(kv maxrss_kib "$st"); status=$(kv status "$st")
     t_start=$(kv t_start "$wout"); t_exit=$(kv t_exit "$st")
     [ -n "$cpu" ] || { cpu=0; maxrss=0; status=unknown; note+="no-rusage;"; }
+    if [ "$name" = limit-null ]; then cpu=0; maxrss=0; status=exit:0; t_exit=$(kv t_end "$wout"); fi
     [ "$status" = exit:0 ] || note+="status=$status;"
 
     local -a files=()
     mapfile -t files < <(list_files "$name" "$dir")
     local vout="" verdict=EMPTY lost=$wbytes xsplit=0 kept=0 vflags=() f sz
-    [ "$name" = cat ] && vflags+=(-a)
+    case $name in cat | limit-file | limit-tee) vflags+=(-a) ;; esac
     [ "$name" = rotatelogs ] && vflags+=(-c)
     if [ ${#files[@]} -gt 0 ] && [ "$wbytes" -gt 0 ]; then
         vout=$("$BIN/verify" -l "$LLEN" -t $((wbytes / LLEN)) "${vflags[@]+"${vflags[@]}"}" "${files[@]}" 2>>"$log" || true)
         verdict=$(kv verdict "$vout"); lost=$(kv lost_bytes "$vout"); xsplit=$(kv xsplit "$vout"); kept=$(kv bytes "$vout")
+    fi
+    if [ "$name" = limit-null ] || [ "$name" = limit-pipe ]; then
+        # No file: the count is the check (the sink's bytes, or the writer's
+        # own into /dev/null).
+        local sb=$wbytes
+        [ "$name" = limit-null ] || sb=$(sed -n 's/^sink: bytes=//p' "$log" | tail -1)
+        if [ "${sb:-0}" = "$wbytes" ] && [ "$wbytes" -gt 0 ]; then verdict=OK-count; lost=0; else verdict=LOSS; lost=$((wbytes - ${sb:-0})); fi
     fi
     echo "verify: $vout" >>"$log"
     ls -l "$dir" >>"$log" 2>&1
@@ -480,6 +524,7 @@ summarize() {
             }
             print ""
         }
+        limits()
         print "## targets (performance issue), as ratios within this run"
         print ""
         print "| target | measured | goal | result |"
@@ -505,6 +550,31 @@ summarize() {
         print "newest lines, contiguous, older ones rotated away; LOSS/DUP/REORDER/TORN; for logmon also SPLIT (a line"
         print "cut across two files), OVERSIZE, TOO-MANY-FILES.  cat does not rotate (the throughput baseline)."
     }
+    # Every logger against the machine limits measured in this same run:
+    # write MB/s as a fraction of each limits (1.00 = at the limit).
+    function limits(    m, mode, l, k, kn, kp, kf, any) {
+        any = 0
+        for (m = 1; m <= NM; m++) for (l = 1; l <= NL; l++) if (ORD[l] ~ /^limit-/ && (MO[m] SUBSEP ORD[l]) in HAVE) any = 1
+        if (!any) return
+        print "## against the machine limits, same run (write MB/s / the limit write MB/s)"
+        print ""
+        print "limit-null: the writer alone into /dev/null (the task syscall cost); limit-pipe: into a FIFO enlarged like"
+        print "logmon (pipe-max-size), spliced into /dev/null by benches/tools/sink.c (the pipe limit); limit-file: the same reader splicing"
+        print "into one growing file, no rotation (the pipe -> file limit)."
+        print ""
+        print "| mode | logger | write MB/s | / limit-null | / limit-pipe | / limit-file | CPU s/GB |"
+        print "|---|---|---|---|---|---|---|"
+        for (m = 1; m <= NM; m++) {
+            mode = MO[m]; kn = mode SUBSEP "limit-null"; kp = mode SUBSEP "limit-pipe"; kf = mode SUBSEP "limit-file"
+            for (l = 1; l <= NL; l++) {
+                k = mode SUBSEP ORD[l]
+                if (!(k in HAVE)) continue
+                printf "| %s | %s | %.1f | %s | %s | %s | %.2f |\n", mode, ORD[l], W[k], lr(W[k], W[kn], kn), lr(W[k], W[kp], kp), lr(W[k], W[kf], kf), C[k]
+            }
+        }
+        print ""
+    }
+    function lr(a, b, kb) { return ((kb in HAVE) && b + 0 > 0) ? sprintf("%.2f", a / b) : "n/a" }
     # Before/after: logmon (this tree) against logmon-base (LOGMON_BASE), run
     # interleaved in the same repetitions; every repetition shown for the spread.
     function cmp_base(    m, ka, kb, i, q, nm, lbl, agg, va, vb, a, b, f) {

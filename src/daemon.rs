@@ -291,11 +291,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     let mut inherited = systemd::InheritedFds::from_env()?;
     // The one walk of the operator's paths: from here on every name is
     // resolved through these descriptors.
-    let log_dir = Arc::new(
-        Dir::open(&cfg.log_dir).map_err(|_| RotateError::MissingDir {
-            path: cfg.log_dir.clone(),
-        })?,
-    );
+    let log_dir = Arc::new(Dir::open_log_dir(&cfg.log_dir).map_err(RotateError::from)?);
     let mut dirs = Dirs {
         log: log_dir.clone(),
         others: Vec::new(),

@@ -151,7 +151,44 @@ pub struct Dir {
 /// Whether `openat2` exists here (Linux ≥ 5.6); learnt at the first call.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
+/// Why the log directory could not be opened ([`Dir::open_log_dir`]):
+/// the one check of `--log-dir`, shared by `run`, `ensure`/`exec` (before
+/// anything is launched) and `logs`.
+#[derive(Debug, thiserror::Error)]
+pub enum LogDirError {
+    /// Nothing at the path, or not a directory.
+    #[error("log directory {} does not exist or is not a directory: create it first, or check --log-dir", path.display())]
+    Missing {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// It is there but cannot be opened (permissions, I/O).
+    #[error("cannot open log directory {}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
 impl Dir {
+    /// Opens the log directory at `path` (the one walk of its path); a
+    /// missing one, or a non-directory, is [`LogDirError::Missing`].
+    pub fn open_log_dir(path: &Path) -> Result<Dir, LogDirError> {
+        Dir::open(path).map_err(|source| match source.raw_os_error() {
+            Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
+                LogDirError::Missing {
+                    path: path.to_path_buf(),
+                }
+            }
+            _ => LogDirError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        })
+    }
+
     /// Opens the directory at `path`. The operator's path is trusted and
     /// resolved once, here; its parent is opened too (for [`Dir::recreate`]).
     pub fn open(path: &Path) -> io::Result<Dir> {

@@ -130,12 +130,9 @@ const BACK_BLOCK: usize = 64 * 1024;
 /// An error of the reader, naming the path involved.
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
-    /// The log directory does not exist or is not a directory.
-    #[error("log directory {} does not exist or is not a directory", path.display())]
-    MissingDir {
-        /// The directory.
-        path: PathBuf,
-    },
+    /// The log directory is missing or cannot be opened.
+    #[error(transparent)]
+    LogDir(#[from] crate::dir::LogDirError),
     /// Listing the directory or reading a file failed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {
@@ -608,24 +605,6 @@ fn open_checked(dir: &Dir, name: &str) -> io::Result<Opened> {
     })
 }
 
-/// Opens the log directory at `dir` as a [`Dir`] (the one walk of its
-/// path), for [`Follower::open_dir`]; a missing one is
-/// [`FollowError::MissingDir`].
-pub fn open_log_dir(dir: &Path) -> Result<Dir, FollowError> {
-    Dir::open(dir).map_err(|source| match source.raw_os_error() {
-        Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
-            FollowError::MissingDir {
-                path: dir.to_path_buf(),
-            }
-        }
-        _ => FollowError::Io {
-            action: "open",
-            path: dir.to_path_buf(),
-            source,
-        },
-    })
-}
-
 /// Reads (and, with [`Options::follow`], follows) one stream of a task
 /// across its numbered files. See the [module docs](self) for the
 /// guarantees.
@@ -661,7 +640,7 @@ impl Follower {
         stream: Stream,
         opts: Options,
     ) -> Result<Self, FollowError> {
-        Self::open_dir(Arc::new(open_log_dir(dir)?), task, stream, opts)
+        Self::open_dir(Arc::new(Dir::open_log_dir(dir)?), task, stream, opts)
     }
 
     /// Opens `stream` of `task` in an open directory. With `opts.follow`
@@ -1506,7 +1485,10 @@ mod tests {
             Options::default(),
         )
         .unwrap_err();
-        assert!(matches!(err, FollowError::MissingDir { .. }));
+        assert!(matches!(
+            err,
+            FollowError::LogDir(crate::dir::LogDirError::Missing { .. })
+        ));
     }
 
     #[test]

@@ -69,12 +69,9 @@ use crate::index::{self, IndexWriter};
 /// An error of the rotated-files layer, naming the path involved.
 #[derive(Debug, thiserror::Error)]
 pub enum RotateError {
-    /// The log directory does not exist or is not a directory.
-    #[error("log directory {path} does not exist or is not a directory: create it first")]
-    MissingDir {
-        /// The directory.
-        path: PathBuf,
-    },
+    /// The log directory is missing or cannot be opened.
+    #[error(transparent)]
+    LogDir(#[from] crate::dir::LogDirError),
     /// Any other I/O failure on a log file or the directory.
     #[error("{action} {path}: {source}")]
     Io {
@@ -279,9 +276,7 @@ impl Rotator {
         max_files: u32,
         limit: u64,
     ) -> Result<Self, RotateError> {
-        let d = Dir::open(dir).map_err(|_| RotateError::MissingDir {
-            path: dir.to_owned(),
-        })?;
+        let d = Dir::open_log_dir(dir)?;
         Rotator::open_in(Arc::new(d), task, stream, max_files, limit)
     }
 
@@ -1030,7 +1025,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let err =
             Rotator::open(&d.path().join("nope"), &task(), Stream::Stdout, 3, 10).unwrap_err();
-        assert!(matches!(err, RotateError::MissingDir { .. }));
+        assert!(matches!(
+            err,
+            RotateError::LogDir(crate::dir::LogDirError::Missing { .. })
+        ));
         assert!(err.to_string().contains("nope"));
     }
 

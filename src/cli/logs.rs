@@ -44,7 +44,8 @@ use tokio::io::Interest;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Stream;
-use crate::follow::{open_log_dir, Event, FollowError, Follower, Options, Start};
+use crate::dir::{Dir, LogDirError};
+use crate::follow::{Event, FollowError, Follower, Options, Start};
 use crate::timeline::{
     locate_since, now_ns, parse_time, Assembler, CursorFile, CursorState, Format, Piece, Stamper,
     StreamCursor, Style, PARTIAL_WAIT,
@@ -80,7 +81,11 @@ pub fn run(a: &LogsArgs) -> CliResult {
     // The one walk of the path; confined to that very directory (not to
     // whatever the path names by then), before the runtime and the
     // `notify` thread exist (DESIGN.md §9, §10).
-    let dir = Arc::new(open_log_dir(&a.log_dir).map_err(cli_error)?);
+    let dir = Arc::new(
+        Dir::open_log_dir(&a.log_dir)
+            .map_err(FollowError::from)
+            .map_err(cli_error)?,
+    );
     crate::sandbox::confine(&crate::sandbox::Policy::logs(&dir));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -94,7 +99,7 @@ pub fn run(a: &LogsArgs) -> CliResult {
 
 fn cli_error(e: FollowError) -> CliError {
     let code = match e {
-        FollowError::MissingDir { .. } => EXIT_USAGE,
+        FollowError::LogDir(LogDirError::Missing { .. }) => EXIT_USAGE,
         _ => EXIT_FAILURE,
     };
     CliError::new(code, e)
@@ -254,7 +259,11 @@ fn run_timeline(a: &LogsArgs) -> CliResult {
         .map(|s| parse_time(s, now))
         .transpose()
         .map_err(usage)?;
-    let dir = Arc::new(open_log_dir(&a.log_dir).map_err(cli_error)?);
+    let dir = Arc::new(
+        Dir::open_log_dir(&a.log_dir)
+            .map_err(FollowError::from)
+            .map_err(cli_error)?,
+    );
     let cursor = match &a.cursor {
         Some(p) => Some(CursorFile::open(p).map_err(|e| CliError::new(EXIT_FAILURE, e))?),
         None => None,

@@ -79,7 +79,7 @@ pub(crate) fn exit_code_daemon(e: &crate::daemon::DaemonError) -> i32 {
     use crate::server::SocketError as S;
     match e {
         D::Config(_)
-        | D::Rotate(R::MissingDir { .. })
+        | D::Rotate(R::LogDir(crate::dir::LogDirError::Missing { .. }))
         | D::Fifo(F::NotFifo { .. } | F::Symlink(_))
         | D::Socket(S::NotASocket { .. } | S::NameTooLong { .. } | S::InUse { .. }) => EXIT_USAGE,
         _ => EXIT_FAILURE,
@@ -391,16 +391,12 @@ pub struct ExecArgs {
 
 /// Refuses a missing log directory before anything is launched (exit 2).
 fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
-    if cfg.log_dir.is_dir() {
-        return Ok(());
+    use crate::dir::{Dir, LogDirError};
+    match Dir::open_log_dir(&cfg.log_dir) {
+        Ok(_) => Ok(()),
+        Err(e @ LogDirError::Missing { .. }) => Err(CliError::new(EXIT_USAGE, e)),
+        Err(e) => Err(CliError::new(EXIT_FAILURE, e)),
     }
-    Err(CliError::new(
-        EXIT_USAGE,
-        format!(
-            "log directory {} does not exist or is not a directory: create it first",
-            cfg.log_dir.display()
-        ),
-    ))
 }
 
 /// Creates the FIFOs, or refuses a path that is not one (exit 2), before a

@@ -12,6 +12,11 @@
 //! there, which must be its own `harness = false` binary because the probe
 //! that confines itself must be a single-threaded process.
 //!
+//! A file written for the old layout (`tests/<area>.rs` with `mod common;`,
+//! e.g. from a branch that predates this crate) moves in with
+//! `git mv tests/<area>.rs tests/it/`, a `mod <area>;` line below, and
+//! `common` renamed `crate::support` in its `use` lines and paths.
+//!
 //! Run one area: `cargo test --test it capture::` (a module path filters).
 
 mod support;

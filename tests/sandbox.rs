@@ -25,7 +25,10 @@
 //!   socket in a directory of its own unlinked at stop
 //!   (`a_socket_in_another_directory_is_removed_at_stop`).
 
-mod common;
+// The integration tests' helpers; this binary uses only some of them.
+#[allow(dead_code)]
+#[path = "it/support.rs"]
+mod support;
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -34,9 +37,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use logmon::config::Stream;
 use nix::sys::signal::Signal;
+use support::*;
 
 type Test = (&'static str, fn());
 

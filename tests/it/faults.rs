@@ -16,7 +16,7 @@
 //! reverse declaration order: daemon first, then the mount), even when an
 //! assertion fails.
 
-mod common;
+use crate::support;
 
 use std::fs::File;
 use std::io::Write;
@@ -26,7 +26,9 @@ use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{assert_numbered, numbered_line, read_stream, wait_until, write_numbered, Daemon};
+use crate::support::{
+    assert_numbered, numbered, numbered_line, read_stream, stop, wait_until, write_numbered, Daemon,
+};
 use logmon::capture::{StreamStats, WRITE_RETRY};
 use logmon::client::Handle;
 use logmon::config::Stream;
@@ -106,7 +108,7 @@ fn start(lay: &Layout, extra: &[&str], fsize: Option<u64>) -> Daemon {
         .append(true)
         .open(lay.daemon_log())
         .unwrap();
-    let mut cmd = common::logmon(&args);
+    let mut cmd = support::logmon(&args);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     if let Some(limit) = fsize {
         // SAFETY: setrlimit is async-signal-safe; no allocation happens
@@ -154,18 +156,6 @@ fn wait_accounted(lay: &Layout, total: u64) -> StreamStats {
         "more bytes accounted than written: {last:?}"
     );
     last
-}
-
-/// SIGTERMs the daemon and checks it exits 0.
-fn stop(d: Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait(), Some(0), "logmon run must exit 0 on SIGTERM");
-}
-
-fn numbered(from: u64, to: u64) -> Vec<u8> {
-    (from..to)
-        .flat_map(|i| numbered_line(i).into_bytes())
-        .collect()
 }
 
 /// Runs `prog args`, returning whether it succeeded (its output is shown on
@@ -700,7 +690,7 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
     // The capture-time index and the high-water mark follow into the
     // recreated directory: every file there has a sound index, and the
     // mark names the newest file.
-    let kept = common::indices(&lay.logs, TASK, Stream::Stdout);
+    let kept = support::indices(&lay.logs, TASK, Stream::Stdout);
     for &n in &kept {
         let len = std::fs::metadata(lay.file(Stream::Stdout, n))
             .unwrap()
@@ -769,7 +759,7 @@ fn log_dir_swapped_for_a_symlink_mid_run_is_not_followed() {
     stop(dm);
     assert_eq!(decoys(&target), before, "the symlink's target was touched");
     let got = read_stream(&moved, TASK, Stream::Stdout);
-    assert_eq!(common::indices(&moved, TASK, Stream::Stdout).len(), 3);
+    assert_eq!(support::indices(&moved, TASK, Stream::Stdout).len(), 3);
     assert_numbered(&got, first_number(&got), 600);
 }
 

@@ -6,30 +6,27 @@
 //! Every process started here is killed by a guard (`Daemon`, `Detached`,
 //! `Kill`), SIGSTOPped ones included (SIGKILL works on stopped processes).
 
-mod common;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{
-    assert_numbered, bin, kill_checked, logmon, numbered_line, read_stream, wait_until,
-    write_numbered, Daemon, Detached,
+use crate::support::{
+    assert_exit, assert_exit_naming, assert_failed_naming, assert_numbered, bin, cli, finish,
+    kill_checked, logmon, numbered_line, read_stream, text, wait_until, write_numbered, Daemon,
+    Detached, PATIENCE,
 };
 use logmon::client::{self, Handle, Program, ReattachError};
 use logmon::config::{CaptureConfig, Stream, TaskName};
 use logmon::process;
 use logmon::protocol::{self, ReattachConfig, Request, Response, Welcome, PROTOCOL_VERSION};
 use nix::sys::signal::Signal;
-
-/// Upper bound for anything that must finish: a bound against hangs, never
-/// a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 const LINE: usize = 56;
 
@@ -61,33 +58,6 @@ impl Drop for Kill {
         }
         let _ = self.0.wait();
     }
-}
-
-/// Runs a short-lived command to completion; panics (after killing it) if
-/// it is still running after [`PATIENCE`].
-fn finish(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let done = wait_until(PATIENCE, || matches!(child.try_wait(), Ok(Some(_))));
-    if !done {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("{cmd:?} did not finish (hang)");
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// Runs `logmon ARGS…` to completion.
-fn cli(args: &[&str]) -> Output {
-    finish(logmon(args))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn write_state(path: &Path, rc: &ReattachConfig) {
@@ -136,7 +106,7 @@ fn assert_no_file(path: &Path) {
 }
 
 fn stdout_fifo(dir: &Path, task: &str) -> PathBuf {
-    common::fifo(dir, task, Stream::Stdout)
+    support::fifo(dir, task, Stream::Stdout)
 }
 
 /// Waits until `n` numbered lines are in the stdout files.
@@ -426,12 +396,7 @@ fn killed_launched_daemon_is_process_gone() {
     let state = dir.path().join("state.json");
     write_state(&state, &rc);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("ProcessGone"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "ProcessGone");
 }
 
 /// Check 2a, zombie variant: a killed daemon whose parent has not reaped
@@ -495,12 +460,7 @@ fn forged_start_time_is_pid_reused() {
     let state = dir.path().join("state.json");
     write_state(&state, &forged);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("PidReused"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "PidReused");
     // The real daemon was not disturbed.
     reattach_ok(&d.ready).ping().unwrap();
 }
@@ -523,12 +483,7 @@ fn removed_or_renamed_socket_is_socket_gone() {
     let state = dir.path().join("state.json");
     write_state(&state, &rc);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("SocketGone"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "SocketGone");
 
     // A regular file where the socket was.
     std::fs::write(&rc.socket, b"not a socket").unwrap();
@@ -621,20 +576,10 @@ time.sleep(120)
     let state = dir.path().join("state.json");
     write_state(&state, &d.ready);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("PeerMismatch"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "PeerMismatch");
     // status through the state refuses the squatter too.
     let out = cli(&["status", "--state", state.to_str().unwrap()]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains("PeerMismatch"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_failed_naming(&out, "PeerMismatch");
 }
 
 /// Check 5a: a SIGSTOPped daemon accepts the connection in the kernel but
@@ -678,26 +623,11 @@ fn stopped_daemon_is_unresponsive_not_a_hang() {
     let state = dir.path().join("state.json");
     write_state(&state, &rc);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("Unresponsive"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "Unresponsive");
     let out = cli(&["status", "--state", state.to_str().unwrap()]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains("Unresponsive"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_failed_naming(&out, "Unresponsive");
     let out = cli(&["stop", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("Unresponsive"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "Unresponsive");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut early = early;
@@ -750,12 +680,7 @@ fn forged_instance_is_instance_mismatch() {
     let state = dir.path().join("state.json");
     write_state(&state, &forged);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("InstanceMismatch"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "InstanceMismatch");
 
     // A server that passes checks 2–4 but names another pid in Welcome.
     let sock = dir.path().join("fake.sock");
@@ -801,12 +726,7 @@ fn other_protocol_is_protocol_mismatch() {
     let state = dir.path().join("state.json");
     write_state(&state, &future);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stderr).contains("ProtocolMismatch"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 75, "ProtocolMismatch");
 
     // A server that refuses our protocol.
     let sock = dir.path().join("refuse.sock");
@@ -957,7 +877,7 @@ fn launched_daemon_outlives_its_launcher() {
     );
 
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     assert!(
         text(&out.stdout).contains(&rc.instance),
         "{}",
@@ -966,7 +886,7 @@ fn launched_daemon_outlives_its_launcher() {
 
     write_numbered(&stdout_fifo(dir.path(), "t"), 0, 1000);
     let out = cli(&["stop", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     assert!(!alive(&rc));
     assert_numbered(&read_stream(dir.path(), "t", Stream::Stdout), 0, 1000);
 }
@@ -984,7 +904,7 @@ fn cli_launch_then_reattach_exit_codes() {
         "--log-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     let printed = text(&out.stdout);
     assert_eq!(printed.lines().count(), 1, "{printed:?}");
     let v: serde_json::Value = serde_json::from_str(printed.trim()).unwrap();
@@ -1001,16 +921,12 @@ fn cli_launch_then_reattach_exit_codes() {
     let state = dir.path().join("state.json");
     std::fs::write(&state, printed.as_bytes()).unwrap();
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
 
     kill_checked(&rc);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(75));
-    let err = text(&out.stderr);
-    assert!(
-        err.contains("ProcessGone") && err.contains(&rc.pid.to_string()),
-        "{err}"
-    );
+    let err = assert_exit_naming(&out, 75, "ProcessGone");
+    assert!(err.contains(&rc.pid.to_string()), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
 
     // A missing log dir is a usage error, not a launch.
@@ -1021,7 +937,7 @@ fn cli_launch_then_reattach_exit_codes() {
         "--log-dir",
         "/nonexistent/logmon-test",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_exit(&out, 2);
 }
 
 /// `logmon status` prints the stats as one JSON object with the fields of
@@ -1035,7 +951,7 @@ fn cli_status_prints_stats_json() {
     write_numbered(&stdout_fifo(dir.path(), "t"), 0, 300);
     let status = |args: &[&str]| -> serde_json::Value {
         let out = cli(args);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_exit(&out, 0);
         let s = text(&out.stdout);
         assert_eq!(s.lines().count(), 1, "{s:?}");
         serde_json::from_str(s.trim()).unwrap()
@@ -1078,12 +994,7 @@ fn cli_status_prints_stats_json() {
         "--socket",
         dir.path().join("none.sock").to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("none.sock"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_naming(&out, 1, "none.sock");
 }
 
 /// `logmon stop` drains the pipe, flushes, waits for the exit, and the
@@ -1100,7 +1011,7 @@ fn cli_stop_drains_and_waits_for_exit() {
     // the pipe, when stop is asked.
     write_numbered(&stdout_fifo(dir.path(), "a"), 0, 30000);
     let out = cli(&["stop", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     assert!(text(&out.stdout).contains(&rc.pid.to_string()));
     assert!(!alive(&rc), "stop returned before the daemon exited");
     assert_no_file(&rc.socket);
@@ -1108,12 +1019,10 @@ fn cli_stop_drains_and_waits_for_exit() {
     // Stopping again: it is gone, which is success, said on stderr
     // (issue #19: exit 0, was 75).
     let out = cli(&["stop", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0));
+    let err = assert_exit(&out, 0);
     assert!(
-        text(&out.stderr).starts_with("logmon: note: ProcessGone")
-            && text(&out.stderr).contains("already stopped"),
-        "{}",
-        text(&out.stderr)
+        err.starts_with("logmon: note: ProcessGone") && err.contains("already stopped"),
+        "{err}"
     );
 
     let mut d = Daemon::start(dir.path(), "b", &[]);
@@ -1125,7 +1034,7 @@ fn cli_stop_drains_and_waits_for_exit() {
         .write_all(b"partial")
         .unwrap();
     let out = cli(&["stop", "--socket", d.ready.socket.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     let status = d.child.try_wait().unwrap();
     assert_eq!(
         status.and_then(|s| s.code()),
@@ -1160,7 +1069,7 @@ fn long_socket_path_works_for_run_status_and_stop() {
     let state = dir.path().join("state.json");
     write_state(&state, &d.ready);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     write_numbered(&stdout_fifo(dir.path(), "t"), 0, 10);
     for target in [
         ["--state", state.to_str().unwrap()],
@@ -1168,14 +1077,14 @@ fn long_socket_path_works_for_run_status_and_stop() {
     ] {
         let ok = wait_until(PATIENCE, || {
             let out = cli(&["status", target[0], target[1]]);
-            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            assert_exit(&out, 0);
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             v["stdout"]["bytes_captured"] == 10 * LINE as u64
         });
         assert!(ok);
     }
     let out = cli(&["stop", "--socket", sock.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     assert_eq!(d.child.try_wait().unwrap().and_then(|s| s.code()), Some(0));
     assert_no_file(&sock);
     assert_numbered(&read_stream(dir.path(), "t", Stream::Stdout), 0, 10);

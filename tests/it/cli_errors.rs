@@ -3,7 +3,7 @@
 //! usage and configuration errors (1 for the rest), nothing on stdout, no
 //! panic, no backtrace, and nothing on disk touched.
 
-mod common;
+use crate::support;
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
@@ -23,7 +23,7 @@ struct Failure {
 /// its own, nothing on stdout, exactly one non-empty line on stderr, no
 /// panic, no backtrace.
 fn fails(args: &[&str], env: &[(&str, &str)]) -> Failure {
-    let mut cmd = common::logmon(args);
+    let mut cmd = support::logmon(args);
     cmd.env("RUST_BACKTRACE", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -32,7 +32,7 @@ fn fails(args: &[&str], env: &[(&str, &str)]) -> Failure {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    let exited = common::wait_until(Duration::from_secs(30), || {
+    let exited = support::wait_until(Duration::from_secs(30), || {
         child.try_wait().unwrap().is_some()
     });
     if !exited {
@@ -317,14 +317,14 @@ fn fifo_path_that_is_a_regular_file_exits_2_naming_it_and_keeps_the_file() {
             b"precious\n",
             "the file was changed"
         );
-        assert!(common::indices(d.path(), "t", Stream::Stdout).is_empty());
+        assert!(support::indices(d.path(), "t", Stream::Stdout).is_empty());
     }
 }
 
 #[test]
 fn default_fifo_path_taken_by_a_regular_file_exits_2_and_keeps_it() {
     let d = tempfile::tempdir().unwrap();
-    let path = common::fifo(d.path(), "t", Stream::Stderr);
+    let path = support::fifo(d.path(), "t", Stream::Stderr);
     std::fs::write(&path, b"precious\n").unwrap();
     assert_error(&capture_args("run", s(d.path()), &[]), 2, s(&path));
     assert_eq!(std::fs::read(&path).unwrap(), b"precious\n");

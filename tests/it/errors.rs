@@ -14,8 +14,6 @@
 //! configuration (nothing started), 1 runtime failure, 75 retrying later
 //! can help.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
@@ -23,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::support::*;
 use logmon::protocol::ReattachConfig;
 
 const NOBODY: u32 = 65534;
@@ -63,7 +61,7 @@ impl World {
         let out = logmon(&["launch", "--task", task, "--log-dir", &self.logs()])
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_exit(&out, 0);
         let rc: ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
         self.launched.push(Detached(rc.clone()));
         rc
@@ -160,10 +158,6 @@ impl Drop for World {
             let _ = Command::new("umount").arg("-l").arg(m).status();
         }
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Where the command's stdout goes.

@@ -7,13 +7,11 @@
 //! killed at random points and restarted from its cursor loses nothing and
 //! repeats at most its last write.
 
-mod common;
-
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, UNIX_EPOCH};
 
-use common::logmon;
+use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
 use logmon::index::{header, index_name, Index, Record, Stamp};
 use logmon::timeline::{format_rfc3339, parse_rfc3339};
@@ -187,12 +185,6 @@ fn build(
         }
     }
     lines
-}
-
-fn logs(dir: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["logs", "--task", "web", "--log-dir", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    logmon(&args).output().unwrap()
 }
 
 fn stamped(l: &Line, tag: bool) -> String {

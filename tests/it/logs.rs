@@ -7,7 +7,7 @@
 //! checks what a user would: the bytes printed, the notices on stderr, the
 //! exit code. Every process started is killed on drop.
 
-mod common;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{logmon, wait_until, Daemon};
+use crate::support::{assert_exit, logmon, logs, wait_until, Daemon};
 use logmon::config::Stream;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -35,13 +35,6 @@ fn append(dir: &Path, name: &str, bytes: &[u8]) {
         .open(dir.join(name))
         .unwrap();
     f.write_all(bytes).unwrap();
-}
-
-/// `logmon logs --log-dir DIR --task web EXTRA…`, to completion.
-fn logs(dir: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["logs", "--log-dir", dir.to_str().unwrap(), "--task", "web"];
-    args.extend_from_slice(extra);
-    logmon(&args).stdin(Stdio::null()).output().unwrap()
 }
 
 /// Spawns `logmon logs … EXTRA…` with piped stdout and stderr.
@@ -209,22 +202,22 @@ fn follower_started_before_the_writer_outputs_every_byte() {
         &["--max-file-size", "4KiB", "--max-files", "100000"],
     );
     let lines = 6000;
-    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 0, lines);
+    support::write_numbered(&support::fifo(d.path(), "web", Stream::Stdout), 0, lines);
     let input: Vec<u8> = (0..lines)
-        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .flat_map(|i| support::numbered_line(i).into_bytes())
         .collect();
     follow.expect_output(&input);
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait(), Some(0));
     // The writer really rotated every 4 KiB, and the files hold the input.
-    let files = common::files(d.path(), "web", Stream::Stdout);
+    let files = support::files(d.path(), "web", Stream::Stdout);
     assert!(files.len() > 50, "only {} files", files.len());
     assert!(files.iter().all(|(_, b)| b.len() <= 4096));
-    assert_eq!(common::read_stream(d.path(), "web", Stream::Stdout), input);
+    assert_eq!(support::read_stream(d.path(), "web", Stream::Stdout), input);
     let (code, out, err) = follow.interrupt();
     assert_eq!(code, Some(0), "Ctrl-C exits 0");
     assert!(out == input, "output differs from input");
-    common::assert_numbered(&out, 0, lines);
+    support::assert_numbered(&out, 0, lines);
     assert_eq!(err, "");
 }
 
@@ -283,8 +276,7 @@ fn an_empty_log_prints_nothing_and_exits_0() {
 fn a_missing_log_dir_exits_2_with_one_line() {
     let d = tempfile::tempdir().unwrap();
     let o = logs(&d.path().join("nope"), &[]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8(o.stderr).unwrap();
+    let err = assert_exit(&o, 2);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.contains("nope") && err.contains("does not exist"),
@@ -345,7 +337,7 @@ fn purged_file_mid_follow_reports_the_skipped_bytes() {
     // File 0 is far larger than what the stdout pipe can hold, so the
     // follower is stuck in file 0 until the test reads its output.
     let zero: Vec<u8> = (0..20_000u64)
-        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .flat_map(|i| support::numbered_line(i).into_bytes())
         .collect();
     let one = vec![b'1'; 12_345];
     put(d.path(), "web.stdout.0", &zero);
@@ -385,9 +377,9 @@ fn falling_behind_a_purging_daemon_loses_only_whole_reported_files() {
         "web",
         &["--max-file-size", "4KiB", "--max-files", "3"],
     );
-    let line_len = common::numbered_line(0).len();
-    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 0, 100);
-    assert!(wait_until(TIMEOUT, || common::read_stream(
+    let line_len = support::numbered_line(0).len();
+    support::write_numbered(&support::fifo(d.path(), "web", Stream::Stdout), 0, 100);
+    assert!(wait_until(TIMEOUT, || support::read_stream(
         d.path(),
         "web",
         Stream::Stdout
@@ -402,18 +394,18 @@ fn falling_behind_a_purging_daemon_loses_only_whole_reported_files() {
     // While the follower's output is not read, the daemon rotates far past
     // it and purges everything it has not opened yet.
     let lines = 40_000u64;
-    common::write_numbered(&common::fifo(d.path(), "web", Stream::Stdout), 100, lines);
+    support::write_numbered(&support::fifo(d.path(), "web", Stream::Stdout), 100, lines);
     let total = lines as usize * line_len;
     // The last line is on disk: nothing more will be written.
-    let last_line = common::numbered_line(lines - 1);
+    let last_line = support::numbered_line(lines - 1);
     assert!(wait_until(TIMEOUT, || {
         // Files may be purged while listed: read the newest, tolerantly.
-        let top = common::indices(d.path(), "web", Stream::Stdout).pop();
+        let top = support::indices(d.path(), "web", Stream::Stdout).pop();
         top.and_then(|n| std::fs::read(d.path().join(format!("web.stdout.{n}"))).ok())
             .is_some_and(|b| b.ends_with(last_line.as_bytes()))
     }));
     let follow = Follow::adopt(child, stdout, stderr, first);
-    let tail = common::read_stream(d.path(), "web", Stream::Stdout);
+    let tail = support::read_stream(d.path(), "web", Stream::Stdout);
     // Wait until the output ends with everything still on disk.
     assert!(
         wait_until(TIMEOUT, || follow.out().ends_with(&tail)),
@@ -431,7 +423,7 @@ fn falling_behind_a_purging_daemon_loses_only_whole_reported_files() {
     let mut gaps = 0;
     for line in text.split_inclusive('\n') {
         let n: u64 = line[5..14].parse().unwrap();
-        assert_eq!(line, common::numbered_line(n));
+        assert_eq!(line, support::numbered_line(n));
         assert!(n >= next, "line {n} after {next}: out of order or repeated");
         if n > next {
             gaps += 1;
@@ -498,7 +490,7 @@ fn a_closed_stdout_ends_logs_cleanly() {
     let d = tempfile::tempdir().unwrap();
     // `logmon logs | head`: the reader goes away mid-output.
     let big: Vec<u8> = (0..100_000u64)
-        .flat_map(|i| common::numbered_line(i).into_bytes())
+        .flat_map(|i| support::numbered_line(i).into_bytes())
         .collect();
     put(d.path(), "web.stdout.0", &big);
     put(d.path(), "web.stdout.1", &big);
@@ -522,9 +514,9 @@ fn a_closed_stdout_ends_logs_cleanly() {
     let mut child = spawn_logs(d.path(), &["-f", "-n", "1"]);
     let guard = KillOnDrop(&mut child);
     let mut stdout = guard.0.stdout.take().unwrap();
-    let mut line = vec![0u8; common::numbered_line(0).len()];
+    let mut line = vec![0u8; support::numbered_line(0).len()];
     stdout.read_exact(&mut line).unwrap();
-    assert_eq!(line, common::numbered_line(99_999).as_bytes());
+    assert_eq!(line, support::numbered_line(99_999).as_bytes());
     drop(stdout);
     assert!(
         wait_until(TIMEOUT, || matches!(guard.0.try_wait(), Ok(Some(_)))),

@@ -5,7 +5,7 @@
 //! lines through the FIFO; afterwards every line is in the files exactly
 //! once, the daemon still runs, never panicked, and `status` still answers.
 
-mod common;
+use crate::support;
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
@@ -19,14 +19,13 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{assert_numbered, logmon, numbered_line, read_stream, wait_until, Daemon};
+use crate::support::{
+    assert_exit, assert_exit_naming, assert_failed_naming, assert_numbered, cli, logmon,
+    numbered_line, read_stream, wait_until, Daemon, PATIENCE,
+};
 use logmon::client::{self, Handle, ReattachError};
 use logmon::config::Stream;
 use logmon::protocol::{self, ReattachConfig, Request, Response, MAX_FRAME, PROTOCOL_VERSION};
-
-/// Upper bound for anything that must happen: a bound against hangs, never
-/// a timing assertion.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 const LINE: u64 = 56;
 const TASK: &str = "t";
@@ -71,7 +70,7 @@ impl Capture {
             &["--max-file-size", "256KiB", "--max-files", "100000"],
         );
         let stop = Arc::new(AtomicBool::new(false));
-        let fifo = common::fifo(dir.path(), TASK, Stream::Stdout);
+        let fifo = support::fifo(dir.path(), TASK, Stream::Stdout);
         let flag = stop.clone();
         let writer = std::thread::spawn(move || {
             let mut w = std::io::BufWriter::with_capacity(
@@ -160,7 +159,7 @@ impl Capture {
             "the daemon exited"
         );
         let out = cli(&["status", "--socket", self.socket().to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_exit(&out, 0);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["stdout"]["bytes_captured"], n * LINE);
         assert_eq!(v["stdout"]["bytes_dropped"], 0);
@@ -208,30 +207,6 @@ fn frame_of(payload: &[u8]) -> Vec<u8> {
     let mut v = (payload.len() as u32).to_be_bytes().to_vec();
     v.extend_from_slice(payload);
     v
-}
-
-/// Runs a short-lived command to completion (hang-guarded).
-fn finish_cmd(mut cmd: std::process::Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    if !wait_until(PATIENCE, || matches!(child.try_wait(), Ok(Some(_)))) {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("{cmd:?} did not finish (hang)");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn cli(args: &[&str]) -> Output {
-    finish_cmd(logmon(args))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Runs `logmon run ARGS…`, which must fail before it is ready: if it prints
@@ -744,9 +719,7 @@ fn regular_file_at_socket_path_is_a_clear_error() {
     let sock = dir.path().join(".t.logmon.sock");
     std::fs::write(&sock, b"precious").unwrap();
     let out = run_must_fail(&["--task", TASK, "--log-dir", d]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
-    assert!(err.contains(sock.to_str().unwrap()), "{err}");
+    assert_exit_naming(&out, 2, sock.to_str().unwrap());
     assert!(out.stdout.is_empty());
     assert_eq!(std::fs::read(&sock).unwrap(), b"precious");
 
@@ -761,15 +734,9 @@ fn regular_file_at_socket_path_is_a_clear_error() {
         "--socket",
         other.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains(other.to_str().unwrap()));
+    assert_exit_naming(&out, 2, other.to_str().unwrap());
     let out = cli(&["launch", "--task", TASK, "--log-dir", d]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains(sock.to_str().unwrap()),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_failed_naming(&out, sock.to_str().unwrap());
     assert_eq!(std::fs::read(&other).unwrap(), b"also precious");
     assert_eq!(std::fs::read(&sock).unwrap(), b"precious");
 }
@@ -779,14 +746,14 @@ fn regular_file_at_socket_path_is_a_clear_error() {
 #[test]
 fn stale_socket_of_a_killed_daemon_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let fifo = common::fifo(dir.path(), TASK, Stream::Stdout);
+    let fifo = support::fifo(dir.path(), TASK, Stream::Stdout);
     // The task's end stays open throughout, as a real task's stdout does:
     // that is what keeps unread bytes in the pipe while no logmon runs.
     let _task = logmon::fifo::open_task_end(&fifo).unwrap();
     let old = start_daemon(dir.path(), &[]);
     let old_ready = old.ready.clone();
     let sock = old.ready.socket.clone();
-    common::write_numbered(&fifo, 0, 1000);
+    support::write_numbered(&fifo, 0, 1000);
     old.signal(nix::sys::signal::Signal::SIGKILL);
     assert_eq!(old.wait(), None, "killed by a signal");
     assert!(
@@ -799,13 +766,13 @@ fn stale_socket_of_a_killed_daemon_is_replaced() {
     let e = UnixStream::connect(&sock).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
 
-    common::write_numbered(&fifo, 1000, 2000);
+    support::write_numbered(&fifo, 1000, 2000);
     let new = start_daemon(dir.path(), &[]);
     assert_eq!(new.ready.socket, sock);
     // Replaced: the path answers again (inode numbers may be reused, so
     // they prove nothing).
     UnixStream::connect(&sock).expect("stale socket not replaced");
-    common::write_numbered(&fifo, 2000, 3000);
+    support::write_numbered(&fifo, 2000, 3000);
     let mut h = client::reattach(&new.ready).unwrap();
     let want = 3000 * LINE as usize;
     let ok = wait_until(PATIENCE, || {
@@ -841,12 +808,7 @@ fn second_run_never_unlinks_the_live_socket() {
         "--log-dir",
         cap.dir.path().to_str().unwrap(),
     ]);
-    assert_ne!(out.status.code(), Some(0));
-    let err = text(&out.stderr);
-    assert!(
-        err.contains(&cap.daemon.ready.pid.to_string()),
-        "names the holder: {err}"
-    );
+    assert_failed_naming(&out, &cap.daemon.ready.pid.to_string());
     assert_eq!(std::fs::metadata(cap.socket()).unwrap().ino(), ino);
     cap.assert_served();
     cap.finish();
@@ -864,19 +826,13 @@ fn run_refuses_a_socket_path_another_process_listens_on() {
     let d = cap.dir.path().to_str().unwrap();
     let sock = cap.socket().to_str().unwrap().to_owned();
     let out = run_must_fail(&["--task", "other", "--log-dir", d, "--socket", &sock]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(text(&out.stderr).contains(&sock), "{}", text(&out.stderr));
+    assert_failed_naming(&out, &sock);
     cap.assert_served();
 
     let squat: PathBuf = cap.dir.path().join(".third.logmon.sock");
     let listener = UnixListener::bind(&squat).unwrap();
     let out = run_must_fail(&["--task", "third", "--log-dir", d]);
-    assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains(squat.to_str().unwrap()),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_failed_naming(&out, squat.to_str().unwrap());
     let _c = UnixStream::connect(&squat).expect("the squatter's socket was unlinked");
     listener.accept().unwrap();
     cap.finish();
@@ -891,7 +847,7 @@ fn socket_is_0600_in_a_created_0700_directory() {
     let sock = base.join("sub").join("ctl.sock");
     let script = format!(
         "umask 000; exec '{}' run --task {TASK} --log-dir '{}' --socket '{}'",
-        common::bin().display(),
+        support::bin().display(),
         dir.path().display(),
         sock.display()
     );
@@ -961,7 +917,7 @@ fn metadata_is_shown_in_status_and_written_for_readers() {
     assert_eq!(serde_json::to_value(&d.ready.meta).unwrap(), want);
 
     let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["meta"], want, "{status}");
     assert_eq!(status["foreign_names"], 1, "the planted symlink is counted");
@@ -1008,7 +964,7 @@ fn without_metadata_the_ready_line_is_unchanged_and_a_stale_file_is_removed() {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let d = common::Daemon {
+    let d = support::Daemon {
         ready: serde_json::from_str(&line).unwrap(),
         child,
     };
@@ -1037,7 +993,7 @@ fn without_metadata_the_ready_line_is_unchanged_and_a_stale_file_is_removed() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    let d = common::Daemon::from_child(cmd.spawn().unwrap(), String::new);
+    let d = support::Daemon::from_child(cmd.spawn().unwrap(), String::new);
     let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(

@@ -2,14 +2,12 @@
 //! the binary, on log files and capture-time indexes written here (so the
 //! times, the damage and the rotations are exactly known).
 
-mod common;
-
 use std::io::Read;
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::{logmon, wait_until};
+use crate::support::{assert_exit_naming, logmon, logs, wait_until};
 use logmon::config::{Stream, TaskName};
 use logmon::index::{header, index_name, Record};
 use logmon::timeline::format_rfc3339;
@@ -40,12 +38,6 @@ fn put(dir: &Path, stream: Stream, n: u64, batches: &[(&[u8], i64)], index: bool
     if index {
         std::fs::write(dir.join(index_name(&task(), stream, n)), &idx).unwrap();
     }
-}
-
-fn logs(dir: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["logs", "--task", "web", "--log-dir", dir.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    logmon(&args).output().unwrap()
 }
 
 fn ok(o: &Output) -> String {
@@ -157,8 +149,7 @@ fn since_and_until_select_the_lines_captured_in_the_range() {
     assert_eq!(ok(&logs(d.path(), &["--since", "1m"])), "");
     // A bad time is a usage error.
     let o = logs(d.path(), &["--since", "yesterday"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("RFC 3339"));
+    assert_exit_naming(&o, 2, "RFC 3339");
 }
 
 #[test]
@@ -384,7 +375,7 @@ fn following_with_a_cursor_and_until_stops_past_the_range() {
 /// printing every line exactly once.
 #[test]
 fn the_daemons_own_index_drives_merged_since_json_and_the_cursor() {
-    use common::{fifo, Daemon};
+    use crate::support::{fifo, Daemon};
     use std::io::Write;
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();

@@ -14,7 +14,7 @@
 //! - `LOGMON_SOAK_SEED` — the random seed (printed at start, to replay a
 //!   failure).
 
-mod common;
+use crate::support;
 
 use std::fs::File;
 use std::io::Write;
@@ -148,7 +148,7 @@ struct KillLeftovers(String);
 
 impl Drop for KillLeftovers {
     fn drop(&mut self) {
-        common::kill_mentioning(&self.0);
+        support::kill_mentioning(&self.0);
     }
 }
 
@@ -231,7 +231,7 @@ fn soak_kills_and_agent_restarts_lose_and_duplicate_nothing() {
                 if dead[i] {
                     continue;
                 }
-                common::kill_checked(held[i].as_ref().unwrap());
+                support::kill_checked(held[i].as_ref().unwrap());
                 counts.kills += 1;
                 dead[i] = true;
                 if rng.chance(2, 3) {
@@ -273,7 +273,7 @@ fn soak_kills_and_agent_restarts_lose_and_duplicate_nothing() {
         }
     }
 
-    let left = common::processes_mentioning(&root_str);
+    let left = support::processes_mentioning(&root_str);
     assert!(
         left.is_empty(),
         "logmon processes left over after stop: {left:?}"
@@ -312,7 +312,7 @@ fn agent_restart(
 
 fn check_stream(t: &Task, stream: Stream, lines: u64) {
     let name = &t.name;
-    let files = common::files(&t.logs, name, stream);
+    let files = support::files(&t.logs, name, stream);
     for (n, b) in &files {
         assert!(!b.is_empty(), "{name}.{stream}.{n} is empty");
         assert!(

@@ -2,14 +2,14 @@
 //! logmon or replaces it, and a task streaming through its task end loses
 //! no line across agent restarts, SIGKILLed and SIGSTOPped logmons.
 
-mod common;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use logmon::client::{Program, ReattachError};
 use logmon::config::{CaptureConfig, Stream, TaskName};
 use logmon::hook::{self, Action, Hook, HookError, Policy};
@@ -149,7 +149,7 @@ fn task_writer(logs: &Path, n: u64) -> Task {
     let thread = std::thread::spawn(move || {
         use std::io::Write;
         for i in 0..n {
-            w.write_all(common::numbered_line(i).as_bytes()).unwrap();
+            w.write_all(support::numbered_line(i).as_bytes()).unwrap();
         }
         w.flush().unwrap();
     });
@@ -172,7 +172,7 @@ fn wait_for_all_lines(logs: &Path, n: u64) {
         let len = e.metadata().map_or(0, |m| m.len());
         listing.push_str(&format!("  {} {len}\n", e.file_name().to_string_lossy()));
     }
-    let status = common::logmon(&[
+    let status = support::logmon(&[
         "status",
         "--state",
         logs.join("state.json").to_str().unwrap(),
@@ -306,9 +306,7 @@ fn conservative_ensure_exits_75_and_launches_nothing() {
     let (_, _, first) = a.ensure_ok();
     kill_checked(&first);
     let out = a.ensure(&["--conservative"]);
-    assert_eq!(out.status.code(), Some(75));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("ProcessGone"), "{err}");
+    let err = assert_exit_naming(&out, 75, "ProcessGone");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         a.daemons().is_empty(),
@@ -734,8 +732,7 @@ fn metadata_survives_a_kill_9_and_a_relaunch_without_meta() {
 
     // Reattach with other metadata: kept, and said.
     let out = a.ensure(&["--meta", "job=api"]);
-    assert_eq!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = assert_exit(&out, 0);
     assert!(
         err.contains("logmon: note:")
             && err.contains("runs with --meta job=web, ns=prod, not job=api"),

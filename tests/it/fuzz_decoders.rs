@@ -10,14 +10,14 @@
 //! property runs 32 (`LOGMON_FUZZ_CASES` overrides), each a fresh
 //! connection.
 
-mod common;
+use crate::support;
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use crate::support::{wait_until, Daemon};
 use bytes::BytesMut;
-use common::{wait_until, Daemon};
 use logmon::client::{parse_state, Handle};
 use logmon::protocol::{
     codec, decode, encode, read_frame, write_frame, FrameError, ReattachConfig, Request, Response,
@@ -470,15 +470,15 @@ fn live_daemon_survives_random_frames() {
 
     // Capture still works after the barrage.
     let dm = child.into_inner();
-    let fifo = common::fifo(d.path(), "t", logmon::config::Stream::Stdout);
-    common::write_numbered(&fifo, 0, 100);
+    let fifo = support::fifo(d.path(), "t", logmon::config::Stream::Stdout);
+    support::write_numbered(&fifo, 0, 100);
     assert!(wait_until(Duration::from_secs(60), || {
-        common::read_stream(d.path(), "t", logmon::config::Stream::Stdout).len() == 100 * 56
+        support::read_stream(d.path(), "t", logmon::config::Stream::Stdout).len() == 100 * 56
     }));
     dm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(dm.wait(), Some(0));
-    common::assert_numbered(
-        &common::read_stream(d.path(), "t", logmon::config::Stream::Stdout),
+    support::assert_numbered(
+        &support::read_stream(d.path(), "t", logmon::config::Stream::Stdout),
         0,
         100,
     );

@@ -5,7 +5,7 @@
 //! `LISTEN_FDNAMES` and a matching `LISTEN_PID`). Every process started is
 //! killed on drop.
 
-mod common;
+use crate::support;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{assert_numbered, fifo, numbered_line, read_stream, wait_until, Daemon};
+use crate::support::{assert_numbered, fifo, numbered_line, read_stream, stop, wait_until, Daemon};
 use logmon::config::Stream;
 use nix::sys::signal::Signal;
 
@@ -210,7 +210,7 @@ impl<'a> Start<'a> {
     /// Spawns logmon with stdout piped (the ready line) and stderr appended
     /// to `stderr_log`. The passed fds are closed in this process afterwards.
     fn spawn(self, stderr_log: &Path) -> Child {
-        let bin = common::bin();
+        let bin = support::bin();
         let mut run_args: Vec<String> = vec![
             "run".into(),
             "--task".into(),
@@ -298,12 +298,6 @@ impl<'a> Start<'a> {
     }
 }
 
-/// SIGTERMs `d` and checks it drained and exited 0.
-fn stop(d: Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait(), Some(0), "logmon exits 0 after SIGTERM");
-}
-
 /// Where each of `pid`'s open fds points (readlink of /proc/PID/fd/*).
 fn open_fds(pid: i32) -> Vec<(RawFd, PathBuf)> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -387,7 +381,7 @@ fn without_notify_socket_logmon_runs_and_logs_to_stderr_even_with_a_foreign_jour
     // a file: diagnostics must stay in that file.
     s.env.push(("JOURNAL_STREAM".into(), "1:1".into()));
     let daemon = s.start(&err_log);
-    common::write_numbered(&fifo(dir, "plain", Stream::Stdout), 0, 10);
+    support::write_numbered(&fifo(dir, "plain", Stream::Stdout), 0, 10);
     assert!(wait_until(PATIENCE, || read_stream(
         dir,
         "plain",
@@ -543,7 +537,7 @@ fn listen_pid_of_another_process_is_ignored() {
     assert!(fds.contains(&(3, decoy_out.clone())), "{fds:?}");
     assert!(fds.contains(&(4, decoy_err.clone())), "{fds:?}");
     let line = numbered_line(7);
-    common::write_numbered(&fifo(dir, "t", Stream::Stdout), 7, 8);
+    support::write_numbered(&fifo(dir, "t", Stream::Stdout), 7, 8);
     assert!(wait_until(PATIENCE, || stream_is(
         dir,
         "t",
@@ -688,7 +682,7 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     let d = tempfile::tempdir().unwrap();
     let service = std::fs::read_to_string(unit_dir().join("logmon@.service")).unwrap();
     assert!(service.contains("ExecStart=/usr/local/bin/logmon run"));
-    let service = service.replace("/usr/local/bin/logmon", common::bin().to_str().unwrap());
+    let service = service.replace("/usr/local/bin/logmon", support::bin().to_str().unwrap());
     std::fs::write(d.path().join("logmon@.service"), service).unwrap();
     std::fs::copy(
         unit_dir().join("logmon@.socket"),
@@ -781,7 +775,7 @@ fn the_service_unit_has_the_contracted_settings() {
 
 #[test]
 fn the_example_env_file_names_every_flag_variable() {
-    let help = common::logmon(&["run", "--help"]).output().unwrap();
+    let help = support::logmon(&["run", "--help"]).output().unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
     let example = std::fs::read_to_string(unit_dir().join("logmon.env.example")).unwrap();
     let mut vars: Vec<&str> = help

@@ -25,7 +25,7 @@
 //! Needs root (each test prints `SKIPPED: needs root` otherwise). Every
 //! wait is bounded; every process started is killed on drop.
 
-mod common;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CStr, CString};
@@ -39,13 +39,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{kill_mentioning, logmon, numbered_line, wait_until, Detached};
+use crate::support::{kill_mentioning, logmon, numbered_line, wait_until, Detached};
 use logmon::protocol::ReattachConfig;
 use nix::libc;
 
 /// The task's uid (and gid): `nobody`.
 const ATTACKER: u32 = 65534;
-/// Bytes per numbered line (`common::numbered_line`).
+/// Bytes per numbered line (`support::numbered_line`).
 const LINE: u64 = 56;
 /// Bound on any single wait for logmon (start, capture, exit).
 const WAIT: Duration = Duration::from_secs(10);
@@ -772,7 +772,7 @@ fn ensure_web(s: &Scene) -> Result<(String, Detached), String> {
     match parsed {
         Some((action, cfg)) if o.code == Some(0) => Ok((action, Detached(cfg))),
         Some((_, cfg)) => {
-            common::kill_checked(&cfg);
+            support::kill_checked(&cfg);
             Err(format!("ensure exit {:?}: {}", o.code, o.stderr()))
         }
         None => Err(format!(

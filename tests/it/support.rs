@@ -1,11 +1,10 @@
 //! Helpers shared by the integration tests: they run the real `logmon`
 //! binary against real FIFOs in a temp directory and clean up every process
 //! they start (guards kill on drop).
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use logmon::config::{Stream, TaskName};
@@ -26,6 +25,87 @@ pub fn logmon(args: &[&str]) -> Command {
         }
     }
     c
+}
+
+/// How long a short-lived command may take before it counts as hung: a
+/// guard against hanging, not a performance assertion.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs a short-lived command to completion, its output captured; panics
+/// (after killing it) if it is still running after [`PATIENCE`].
+pub fn finish(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    if !wait_until(PATIENCE, || matches!(child.try_wait(), Ok(Some(_)))) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{cmd:?} did not finish (hang)");
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `logmon ARGS…` to completion (hang-guarded).
+pub fn cli(args: &[&str]) -> Output {
+    finish(logmon(args))
+}
+
+/// `logmon logs --log-dir DIR --task web EXTRA…` to completion: the reader
+/// tests all read task `web`.
+pub fn logs(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["logs", "--log-dir", dir.to_str().unwrap(), "--task", "web"];
+    args.extend_from_slice(extra);
+    logmon(&args).stdin(Stdio::null()).output().unwrap()
+}
+
+/// Bytes as text, invalid UTF-8 replaced (for messages and `contains`).
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Checks that the command exited with `code`, showing its stderr if not;
+/// returns the stderr.
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    err
+}
+
+/// Checks that the command failed (any exit status but 0) and that its
+/// stderr names `needle`; returns the stderr.
+#[track_caller]
+pub fn assert_failed_naming(out: &Output, needle: &str) -> String {
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(needle),
+        "stderr does not name {needle:?}: {err}"
+    );
+    err
+}
+
+/// Checks that the command exited with `code` and that its stderr names
+/// `needle`; returns the stderr.
+#[track_caller]
+pub fn assert_exit_naming(out: &Output, code: i32, needle: &str) -> String {
+    let err = assert_exit(out, code);
+    assert!(
+        err.contains(needle),
+        "stderr does not name {needle:?}: {err}"
+    );
+    err
+}
+
+/// Stops a foreground daemon the way its supervisor does (SIGTERM) and
+/// checks that it drained and exited 0.
+#[track_caller]
+pub fn stop(d: Daemon) {
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait(), Some(0), "logmon run must exit 0 on SIGTERM");
 }
 
 /// Polls `cond` every 10 ms until it holds or `timeout` passes.
@@ -162,6 +242,13 @@ pub fn read_stream(dir: &Path, task: &str, stream: Stream) -> Vec<u8> {
 /// Line `i` of a numbered stream: fixed-width so sizes are predictable.
 pub fn numbered_line(i: u64) -> String {
     format!("line {i:09} ........................................\n")
+}
+
+/// The numbered lines `from..to`, concatenated.
+pub fn numbered(from: u64, to: u64) -> Vec<u8> {
+    (from..to)
+        .flat_map(|i| numbered_line(i).into_bytes())
+        .collect()
 }
 
 /// Writes numbered lines `from..to` into the FIFO's task end.

@@ -3,7 +3,7 @@
 //! guarantees — every line once and in order through a FIFO, across writer
 //! reopens, restarts, kill -9 and stop signals — and `exec`.
 
-mod common;
+use crate::support;
 
 use std::fs::File;
 use std::io::Write;
@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{
-    assert_numbered, fifo, files, indices, numbered_line, read_stream, wait_until, write_numbered,
-    Daemon,
+use crate::support::{
+    assert_exit_naming, assert_numbered, fifo, files, indices, numbered, numbered_line,
+    read_stream, stop, wait_until, write_numbered, Daemon,
 };
 use logmon::config::Stream;
 use nix::sys::signal::Signal;
@@ -55,18 +55,6 @@ fn write_task(dir: &Path, task: &str, stream: Stream, bytes: &[u8]) -> File {
     w
 }
 
-/// SIGTERMs the daemon and checks it exits 0.
-fn stop(d: Daemon) {
-    d.signal(Signal::SIGTERM);
-    assert_eq!(d.wait(), Some(0), "logmon run must exit 0 on SIGTERM");
-}
-
-fn numbered(from: u64, to: u64) -> Vec<u8> {
-    (from..to)
-        .flat_map(|i| numbered_line(i).into_bytes())
-        .collect()
-}
-
 /// Every file at most `limit` bytes, none empty.
 fn assert_sizes(dir: &Path, task: &str, stream: Stream, limit: u64) {
     for (n, b) in files(dir, task, stream) {
@@ -87,16 +75,11 @@ fn assert_sizes(dir: &Path, task: &str, stream: Stream, limit: u64) {
 fn missing_log_dir_is_refused_and_not_created() {
     let d = tempfile::tempdir().unwrap();
     let missing = d.path().join("nope");
-    let out = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(&missing)])
+    let out = support::logmon(&["run", "--task", "t", "--log-dir", dir_str(&missing)])
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(dir_str(&missing)),
-        "error must name the directory: {err}"
-    );
+    assert_exit_naming(&out, 2, dir_str(&missing));
     assert!(out.stdout.is_empty(), "no ready line on failure");
     assert!(!missing.exists(), "the missing directory was created");
 }
@@ -678,7 +661,7 @@ fn a_partial_line_is_written_as_it_is_after_waiting_for_its_newline() {
 fn second_run_for_the_same_task_is_refused_naming_the_pid() {
     let d = tempfile::tempdir().unwrap();
     let mut first = Daemon::start(d.path(), "t", &[]);
-    let mut second = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
+    let mut second = support::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -725,7 +708,10 @@ fn exec(dir: &Path, extra: &[&str], cmd: &[&str]) -> (Option<i32>, String) {
     args.extend_from_slice(extra);
     args.push("--");
     args.extend_from_slice(cmd);
-    let out = common::logmon(&args).stdin(Stdio::null()).output().unwrap();
+    let out = support::logmon(&args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert_no_daemon_left(dir, "t");
     (
         out.status.code(),
@@ -838,7 +824,7 @@ fn children_named(pid: u32, comm: &str) -> Vec<i32> {
 #[test]
 fn exec_forwards_sigterm_to_the_command_and_exits_128_plus_15() {
     let d = tempfile::tempdir().unwrap();
-    let mut child = common::logmon(&[
+    let mut child = support::logmon(&[
         "exec",
         "--log-dir",
         dir_str(d.path()),
@@ -1198,7 +1184,7 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
         println!("SKIPPED: no per-user pipe limit (fs.pipe-user-pages-soft)");
         return;
     };
-    let child = common::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
+    let child = support::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
         .uid(uid)
         .gid(uid)
         .stdin(Stdio::null())
@@ -1333,7 +1319,7 @@ fn a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_fir
     let d = tempfile::tempdir().unwrap();
     let web = Daemon::start(d.path(), "web", &[]);
     let web_fifo = fifo(d.path(), "web", Stream::Stdout);
-    let mut second = common::logmon(&[
+    let mut second = support::logmon(&[
         "run",
         "--task",
         "web3",
@@ -1519,7 +1505,7 @@ fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
     let err_log = dir.join("daemon.err");
-    let child = common::logmon(&["run", "--task", "t", "--log-dir", dir.to_str().unwrap()])
+    let child = support::logmon(&["run", "--task", "t", "--log-dir", dir.to_str().unwrap()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&err_log).unwrap())

@@ -5,18 +5,18 @@
 //! alive with the same start time, socket connects, socket peer is that pid,
 //! `Welcome` in time with the same pid, instance and protocol — and fails
 //! with a typed [`ReattachError`] naming the first that does not hold. Each
-//! reason is produced for real in `tests/reattach.rs`.
+//! reason is produced for real in `tests/it/reattach.rs`.
 //!
 //! A logmon that dies or wedges during the handshake (connection reset,
 //! closed, a frame cut short, no answer) is `ProcessGone` if the recorded
 //! process has exited by then, else `Unresponsive`; only a decoded
 //! incompatible version (or an answer that is no logmon frame) is
-//! `ProtocolMismatch` (`tests/handshake.rs`).
+//! `ProtocolMismatch` (`tests/it/handshake.rs`).
 //!
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
 //!
-//! Also kept here (issue #19, #12; `tests/errors.rs` runs each through the
+//! Also kept here (issue #19, #12; `tests/it/errors.rs` runs each through the
 //! binary):
 //! - a bare socket path is trusted only if the file at that path *is* the
 //!   socket the answering logmon bound (`Welcome.socket_id`, compared with

@@ -5,21 +5,21 @@
 //! Guarantees kept here:
 //! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
 //!   taken before anything else is touched; a second `run` fails at once and
-//!   names the pid holding it (`tests/capture.rs::second_run_for_the_same_task_is_refused`);
+//!   names the pid holding it (`tests/it/capture.rs::second_run_for_the_same_task_is_refused`);
 //! - one logmon per FIFO, whatever the task name: an exclusive flock on the
 //!   open FIFO itself; a second reader is refused naming the pid and task of
-//!   the first (`tests/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`);
+//!   the first (`tests/it/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`);
 //! - the log directory and the FIFO and socket directories are opened once,
 //!   as [`Dir`]s, and every name in them is resolved through those
 //!   descriptors (DESIGN.md §9): a planted lock or socket name is removed,
 //!   counted in `foreign_names` and warned about, never followed or written
-//!   (`tests/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
+//!   (`tests/it/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a log directory renamed away or replaced by a symlink is not followed
-//!   (`tests/faults.rs::log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
+//!   (`tests/it/faults.rs::log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
 //! - the task's metadata (`--meta`) is written for readers to
 //!   `.<task>.logmon.meta` once the lock is held, so the file describes the
 //!   running logmon (removed when it runs without metadata); a name planted
-//!   there is replaced, never followed (`tests/control.rs::metadata_is_shown_in_status_and_written_for_readers`);
+//!   there is replaced, never followed (`tests/it/control.rs::metadata_is_shown_in_status_and_written_for_readers`);
 //! - the ready line is printed only when FIFOs, files and socket are ready;
 //! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
 //!   partial line included), the active files fsynced, the socket removed,

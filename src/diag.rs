@@ -20,7 +20,7 @@
 //!    and `dup2`s it onto fd 2 ([`hand_over_stderr`]).
 //!
 //! A `run` started by hand (no [`LAUNCHED_ENV`]) keeps the stderr it was
-//! given. Proven by `tests/errors.rs` (`planted_daemon_log_is_never_written_through`,
+//! given. Proven by `tests/it/errors.rs` (`planted_daemon_log_is_never_written_through`,
 //! the full-disk and config cases of the matrix).
 
 use std::io;

@@ -14,7 +14,7 @@
 //! not redirect logmon: it goes on in the directory it opened.
 //!
 //! Guarantees kept here, and the tests that prove them (unit tests below;
-//! `tests/hostile.rs` runs the attacks through the binary):
+//! `tests/it/hostile.rs` runs the attacks through the binary):
 //! - a name is never followed: a symlink, at any component, fails with
 //!   `ELOOP`/`EXDEV` (`a_symlink_is_never_followed`);
 //! - [`Dir::create_own`] never opens an existing name: whatever sits there

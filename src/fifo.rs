@@ -19,7 +19,7 @@
 //!   exclusive `flock` on logmon's open FIFO, and a second reader is
 //!   refused naming the pid and task of the first
 //!   (`a_second_reader_is_refused_naming_the_first`,
-//!   `tests/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`).
+//!   `tests/it/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`).
 
 use std::ffi::OsStr;
 use std::fs::File;

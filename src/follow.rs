@@ -8,7 +8,7 @@
 //! agent can serve over its own API; [`Follower::next_now`] is the
 //! non-waiting form.
 //!
-//! What it guarantees, and the tests that prove it (`tests/logs.rs` runs the
+//! What it guarantees, and the tests that prove it (`tests/it/logs.rs` runs the
 //! real binary; the unit tests are at the end of this file):
 //!
 //! - **Only the stream's log files, nothing outside the directory.** The

@@ -2,7 +2,7 @@
 //! every task start and on every agent restart, and when the task stops.
 //!
 //! It fixes, by construction, the four bugs the reference orchestrator
-//! needed to fix (each has a regression test in `tests/ensure.rs`):
+//! needed to fix (each has a regression test in `tests/it/ensure.rs`):
 //! - the previous state is decoded into a real value, never a nil one
 //!   ([`load_state`] returns the config or says why it has none);
 //! - the new state is *returned* from [`Hook::prestart`] for the caller to
@@ -17,7 +17,7 @@
 //! its socket, and if it does not answer, kills it through a pidfd only
 //! while its pid and start time still match the state, so a reused pid is
 //! never signalled. A process is signalled only when it is also proven to
-//! be this task's logmon: it holds the task's lock (`tests/ensure.rs`:
+//! be this task's logmon: it holds the task's lock (`tests/it/ensure.rs`:
 //! `a_live_process_named_by_the_state_is_never_killed`); a logmon that
 //! answers for another task or directory is never stopped
 //! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
@@ -26,7 +26,7 @@
 //! The state file is written through its directory's descriptor
 //! ([`StateFile`]), prepared before anything is launched. It also keeps the
 //! task's metadata (`ReattachConfig::meta`): a relaunch without metadata of
-//! its own gets the state's (`tests/ensure.rs`:
+//! its own gets the state's (`tests/it/ensure.rs`:
 //! `metadata_survives_a_kill_9_and_a_relaunch_without_meta`).
 
 use std::path::PathBuf;

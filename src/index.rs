@@ -47,7 +47,7 @@
 //!
 //! Tests: the unit tests below (format round trip, torn and corrupt
 //! indexes, lookups, the writer, the high-water mark), the rotator's
-//! (`crate::rotate`) and `tests/capture.rs`.
+//! (`crate::rotate`) and `tests/it/capture.rs`.
 
 use crate::config::{Stream, TaskName};
 

@@ -7,7 +7,7 @@
 //! reports pre-ready errors through a stderr pipe (and, launched this way,
 //! its typed failure on stdout), and opens `.<task>.logmon.log` itself
 //! through its log-dir handle right before its ready line (`diag`;
-//! `tests/errors.rs` runs each failure through the binary).
+//! `tests/it/errors.rs` runs each failure through the binary).
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader};

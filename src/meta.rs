@@ -18,9 +18,9 @@
 //! state file (`ReattachConfig::meta`): a relaunch without `--meta` gets
 //! the state's metadata.
 //!
-//! Tests: the unit tests below; through the binary, `tests/control.rs`
-//! (`status` shows it, the file and a planted symlink), `tests/ensure.rs`
-//! (kept across a kill -9 and a relaunch), `tests/errors.rs` (validation
+//! Tests: the unit tests below; through the binary, `tests/it/control.rs`
+//! (`status` shows it, the file and a planted symlink), `tests/it/ensure.rs`
+//! (kept across a kill -9 and a relaunch), `tests/it/errors.rs` (validation
 //! errors, exit 2, from `--meta` and from `LOGMON_META`).
 
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //! Files are `<log-dir>/<task>.<stream>.<N>`, N a plain decimal from 0; the
 //! active file is the highest N and files are never renamed.
 //!
-//! Guarantees kept here (proved by `tests/rotation_props.rs` and the unit
+//! Guarantees kept here (proved by `tests/it/rotation_props.rs` and the unit
 //! tests below):
 //! - no file ever exceeds `max_file_size`, and no file is ever empty (a file is
 //!   created only when the first byte is about to go into it);
@@ -21,11 +21,11 @@
 //!   directory, foreign file) is removed — never followed or written — and
 //!   counted in `foreign_names`, or skipped for the next index when it
 //!   cannot be removed (`planted_names_at_future_indices_are_never_written_through`,
-//!   `tests/capture.rs::planted_*`); a resumed file is appended to only if
+//!   `tests/it/capture.rs::planted_*`); a resumed file is appended to only if
 //!   it is logmon's own regular file (`a_foreign_active_file_is_not_resumed`);
 //!   a log directory renamed away or replaced by a symlink is not followed,
 //!   and a deleted one is recreated only through its parent's fd
-//!   (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`,
+//!   (`tests/it/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`,
 //!   `log_dir_swapped_for_a_symlink_mid_run_is_not_followed`).
 //! - beside each file, its capture-time index (`.<task>.<stream>.<N>.idx`,
 //!   [`crate::index`]): one record per batch, written after the batch's

@@ -36,7 +36,7 @@
 //!    - beneath the log directory's **parent** (its descriptor, held by
 //!      `Dir` since start): the same rights plus making directories. This
 //!      is the price of the vanished-directory path
-//!      (`tests/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`):
+//!      (`tests/it/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`):
 //!      Landlock rules attach to inodes, so a directory recreated at the
 //!      same path is a new inode that no rule on the old one covers; only a
 //!      rule on the parent reaches it. The perimeter is therefore the

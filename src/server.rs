@@ -1,7 +1,7 @@
 //! The control socket (DESIGN.md §4): binding it safely and serving
 //! `Hello` → `Welcome`, then `Stats`, `Stop`, `Reopen`, `Ping`.
 //!
-//! Guarantees kept here (`tests/control.rs`):
+//! Guarantees kept here (`tests/it/control.rs`):
 //! - only peers whose uid is ours or root get past the handshake;
 //! - a bad peer (oversized or undecodable frame, no `Hello` within
 //!   [`HELLO_TIMEOUT`], a flood of connections) costs at most its own
@@ -14,9 +14,9 @@
 //!   a symlink, hard link, directory, FIFO, device, or another user's file
 //!   or socket planted at the name is removed (never followed), counted and
 //!   warned about, and logmon starts
-//!   (`tests/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
+//!   (`tests/it/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a regular file of logmon's own uid is refused by name and left alone
-//!   (`tests/control.rs::regular_file_at_socket_path_is_a_clear_error`).
+//!   (`tests/it/control.rs::regular_file_at_socket_path_is_a_clear_error`).
 
 use std::cell::Cell;
 use std::ffi::OsStr;

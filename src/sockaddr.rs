@@ -3,7 +3,7 @@
 //!
 //! Guarantee kept here: a socket path longer than `sun_path` still binds
 //! and connects, through `/proc/self/fd/<dirfd>/<name>` (never a cryptic
-//! error for a deep log directory): `tests/reattach.rs`,
+//! error for a deep log directory): `tests/it/reattach.rs`,
 //! `long_socket_path_works_for_run_status_and_stop`.
 
 use std::io;

@@ -5,9 +5,9 @@
 //! descriptor with `O_NOFOLLOW` (a symlink planted at the name is refused,
 //! never followed) and only if it is a regular file; a missing,
 //! unreadable, non-regular or empty file is its own error, not "corrupt"
-//! (`tests/reattach.rs::corrupt_state_is_named`, `tests/errors.rs`). It is
+//! (`tests/it/reattach.rs::corrupt_state_is_named`, `tests/it/errors.rs`). It is
 //! written atomically through the same descriptor ([`StateFile`]), prepared
-//! before anything is launched (`tests/ensure.rs`).
+//! before anything is launched (`tests/it/ensure.rs`).
 
 use std::ffi::OsString;
 use std::io::{self, Write};

@@ -11,24 +11,24 @@
 //!   each one with `FDSTORE=1` under a stable `FDNAME` ([`fifo_fd_name`]),
 //!   then `READY=1` (with `MAINPID` and a `STATUS=` line) once it captures
 //!   and listens, and `STOPPING=1` when it starts draining
-//!   (`tests/systemd.rs::fake_notify_socket_receives_ready_and_the_named_fifo_fds`).
+//!   (`tests/it/systemd.rs::fake_notify_socket_receives_ready_and_the_named_fifo_fds`).
 //! - **Lossless restart.** Started again with those descriptors in
 //!   `LISTEN_FDS`/`LISTEN_FDNAMES` (and a matching `LISTEN_PID`), logmon
 //!   adopts them instead of opening the paths, so the task's pipe is never
 //!   broken and no byte is lost or doubled across a SIGKILL
-//!   (`tests/systemd.rs::sigkill_and_restart_with_the_stored_fds_loses_no_line`).
+//!   (`tests/it/systemd.rs::sigkill_and_restart_with_the_stored_fds_loses_no_line`).
 //! - **Bad input is named, never guessed at.** `LISTEN_PID` of another
 //!   process: all descriptors are left alone; an unknown name: warned about
 //!   and closed; a "FIFO" that is not an `O_RDWR` FIFO, or a "control"
 //!   socket that is not a listening unix stream socket: refused with an
 //!   error naming the descriptor
-//!   (`tests/systemd.rs::listen_pid_of_another_process_is_ignored`,
-//!   `tests/systemd.rs::an_unknown_fd_name_is_warned_about_and_closed`,
-//!   `tests/systemd.rs::a_stored_fd_that_is_not_a_fifo_is_refused_by_name`).
+//!   (`tests/it/systemd.rs::listen_pid_of_another_process_is_ignored`,
+//!   `tests/it/systemd.rs::an_unknown_fd_name_is_warned_about_and_closed`,
+//!   `tests/it/systemd.rs::a_stored_fd_that_is_not_a_fifo_is_refused_by_name`).
 //! - **Socket activation.** A listening socket passed under the name
 //!   `control` (`FileDescriptorName=control` in `logmon@.socket`) is the
 //!   control socket; logmon never unlinks it
-//!   (`tests/systemd.rs::a_socket_activated_listener_is_served_and_kept`).
+//!   (`tests/it/systemd.rs::a_socket_activated_listener_is_served_and_kept`).
 
 use std::cell::RefCell;
 use std::ffi::OsStr;

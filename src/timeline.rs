@@ -15,8 +15,8 @@
 //!   bound: the file's last write). Readers mark those lines and say once
 //!   why. While following, a line read before its batch's record was
 //!   written waits up to ~10 ms for the record (the daemon writes it right
-//!   after the data). (`tests/timeline_props.rs`
-//!   `since_until_return_exactly_the_lines_of_the_range`; `tests/timeline.rs`
+//!   after the data). (`tests/it/timeline_props.rs`
+//!   `since_until_return_exactly_the_lines_of_the_range`; `tests/it/timeline.rs`
 //!   `a_garbage_index_loses_no_line_and_says_the_times_are_estimated`.)
 //! - **`--since` is found by searching** ([`locate_since`]): the files are
 //!   walked from the newest back to the first one whose latest possible
@@ -44,7 +44,7 @@
 //!   after a write and before its save repeats exactly that write's
 //!   pieces (whole lines, at most one write: ≤ 64 KiB of input), nothing
 //!   is lost; bytes purged before they were read are reported as skipped.
-//!   (`tests/timeline_props.rs`
+//!   (`tests/it/timeline_props.rs`
 //!   `a_killed_reader_resumed_from_its_cursor_loses_nothing_and_repeats_at_most_one_write`.)
 
 use std::collections::BTreeMap;

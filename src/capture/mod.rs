@@ -5,14 +5,14 @@
 //!   into the log file, one syscall; newlines are found by tee(2)-ing the
 //!   pipe into a scratch pipe and reading that copy. A killed logmon leaves
 //!   every byte it had not written in the pipe for the next one
-//!   (`tests/capture.rs::kill_9_mid_stream_loses_no_line`).
+//!   (`tests/it/capture.rs::kill_9_mid_stream_loses_no_line`).
 //! - **Line-aware rotation** as decided by [`crate::rotate::plan`]; a partial
 //!   line waits in the pipe, not in memory, until its newline comes, it has
 //!   waited [`PARTIAL_LINE_WAIT`], the pipe is full, or logmon stops. A
 //!   partial line longer than the peek can show (the scratch pipe is smaller
 //!   than the FIFO when the per-user pipe quota is used up) is written as it
 //!   comes, never let out a second at a time
-//!   (`tests/capture.rs::a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up`).
+//!   (`tests/it/capture.rs::a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up`).
 //! - **No timers when idle.** The only timers are the partial-line deadline
 //!   and the write-error retry, both armed only while there is such work.
 //! - **Capture never stops for good on a write error**: see
@@ -22,7 +22,7 @@
 //!   file's index, written after the bytes (never a syscall per line; the
 //!   files stay byte-identical and zero-copy). A failing index is counted in
 //!   [`StreamStats::index_errors`] and never holds up or drops data
-//!   (`tests/capture.rs::capture_times_are_recorded_beside_byte_identical_files`,
+//!   (`tests/it/capture.rs::capture_times_are_recorded_beside_byte_identical_files`,
 //!   `kill_9_mid_stream_loses_no_line`).
 //!
 //! [`StreamCapture`] is the synchronous state machine, driven by a

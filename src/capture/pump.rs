@@ -2,7 +2,7 @@
 //! tokio runtime, waiting on SIGIO when idle and batching while busy.
 //!
 //! Guarantees kept here: no syscalls while idle, no timers unless a
-//! partial line or a write error waits (`tests/capture.rs`), and a stop
+//! partial line or a write error waits (`tests/it/capture.rs`), and a stop
 //! drains everything left before it returns.
 
 use std::cell::RefCell;

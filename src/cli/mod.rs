@@ -5,7 +5,7 @@
 //! <what to do>`; what the operator should know on success is `logmon:
 //! note: …`. The exit code of every failure is decided in one place, the
 //! `exit_code_*` functions below; the policy is the table in [`exit_codes`].
-//! `tests/errors.rs` runs the real binary through the matrix of failures
+//! `tests/it/errors.rs` runs the real binary through the matrix of failures
 //! and checks code, line, no panic, no process and no file left behind.
 
 use std::io::Write;

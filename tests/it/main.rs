@@ -28,6 +28,7 @@ mod ensure;
 mod errors;
 mod faults;
 mod fuzz_decoders;
+mod handshake;
 mod hostile;
 mod logs;
 mod reattach;

@@ -42,10 +42,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use logmon::capture::{pump, Drained, PipeSource, StreamCapture};
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
-use logmon::fifo;
-use logmon::rotate::Rotator;
+use logmon::internals::capture::{pump, Drained, PipeSource, StreamCapture};
+use logmon::internals::fifo;
+use logmon::internals::rotate::Rotator;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::libc;
 use tokio::sync::{oneshot, watch};
@@ -241,7 +241,7 @@ fn run_copy(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, buf: &mut [u8]) 
 fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
     let mut capture = new_capture(dir.path(), index);
-    let mut peeker = logmon::capture::pipe::Peeker::new(fifo.capacity).expect("peeker");
+    let mut peeker = logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("peeker");
     let devnull = File::options()
         .write(true)
         .open("/dev/null")
@@ -317,7 +317,7 @@ fn run_pump(
             pump(
                 reader,
                 fifo.capacity,
-                logmon::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
+                logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
                 capture.clone(),
                 std::rc::Rc::new(tokio::sync::Notify::new()),
                 stop_rx

@@ -17,7 +17,7 @@
 //! - the prestart hook ([`logmon::hook::Hook::prestart`]) runs on every agent
 //!   start, and its returned state is persisted atomically
 //!   ([`logmon::hook::persist_state`]);
-//! - the task writes into the FIFOs' task ends ([`logmon::fifo::open_task_end`]),
+//! - the task writes into the FIFOs' task ends ([`logmon::open_task_end`]),
 //!   so it never gets SIGPIPE, even while no logmon runs;
 //! - logmon is launched from this very executable (`run` is dispatched to
 //!   [`logmon::cli::main`]), so the agent needs no `logmon` on PATH;
@@ -122,10 +122,8 @@ fn agent() -> Result<ExitCode, String> {
             None
         }
         None => {
-            let out =
-                logmon::fifo::open_task_end(&hook.config.stdout_fifo).map_err(|e| e.to_string())?;
-            let err =
-                logmon::fifo::open_task_end(&hook.config.stderr_fifo).map_err(|e| e.to_string())?;
+            let out = logmon::open_task_end(&hook.config.stdout_fifo).map_err(|e| e.to_string())?;
+            let err = logmon::open_task_end(&hook.config.stderr_fifo).map_err(|e| e.to_string())?;
             let mut cmd = Command::new(&args.command[0]);
             cmd.args(&args.command[1..]).stdout(out).stderr(err);
             // Its own process group: the task outlives an agent killed with

@@ -7,22 +7,22 @@
 //!
 //! The pieces, in the order data and control flow through them:
 //!
-//! - **the shared directories** — [`dir`] is the only way any module
+//! - **the shared directories** — `dir` is the only way any module
 //!   touches a name inside a directory the task can write (log, FIFO and
 //!   socket directories): a descriptor opened once, every name resolved
 //!   from it without following symlinks, planted names removed or skipped,
 //!   never written through (DESIGN.md §9).
-//! - **capture** — [`fifo`] opens the FIFOs (both ends O_RDWR: no EOF for
-//!   logmon, no SIGPIPE for the task; one reader per FIFO); [`capture`]
+//! - **capture** — `fifo` opens the FIFOs (both ends O_RDWR: no EOF for
+//!   logmon, no SIGPIPE for the task; one reader per FIFO); `capture`
 //!   moves bytes from each pipe into files with splice(2), peeking for
 //!   newlines with tee(2) ([`capture::pipe`]), so a byte leaves the pipe
 //!   only by landing in a file and a SIGKILL loses nothing; its pump waits
-//!   on SIGIO ([`capture::sigio`]), never on epoll; [`rotate`] decides where each byte
+//!   on SIGIO (`capture::sigio`), never on epoll; `rotate` decides where each byte
 //!   goes (line-aware rotation, purge, numbers never reused) and writes
-//!   [`index`], the capture time of each batch beside each file.
+//!   `index`, the capture time of each batch beside each file.
 //! - **control** — `daemon` wires one task's capture, its lock, its
-//!   control socket and its [`meta`]data on a current-thread runtime,
-//!   confines itself ([`sandbox`]: no new privileges, no capabilities,
+//!   control socket and its `meta`data on a current-thread runtime,
+//!   confines itself (`sandbox`: no new privileges, no capabilities,
 //!   Landlock, seccomp) and prints the ready line; `server` answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
 //!   socket (`sockaddr` makes long socket paths work); `diag` filters
@@ -35,7 +35,7 @@
 //!   prestart/stop hook built on them; [`process`] holds the identity
 //!   primitives.
 //! - **reading** — [`follow`] reads and follows a stream across rotations,
-//!   reading only logmon's own files; [`timeline`] adds capture times,
+//!   reading only logmon's own files; `timeline` adds capture times,
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **service** — `systemd` adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
@@ -44,37 +44,85 @@
 //!
 //! The contract these modules keep is `DESIGN.md`; each module's doc names
 //! the guarantees it keeps and the tests that prove them.
+//!
+//! The public API is what an agent or a reader needs: [`cli::main`], the
+//! verified [`client::Handle`] and reattach, the [`hook`] (prestart/stop),
+//! [`config`], the [`follow`]er, the wire types of [`protocol`], pid
+//! identity in [`process`], and [`open_task_end`]. Everything else is
+//! private to the crate; logmon's own tests and benches reach it through
+//! the `#[doc(hidden)]` module `internals`, which is not a stable API.
 
 #![deny(unsafe_code)]
 
 // The modules an agent, the binary, the benches and the integration tests
 // use are public; the daemon's own wiring is not, so the compiler sees what
 // nothing calls.
-pub mod capture;
+mod capture;
 pub mod cli;
 pub mod client;
 pub mod config;
 #[allow(unsafe_code)] // ignoring SIGXFSZ
 mod daemon;
 mod diag;
-pub mod dir;
+mod dir;
 #[allow(unsafe_code)] // flock(2) on a borrowed fd
-pub mod fifo;
+mod fifo;
 pub mod follow;
 pub mod hook;
-pub mod index;
+mod index;
 #[allow(unsafe_code)] // the double fork in pre_exec
 mod launch;
-pub mod meta;
+mod meta;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;
-pub mod rotate;
+mod rotate;
 #[allow(unsafe_code)] // prctl, capset
-pub mod sandbox;
+mod sandbox;
 mod server;
 mod sockaddr;
 mod state;
 #[allow(unsafe_code)] // owning the LISTEN_FDS descriptors
 mod systemd;
-pub mod timeline;
+mod timeline;
+
+/// Re-exported for agents: open the task's end of a FIFO, as the task must.
+pub use fifo::{open_task_end, FifoError};
+
+/// logmon's internals, reachable only for its own benches and tests: not
+/// a stable API (they change with the code).
+#[doc(hidden)]
+pub mod internals {
+    #[allow(missing_docs)]
+    pub mod capture {
+        pub use crate::capture::*;
+    }
+    #[allow(missing_docs)]
+    pub mod dir {
+        pub use crate::dir::*;
+    }
+    #[allow(missing_docs)]
+    pub mod fifo {
+        pub use crate::fifo::*;
+    }
+    #[allow(missing_docs)]
+    pub mod index {
+        pub use crate::index::*;
+    }
+    #[allow(missing_docs)]
+    pub mod meta {
+        pub use crate::meta::*;
+    }
+    #[allow(missing_docs)]
+    pub mod rotate {
+        pub use crate::rotate::*;
+    }
+    #[allow(missing_docs)]
+    pub mod sandbox {
+        pub use crate::sandbox::*;
+    }
+    #[allow(missing_docs)]
+    pub mod timeline {
+        pub use crate::timeline::*;
+    }
+}

@@ -1,5 +1,5 @@
 //! Self-confinement (DESIGN.md §10, issue 17), through the real binary and
-//! through the library's own [`logmon::sandbox::confine`].
+//! through the library's own [`logmon::internals::sandbox::confine`].
 //!
 //! This target has its own `main` (`harness = false` in Cargo.toml): the
 //! probe that confines itself must be a process with one thread, which
@@ -391,8 +391,11 @@ fn probe_child(inside: &Path) {
         None,
     )
     .unwrap();
-    let dir = logmon::dir::Dir::open(inside).unwrap();
-    let status = logmon::sandbox::confine(&logmon::sandbox::Policy::run(&dir, Some(&dir)));
+    let dir = logmon::internals::dir::Dir::open(inside).unwrap();
+    let status = logmon::internals::sandbox::confine(&logmon::internals::sandbox::Policy::run(
+        &dir,
+        Some(&dir),
+    ));
     println!("status={}", serde_json::to_string(&status).unwrap());
     let report = |name: &str, r: std::io::Result<()>| match r {
         Ok(()) => println!("{name}=ok"),
@@ -404,7 +407,7 @@ fn probe_child(inside: &Path) {
     report(
         "create",
         dir.create_own("t.stdout.0", rw, m).and_then(|c| match c {
-            logmon::dir::Claim::Created { file, .. } => {
+            logmon::internals::dir::Claim::Created { file, .. } => {
                 std::io::Write::write_all(&mut &file, b"hello\n")?;
                 nix::fcntl::fallocate(
                     &file,
@@ -415,7 +418,7 @@ fn probe_child(inside: &Path) {
                 file.set_len(6)?;
                 file.sync_data()
             }
-            logmon::dir::Claim::Occupied { by, .. } => Err(std::io::Error::other(by)),
+            logmon::internals::dir::Claim::Occupied { by, .. } => Err(std::io::Error::other(by)),
         }),
     );
     report(
@@ -449,7 +452,9 @@ fn probe_child(inside: &Path) {
     report("stat", dir.stat("t.stdout.0").map(drop));
     report("claim_planted_dir", {
         dir.create_own("t.stdout.1", rw, m).and_then(|c| match c {
-            logmon::dir::Claim::Created { removed, .. } if removed == ["directory"] => Ok(()),
+            logmon::internals::dir::Claim::Created { removed, .. } if removed == ["directory"] => {
+                Ok(())
+            }
             other => Err(std::io::Error::other(format!("{other:?}"))),
         })
     });
@@ -565,7 +570,7 @@ fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
             .unwrap_or_else(|| panic!("no {k} in {text}"))
             .to_owned()
     };
-    let status: logmon::sandbox::Status = serde_json::from_str(&get("status")).unwrap();
+    let status: logmon::internals::sandbox::Status = serde_json::from_str(&get("status")).unwrap();
     assert!(status.is_full(), "{status:?}");
     for ok in [
         "create",
@@ -765,7 +770,7 @@ fn rare_paths_rotation_purge_and_sigterm_drain() {
     );
     let fifo = fifo(d.path(), "t", Stream::Stdout);
     // Kept open so the daemon's drain at SIGTERM finds the bytes.
-    let _task_end = logmon::fifo::open_task_end(&fifo).unwrap();
+    let _task_end = logmon::internals::fifo::open_task_end(&fifo).unwrap();
     write_numbered(&fifo, 0, 1000);
     run.daemon.signal(Signal::SIGTERM);
     let stderr = run.stderr.clone();

@@ -50,7 +50,7 @@ fn wait_for_size(dir: &Path, task: &str, stream: Stream, bytes: u64, timeout: Du
 
 /// Writes `bytes` into the FIFO through a task end (O_RDWR, as the task gets it).
 fn write_task(dir: &Path, task: &str, stream: Stream, bytes: &[u8]) -> File {
-    let mut w = logmon::fifo::open_task_end(&fifo(dir, task, stream)).unwrap();
+    let mut w = logmon::internals::fifo::open_task_end(&fifo(dir, task, stream)).unwrap();
     w.write_all(bytes).unwrap();
     w
 }
@@ -467,7 +467,7 @@ fn kill_9_mid_stream_loses_no_line() {
 /// killed logmon); zeros after the records (an index reused from a purged
 /// file) end them.
 fn raw_records(dir: &Path, task: &str, stream: Stream, n: u64) -> Vec<(u64, i64)> {
-    use logmon::index::{header, Index, HEADER_LEN, RECORD_LEN};
+    use logmon::internals::index::{header, Index, HEADER_LEN, RECORD_LEN};
     let len = std::fs::metadata(dir.join(format!("{task}.{stream}.{n}")))
         .unwrap()
         .len();
@@ -890,7 +890,7 @@ fn a_line_larger_than_the_pipe_is_captured_whole_without_its_newline() {
     let dm = Daemon::start(d.path(), "t", &["--pipe-size", "64KiB"]);
     let path = fifo(d.path(), "t", Stream::Stdout);
     let writer = std::thread::spawn(move || {
-        let mut w = logmon::fifo::open_task_end(&path).unwrap();
+        let mut w = logmon::internals::fifo::open_task_end(&path).unwrap();
         w.write_all(&vec![b'x'; LEN]).unwrap();
         w
     });
@@ -1061,8 +1061,8 @@ fn a_fifo_of_one_or_two_pages_never_stalls_long_or_partial_lines() {
         let size = pages * 4096;
         let d = tempfile::tempdir().unwrap();
         let path = fifo(d.path(), "t", Stream::Stdout);
-        logmon::fifo::ensure_fifo(&path).unwrap();
-        let mut w = logmon::fifo::open_task_end(&path).unwrap();
+        logmon::internals::fifo::ensure_fifo(&path).unwrap();
+        let mut w = logmon::internals::fifo::open_task_end(&path).unwrap();
         fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(size)).unwrap();
         let size_s = size.to_string();
         let dm = Daemon::start(d.path(), "t", &["--pipe-size", &size_s]);
@@ -1119,7 +1119,7 @@ impl PipeQuotaHog {
             .trim()
             .parse()
             .ok()?;
-        let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
+        let max = logmon::internals::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
         if soft == 0 || soft / (max / 4096) > 500 {
             return None;
         }
@@ -1174,11 +1174,11 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
     nix::unistd::chown(d.path(), Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid))).unwrap();
     // The FIFO exists, 1 MiB (the task holds it open, as across a restart).
     let path = fifo(d.path(), "t", Stream::Stdout);
-    logmon::fifo::ensure_fifo(&path).unwrap();
+    logmon::internals::fifo::ensure_fifo(&path).unwrap();
     nix::unistd::chown(&path, Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid))).unwrap();
-    let mut w = logmon::fifo::open_task_end(&path).unwrap();
-    let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
-    let cap = logmon::fifo::set_pipe_size(w.as_fd(), max as u64).unwrap();
+    let mut w = logmon::internals::fifo::open_task_end(&path).unwrap();
+    let max = logmon::internals::fifo::pipe_max_size().unwrap_or(1 << 20) as usize;
+    let cap = logmon::internals::fifo::set_pipe_size(w.as_fd(), max as u64).unwrap();
     assert!(cap >= 64 * 1024, "the FIFO has {cap} bytes");
     let Some(_hog) = PipeQuotaHog::start(uid) else {
         println!("SKIPPED: no per-user pipe limit (fs.pipe-user-pages-soft)");
@@ -1194,7 +1194,7 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
         .unwrap();
     let dm = Daemon::from_child(child, String::new);
     // The quota is used up: the FIFO logmon created itself got 8 KiB.
-    let e = logmon::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stderr)).unwrap();
+    let e = logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stderr)).unwrap();
     let small = nix::fcntl::fcntl(e.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
     assert!(small <= 8192, "the stderr FIFO has {small} bytes");
     // A partial line growing to 600 KiB (as in the test above), its
@@ -1236,18 +1236,18 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
 #[test]
 fn run_enlarges_the_pipes() {
     use std::os::fd::AsFd;
-    let max = logmon::fifo::pipe_max_size().unwrap_or(1 << 20);
+    let max = logmon::internals::fifo::pipe_max_size().unwrap_or(1 << 20);
     let d = tempfile::tempdir().unwrap();
     let dm = Daemon::start(d.path(), "t", &[]);
     for stream in [Stream::Stdout, Stream::Stderr] {
-        let end = logmon::fifo::open_task_end(&fifo(d.path(), "t", stream)).unwrap();
+        let end = logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", stream)).unwrap();
         let size = nix::fcntl::fcntl(end.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
         assert_eq!(size as u64, max.min(1 << 20), "{stream}");
     }
     stop(dm);
     let d = tempfile::tempdir().unwrap();
     let dm = Daemon::start(d.path(), "t", &["--pipe-size", "256KiB"]);
-    let end = logmon::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stdout)).unwrap();
+    let end = logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stdout)).unwrap();
     let size = nix::fcntl::fcntl(end.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
     assert_eq!(size, 256 * 1024);
     stop(dm);
@@ -1514,7 +1514,7 @@ fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
     let daemon = Daemon::from_child(child, || {
         std::fs::read_to_string(&err_log).unwrap_or_default()
     });
-    let mut task = logmon::fifo::open_task_end(&fifo(dir, "t", Stream::Stdout)).unwrap();
+    let mut task = logmon::internals::fifo::open_task_end(&fifo(dir, "t", Stream::Stdout)).unwrap();
     let line = vec![b'x'; 600 * 1024];
     task.write_all(&line).unwrap();
     std::thread::sleep(Duration::from_millis(300));

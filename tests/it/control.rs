@@ -75,7 +75,7 @@ impl Capture {
         let writer = std::thread::spawn(move || {
             let mut w = std::io::BufWriter::with_capacity(
                 64 * 1024,
-                logmon::fifo::open_task_end(&fifo).unwrap(),
+                logmon::internals::fifo::open_task_end(&fifo).unwrap(),
             );
             let mut i = 0u64;
             // At least a few batches, whatever happens.
@@ -749,7 +749,7 @@ fn stale_socket_of_a_killed_daemon_is_replaced() {
     let fifo = support::fifo(dir.path(), TASK, Stream::Stdout);
     // The task's end stays open throughout, as a real task's stdout does:
     // that is what keeps unread bytes in the pipe while no logmon runs.
-    let _task = logmon::fifo::open_task_end(&fifo).unwrap();
+    let _task = logmon::internals::fifo::open_task_end(&fifo).unwrap();
     let old = start_daemon(dir.path(), &[]);
     let old_ready = old.ready.clone();
     let sock = old.ready.socket.clone();

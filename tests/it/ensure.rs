@@ -144,7 +144,7 @@ impl Task {
 
 fn task_writer(logs: &Path, n: u64) -> Task {
     let path = fifo(logs, "t", Stream::Stdout);
-    let end = logmon::fifo::open_task_end(&path).unwrap();
+    let end = logmon::internals::fifo::open_task_end(&path).unwrap();
     let mut w = std::io::BufWriter::with_capacity(64 * 1024, end.try_clone().unwrap());
     let thread = std::thread::spawn(move || {
         use std::io::Write;
@@ -648,7 +648,7 @@ fn a_planted_socket_symlink_never_stops_another_tasks_logmon() {
         Duration::from_secs(2),
         Some(logmon::client::Expect {
             task: "t",
-            log_dir: logmon::dir::Dir::open(a.logs()).unwrap().id(),
+            log_dir: logmon::internals::dir::Dir::open(a.logs()).unwrap().id(),
         }),
     )
     .unwrap_err();

@@ -29,9 +29,9 @@ use std::time::Duration;
 use crate::support::{
     assert_numbered, numbered, numbered_line, read_stream, stop, wait_until, write_numbered, Daemon,
 };
-use logmon::capture::{StreamStats, WRITE_RETRY};
 use logmon::client::Handle;
 use logmon::config::Stream;
+use logmon::internals::capture::{StreamStats, WRITE_RETRY};
 use logmon::protocol::Stats;
 use nix::sys::signal::Signal;
 
@@ -697,11 +697,14 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
             .len();
         let ix = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.{n}.idx")))
             .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
-        let parsed = logmon::index::Index::parse(Some(&ix), n, len);
+        let parsed = logmon::internals::index::Index::parse(Some(&ix), n, len);
         assert!(!parsed.damaged(), "index of file {n}");
     }
     let hwm = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.hwm"))).unwrap();
-    assert_eq!(logmon::index::parse_hwm(&hwm), kept.last().copied());
+    assert_eq!(
+        logmon::internals::index::parse_hwm(&hwm),
+        kept.last().copied()
+    );
 }
 
 /// A directory outside the log dir holding decoys with the stream's names:

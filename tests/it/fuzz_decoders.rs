@@ -80,8 +80,8 @@ fn sample_welcome() -> Welcome {
         task: "web".into(),
         version: "0.1.0".into(),
         log_dir: "/l".into(),
-        log_dir_id: logmon::dir::FileId { dev: 1, ino: 2 },
-        socket_id: logmon::dir::FileId { dev: 1, ino: 3 },
+        log_dir_id: logmon::internals::dir::FileId { dev: 1, ino: 2 },
+        socket_id: logmon::internals::dir::FileId { dev: 1, ino: 3 },
     }
 }
 

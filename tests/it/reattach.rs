@@ -176,8 +176,8 @@ fn welcome_for(cfg: &ReattachConfig, protocol: u32, instance: &str) -> Welcome {
         task: "t".into(),
         version: "9.9.9".into(),
         log_dir: "/l".into(),
-        log_dir_id: logmon::dir::FileId { dev: 1, ino: 2 },
-        socket_id: logmon::dir::FileId { dev: 1, ino: 3 },
+        log_dir_id: logmon::internals::dir::FileId { dev: 1, ino: 2 },
+        socket_id: logmon::internals::dir::FileId { dev: 1, ino: 3 },
     }
 }
 
@@ -1029,7 +1029,7 @@ fn cli_stop_drains_and_waits_for_exit() {
     let fifo_b = stdout_fifo(dir.path(), "b");
     // A partial last line is drained too.
     write_numbered(&fifo_b, 0, 100);
-    logmon::fifo::open_task_end(&fifo_b)
+    logmon::internals::fifo::open_task_end(&fifo_b)
         .unwrap()
         .write_all(b"partial")
         .unwrap();

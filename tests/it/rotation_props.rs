@@ -17,9 +17,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
-use logmon::capture::{Drained, Look, Source, StreamCapture};
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
-use logmon::rotate::{scan_indices, Rotator};
+use logmon::internals::capture::{Drained, Look, Source, StreamCapture};
+use logmon::internals::rotate::{scan_indices, Rotator};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
@@ -339,7 +339,7 @@ fn check_unconditional(files: &[(u64, Vec<u8>)], input: &[u8], max_files: u32, l
 /// record), no index outlives its file, and the high-water mark is the
 /// newest file's number.
 fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
-    use logmon::index::{index_name, parse_hwm, parse_index_name, Index};
+    use logmon::internals::index::{index_name, parse_hwm, parse_index_name, Index};
     for (n, bytes) in files {
         let ix = std::fs::read(dir.join(index_name(&task(), Stream::Stdout, *n)))
             .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
@@ -362,7 +362,8 @@ fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
     }
     if let Some((last, _)) = files.last() {
         let hwm =
-            std::fs::read(dir.join(logmon::index::hwm_name(&task(), Stream::Stdout))).unwrap();
+            std::fs::read(dir.join(logmon::internals::index::hwm_name(&task(), Stream::Stdout)))
+                .unwrap();
         assert_eq!(parse_hwm(&hwm), Some(*last));
     }
 }

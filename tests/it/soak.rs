@@ -118,8 +118,8 @@ impl Task {
 /// how many lines went into each stream.
 fn writer(t: usize, out: PathBuf, err: PathBuf, seed: u64, stop: Arc<AtomicBool>) -> [u64; 2] {
     let mut files: [File; 2] = [
-        logmon::fifo::open_task_end(&out).unwrap(),
-        logmon::fifo::open_task_end(&err).unwrap(),
+        logmon::internals::fifo::open_task_end(&out).unwrap(),
+        logmon::internals::fifo::open_task_end(&err).unwrap(),
     ];
     let mut rng = Rng(seed | 1);
     let mut n = [0u64; 2];

@@ -215,7 +215,7 @@ pub fn fifo(dir: &Path, task: &str, stream: Stream) -> PathBuf {
 
 /// The indices of a stream's files, ascending.
 pub fn indices(dir: &Path, task: &str, stream: Stream) -> Vec<u64> {
-    logmon::rotate::scan_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
+    logmon::internals::rotate::scan_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
 }
 
 /// The stream's files, in index order, as (index, contents).
@@ -253,8 +253,10 @@ pub fn numbered(from: u64, to: u64) -> Vec<u8> {
 
 /// Writes numbered lines `from..to` into the FIFO's task end.
 pub fn write_numbered(fifo: &Path, from: u64, to: u64) {
-    let mut w =
-        std::io::BufWriter::with_capacity(64 * 1024, logmon::fifo::open_task_end(fifo).unwrap());
+    let mut w = std::io::BufWriter::with_capacity(
+        64 * 1024,
+        logmon::internals::fifo::open_task_end(fifo).unwrap(),
+    );
     for i in from..to {
         w.write_all(numbered_line(i).as_bytes()).unwrap();
     }

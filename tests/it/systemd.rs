@@ -452,8 +452,8 @@ fn sigkill_and_restart_with_the_stored_fds_loses_no_line() {
     // stored fds would capture nothing.
     let out_path = fifo(dir, TASK, Stream::Stdout);
     let err_path = fifo(dir, TASK, Stream::Stderr);
-    let task_out = logmon::fifo::open_task_end(&out_path).unwrap();
-    let task_err = logmon::fifo::open_task_end(&err_path).unwrap();
+    let task_out = logmon::internals::fifo::open_task_end(&out_path).unwrap();
+    let task_err = logmon::internals::fifo::open_task_end(&err_path).unwrap();
     std::fs::remove_file(&out_path).unwrap();
     std::fs::remove_file(&err_path).unwrap();
 
@@ -518,9 +518,9 @@ fn listen_pid_of_another_process_is_ignored() {
     // Decoys: valid O_RDWR FIFOs holding bytes that must not be captured.
     let decoy_out = dir.join("decoy-out.fifo");
     let decoy_err = dir.join("decoy-err.fifo");
-    let (a, _) = logmon::fifo::open_reader(&decoy_out, 65536).unwrap();
-    let (b, _) = logmon::fifo::open_reader(&decoy_err, 65536).unwrap();
-    logmon::fifo::open_task_end(&decoy_out)
+    let (a, _) = logmon::internals::fifo::open_reader(&decoy_out, 65536).unwrap();
+    let (b, _) = logmon::internals::fifo::open_reader(&decoy_err, 65536).unwrap();
+    logmon::internals::fifo::open_task_end(&decoy_out)
         .unwrap()
         .write_all(b"decoy\n")
         .unwrap();
@@ -564,7 +564,7 @@ fn an_unknown_fd_name_is_warned_about_and_closed() {
     // The stdout FIFO at a path logmon does not know: captured only if the
     // fd is adopted.
     let alt = dir.join("alt.fifo");
-    let (fifo_fd, _) = logmon::fifo::open_reader(&alt, 65536).unwrap();
+    let (fifo_fd, _) = logmon::internals::fifo::open_reader(&alt, 65536).unwrap();
     let bogus_path = dir.join("bogus.txt");
     let bogus = File::create(&bogus_path).unwrap();
     let err_log = dir.join("logmon.err");
@@ -588,7 +588,7 @@ fn an_unknown_fd_name_is_warned_about_and_closed() {
         "the stdout FIFO was adopted, not created"
     );
     let line = numbered_line(3);
-    logmon::fifo::open_task_end(&alt)
+    logmon::internals::fifo::open_task_end(&alt)
         .unwrap()
         .write_all(line.as_bytes())
         .unwrap();

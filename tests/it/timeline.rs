@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::support::{assert_exit_naming, logmon, logs, wait_until};
 use logmon::config::{Stream, TaskName};
-use logmon::index::{header, index_name, Record};
-use logmon::timeline::format_rfc3339;
+use logmon::internals::index::{header, index_name, Record};
+use logmon::internals::timeline::format_rfc3339;
 
 const T0: i64 = 1_795_446_245_000_000_000; // 2026-11-24T15:04:05Z
 const MS: i64 = 1_000_000;
@@ -213,7 +213,7 @@ fn cri_pieces_parse_back_with_p_for_cut_lines() {
     assert_eq!(recs[3].0, ts(T0 + 2 * MS));
     assert!(recs.iter().all(|r| r.1 == "stdout"));
     for r in &recs {
-        assert!(logmon::timeline::parse_rfc3339(&r.0).is_some());
+        assert!(logmon::internals::timeline::parse_rfc3339(&r.0).is_some());
     }
 }
 
@@ -227,10 +227,10 @@ fn json_is_docker_json_file_with_the_tasks_metadata() {
         &[(b"caf\xc3\xa9 \"q\"\n\xff\n", T0)],
         true,
     );
-    let dir = logmon::dir::Dir::open(d.path()).unwrap();
-    let mut meta = logmon::meta::Meta::new();
+    let dir = logmon::internals::dir::Dir::open(d.path()).unwrap();
+    let mut meta = logmon::internals::meta::Meta::new();
     meta.insert("namespace", "prod").unwrap();
-    logmon::meta::store(&dir, &task(), &meta).unwrap();
+    logmon::internals::meta::store(&dir, &task(), &meta).unwrap();
     let out = ok(&logs(d.path(), &["--stderr", "--format", "json"]));
     let v: Vec<serde_json::Value> = out
         .lines()
@@ -380,8 +380,10 @@ fn the_daemons_own_index_drives_merged_since_json_and_the_cursor() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
     let daemon = Daemon::start(dir, "web", &["--meta", "job=api"]);
-    let mut out = logmon::fifo::open_task_end(&fifo(dir, "web", Stream::Stdout)).unwrap();
-    let mut err = logmon::fifo::open_task_end(&fifo(dir, "web", Stream::Stderr)).unwrap();
+    let mut out =
+        logmon::internals::fifo::open_task_end(&fifo(dir, "web", Stream::Stdout)).unwrap();
+    let mut err =
+        logmon::internals::fifo::open_task_end(&fifo(dir, "web", Stream::Stderr)).unwrap();
     let stdout_has = |n: usize| {
         wait_until(Duration::from_secs(10), || {
             std::fs::read_to_string(dir.join("web.stdout.0")).is_ok_and(|s| s.lines().count() >= n)

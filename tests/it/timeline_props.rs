@@ -13,8 +13,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
-use logmon::index::{header, index_name, Index, Record, Stamp};
-use logmon::timeline::{format_rfc3339, parse_rfc3339};
+use logmon::internals::index::{header, index_name, Index, Record, Stamp};
+use logmon::internals::timeline::{format_rfc3339, parse_rfc3339};
 use proptest::prelude::*;
 
 const T0: i64 = 1_795_446_245_000_000_000;
@@ -270,7 +270,7 @@ proptest! {
     }
 }
 
-/// The bound on one write (module docs of `logmon::timeline`): 64 KiB of
+/// The bound on one write (module docs of `logmon::internals::timeline`): 64 KiB of
 /// output plus one formatted piece.
 const MAX_WRITE: usize = 64 * 1024 + 17 * 1024;
 

@@ -25,6 +25,7 @@
 //!   partial line included), the active files fsynced, the socket removed,
 //!   and the process exits 0.
 
+use crate::error::PathIo;
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -256,16 +257,22 @@ fn open_fifos(
             tracing::info!(%stream, "adopted FIFO from systemd's fd store");
             return Ok(OpenedFifo { fd, capacity });
         }
-        let (parent, name) = split(path).map_err(|source| FifoError::Io {
-            action: "resolve",
-            path: path.to_owned(),
-            source,
-        })?;
-        let dir = dirs.get(parent, |p| {
-            Dir::open(p).map_err(|source| FifoError::Io {
-                action: "open the directory of",
+        let (parent, name) = split(path).map_err(|source| {
+            FifoError::Io(PathIo {
+                what: "FIFO ",
+                action: "resolve",
                 path: path.to_owned(),
                 source,
+            })
+        })?;
+        let dir = dirs.get(parent, |p| {
+            Dir::open(p).map_err(|source| {
+                FifoError::Io(PathIo {
+                    what: "FIFO ",
+                    action: "open the directory of",
+                    path: path.to_owned(),
+                    source,
+                })
             })
         })?;
         let (fd, capacity) = fifo::open_reader_at(&dir, name, cfg.pipe_size)?;
@@ -420,10 +427,13 @@ fn open_control_socket(
             foreign: 0,
         });
     }
-    let (parent, name) = split(&socket_path).map_err(|source| SocketError::Io {
-        action: "resolve",
-        path: socket_path.clone(),
-        source,
+    let (parent, name) = split(&socket_path).map_err(|source| {
+        SocketError::Io(PathIo {
+            what: "control socket ",
+            action: "resolve",
+            path: socket_path.clone(),
+            source,
+        })
     })?;
     let dir = dirs.get(parent, server::open_socket_dir)?;
     let b = server::bind(&dir, name)?;

@@ -21,6 +21,7 @@
 //!   (`a_second_reader_is_refused_naming_the_first`,
 //!   `tests/it/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`).
 
+use crate::error::PathIo;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
@@ -67,24 +68,20 @@ pub enum FifoError {
         name: String,
     },
     /// Creating, opening or configuring the FIFO failed.
-    #[error("cannot {action} FIFO {path}: {source}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The FIFO.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// Opens the directory of `path` (trusted: the operator's) and returns it
 /// with the FIFO's name in it.
 fn dir_and_name(path: &Path) -> Result<(Dir, &OsStr), FifoError> {
-    let io_err = |action, source| FifoError::Io {
-        action,
-        path: path.to_owned(),
-        source,
+    let io_err = |action, source| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action,
+            path: path.to_owned(),
+            source,
+        })
     };
     let name = path.file_name().ok_or_else(|| {
         io_err(
@@ -121,16 +118,18 @@ pub fn ensure_fifo_at(dir: &Dir, name: &OsStr) -> Result<(), FifoError> {
                 kind: dir::kind_of(&st),
             }),
             Ok(None) if !created => Ok(None),
-            Ok(None) => Err(FifoError::Io {
+            Ok(None) => Err(FifoError::Io(PathIo {
+                what: "FIFO ",
                 action: "create",
                 path: path(),
                 source: io::Error::new(io::ErrorKind::NotFound, "removed as soon as created"),
-            }),
-            Err(source) => Err(FifoError::Io {
+            })),
+            Err(source) => Err(FifoError::Io(PathIo {
+                what: "FIFO ",
                 action: "inspect",
                 path: path(),
                 source,
-            }),
+            })),
         }
     };
     if look(false)?.is_some() {
@@ -141,11 +140,12 @@ pub fn ensure_fifo_at(dir: &Dir, name: &OsStr) -> Result<(), FifoError> {
         // Another process created it between our look and mkfifo.
         Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
         Err(source) => {
-            return Err(FifoError::Io {
+            return Err(FifoError::Io(PathIo {
+                what: "FIFO ",
                 action: "create",
                 path: path(),
                 source,
-            })
+            }))
         }
     }
     look(true).map(|_| ())
@@ -163,17 +163,21 @@ fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoErr
         .map_err(
             |source| match Errno::from_raw(source.raw_os_error().unwrap_or(0)) {
                 Errno::ELOOP | Errno::EXDEV => FifoError::Symlink(path()),
-                _ => FifoError::Io {
+                _ => FifoError::Io(PathIo {
+                    what: "FIFO ",
                     action: "open",
                     path: path(),
                     source,
-                },
+                }),
             },
         )?;
-    let st = nix::sys::stat::fstat(&f).map_err(|e| FifoError::Io {
-        action: "inspect",
-        path: path(),
-        source: e.into(),
+    let st = nix::sys::stat::fstat(&f).map_err(|e| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action: "inspect",
+            path: path(),
+            source: e.into(),
+        })
     })?;
     if !dir::is_type(&st, SFlag::S_IFIFO) {
         return Err(FifoError::NotFifo {
@@ -182,10 +186,13 @@ fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoErr
         });
     }
     if !nonblock {
-        let io_err = |e: Errno| FifoError::Io {
-            action: "configure",
-            path: path(),
-            source: e.into(),
+        let io_err = |e: Errno| {
+            FifoError::Io(PathIo {
+                what: "FIFO ",
+                action: "configure",
+                path: path(),
+                source: e.into(),
+            })
         };
         let fl = OFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFL).map_err(io_err)?);
         fcntl(&f, FcntlArg::F_SETFL(fl - OFlag::O_NONBLOCK)).map_err(io_err)?;
@@ -211,10 +218,13 @@ pub fn open_reader_at(
     ensure_fifo_at(dir, name)?;
     let f = open_rdwr_at(dir, name, true)?;
     let fd = OwnedFd::from(f);
-    let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| FifoError::Io {
-        action: "size",
-        path: dir.display(name),
-        source,
+    let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action: "size",
+            path: dir.display(name),
+            source,
+        })
     })?;
     Ok((fd, cap))
 }
@@ -260,11 +270,12 @@ pub fn lock_reader(fd: BorrowedFd<'_>, path: &Path) -> Result<(), FifoError> {
                 });
             }
             e => {
-                return Err(FifoError::Io {
+                return Err(FifoError::Io(PathIo {
+                    what: "FIFO ",
                     action: "lock",
                     path: path.to_owned(),
                     source: e.into(),
-                })
+                }))
             }
         }
     }
@@ -330,28 +341,37 @@ fn describe_pid(pid: u32) -> String {
 /// Checks that an inherited descriptor (systemd's fd store) is a FIFO and
 /// puts it in non-blocking mode; returns its capacity after resizing.
 pub fn adopt_reader(fd: &OwnedFd, name: &str, pipe_size: u64) -> Result<usize, FifoError> {
-    let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| FifoError::Io {
-        action: "inspect",
-        path: PathBuf::from(name),
-        source: e.into(),
+    let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action: "inspect",
+            path: PathBuf::from(name),
+            source: e.into(),
+        })
     })?;
     if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFIFO {
         return Err(FifoError::FdNotFifo {
             name: name.to_owned(),
         });
     }
-    let io_err = |e: Errno| FifoError::Io {
-        action: "configure",
-        path: PathBuf::from(name),
-        source: e.into(),
+    let io_err = |e: Errno| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action: "configure",
+            path: PathBuf::from(name),
+            source: e.into(),
+        })
     };
     let flags = fcntl(fd.as_fd(), FcntlArg::F_GETFL).map_err(io_err)?;
     let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
     fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags)).map_err(io_err)?;
-    set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| FifoError::Io {
-        action: "size",
-        path: PathBuf::from(name),
-        source,
+    set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| {
+        FifoError::Io(PathIo {
+            what: "FIFO ",
+            action: "size",
+            path: PathBuf::from(name),
+            source,
+        })
     })
 }
 

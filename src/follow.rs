@@ -99,6 +99,7 @@
 //! not block for long), issued from the async task without `spawn_blocking`,
 //! so a current-thread runtime is enough.
 
+use crate::error::PathIo;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::fs::File;
@@ -134,15 +135,8 @@ pub enum FollowError {
     #[error(transparent)]
     LogDir(#[from] crate::dir::LogDirError),
     /// Listing the directory or reading a file failed.
-    #[error("cannot {action} {}: {source}", path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     /// The log directory was deleted while it was being read (a directory
     /// recreated at its path is another directory: it is not followed).
     #[error("log directory {} was removed while it was being read", path.display())]
@@ -749,10 +743,13 @@ impl Follower {
     }
 
     fn io_err(&self, action: &'static str, path: PathBuf) -> impl FnOnce(io::Error) -> FollowError {
-        move |source| FollowError::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            FollowError::Io(PathIo {
+                what: "",
+                action,
+                path,
+                source,
+            })
         }
     }
 
@@ -789,11 +786,12 @@ impl Follower {
                 })
             }
             Err(source) => {
-                return Err(FollowError::Io {
+                return Err(FollowError::Io(PathIo {
+                    what: "",
                     action: "list",
                     path: self.dir.path().to_path_buf(),
                     source,
-                })
+                }))
             }
         };
         self.shared.ledger().record(&listing);
@@ -1193,10 +1191,13 @@ fn resolve_start(
 }
 
 fn list_err(dir: &Dir) -> impl FnOnce(io::Error) -> FollowError + '_ {
-    move |source| FollowError::Io {
-        action: "list",
-        path: dir.path().to_path_buf(),
-        source,
+    move |source| {
+        FollowError::Io(PathIo {
+            what: "",
+            action: "list",
+            path: dir.path().to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -1243,10 +1244,13 @@ fn last_lines(
         let name = file_name(task, stream, index);
         let io_err = |action| {
             let path = dir.display(&name);
-            move |source| FollowError::Io {
-                action,
-                path,
-                source,
+            move |source| {
+                FollowError::Io(PathIo {
+                    what: "",
+                    action,
+                    path,
+                    source,
+                })
             }
         };
         let (file, st) = match open_log(dir, &name).map_err(io_err("open"))? {

@@ -65,6 +65,7 @@ pub mod config;
 mod daemon;
 mod diag;
 mod dir;
+mod error;
 #[allow(unsafe_code)] // flock(2) on a borrowed fd
 mod fifo;
 pub mod follow;

@@ -50,6 +50,7 @@
 //! The decision of how many bytes go where is the pure function [`plan`]; the
 //! [`Rotator`] owns the files and does what the plan says.
 
+use crate::error::PathIo;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -73,15 +74,8 @@ pub enum RotateError {
     #[error(transparent)]
     LogDir(#[from] crate::dir::LogDirError),
     /// Any other I/O failure on a log file or the directory.
-    #[error("{action} {path}: {source}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// What to do next with the bytes waiting in the pipe.
@@ -294,10 +288,13 @@ impl Rotator {
         max_files: u32,
         limit: u64,
     ) -> Result<Self, RotateError> {
-        let indices = scan_indices_in(&dir, task, stream).map_err(|source| RotateError::Io {
-            action: "cannot list",
-            path: dir.path().to_owned(),
-            source,
+        let indices = scan_indices_in(&dir, task, stream).map_err(|source| {
+            RotateError::Io(PathIo {
+                what: "",
+                action: "list",
+                path: dir.path().to_owned(),
+                source,
+            })
         })?;
         let preallocate = preallocation_pays(&dir);
         let mut r = Rotator {
@@ -346,10 +343,13 @@ impl Rotator {
                 Ok(Ok(Some(f))) => {
                     r.size = f
                         .metadata()
-                        .map_err(|source| RotateError::Io {
-                            action: "cannot stat",
-                            path: r.active_path(),
-                            source,
+                        .map_err(|source| {
+                            RotateError::Io(PathIo {
+                                what: "",
+                                action: "stat",
+                                path: r.active_path(),
+                                source,
+                            })
                         })?
                         .len();
                     if r.size > 0 {
@@ -364,11 +364,12 @@ impl Rotator {
                     r.index = last + 1;
                 }
                 Err(source) => {
-                    return Err(RotateError::Io {
-                        action: "cannot open",
+                    return Err(RotateError::Io(PathIo {
+                        what: "",
+                        action: "open",
                         path: r.active_path(),
                         source,
-                    })
+                    }))
                 }
             }
             r.purge(false)?;
@@ -571,10 +572,13 @@ impl Rotator {
             return Ok(());
         }
         tracing::warn!(dir = %self.dir.path().display(), "log directory vanished; recreating it through its parent");
-        let again = self.dir.recreate().map_err(|source| RotateError::Io {
-            action: "cannot recreate log directory",
-            path: self.dir.path().to_owned(),
-            source,
+        let again = self.dir.recreate().map_err(|source| {
+            RotateError::Io(PathIo {
+                what: "",
+                action: "recreate log directory",
+                path: self.dir.path().to_owned(),
+                source,
+            })
         })?;
         self.dir = Arc::new(again);
         self.preallocate = preallocation_pays(&self.dir);
@@ -596,15 +600,18 @@ impl Rotator {
             self.store_hwm();
             let name = self.active_name();
             let path = self.active_path();
-            let io_err = |action, source| RotateError::Io {
-                action,
-                path: path.clone(),
-                source,
+            let io_err = |action, source| {
+                RotateError::Io(PathIo {
+                    what: "",
+                    action,
+                    path: path.clone(),
+                    source,
+                })
             };
             let mut found = None;
             match self.dir.open_own(&name, OFlag::O_WRONLY) {
                 Ok(Ok(Some(file))) => {
-                    let len = file.metadata().map_err(|e| io_err("cannot stat", e))?.len();
+                    let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
                     self.size = len;
                     if len == 0 {
                         self.at_line_start = true;
@@ -617,12 +624,12 @@ impl Rotator {
                 Ok(Ok(None)) => {}
                 // Removed (and counted) by create_own below.
                 Ok(Err(why)) => found = Some(why),
-                Err(e) => return Err(io_err("cannot open", e)),
+                Err(e) => return Err(io_err("open", e)),
             }
             let claim = self
                 .dir
                 .create_own(&name, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))
-                .map_err(|e| io_err("cannot create", e))?;
+                .map_err(|e| io_err("create", e))?;
             match claim {
                 Claim::Created { file, removed } => {
                     let what = removed.first().cloned().or(found).unwrap_or_default();
@@ -639,7 +646,7 @@ impl Rotator {
                     skipped += 1;
                     if skipped >= MAX_SKIPPED_INDICES {
                         return Err(io_err(
-                            "cannot create",
+                            "create",
                             io::Error::new(
                                 io::ErrorKind::AlreadyExists,
                                 format!("{skipped} names in a row taken by something else ({by})"),
@@ -727,10 +734,13 @@ impl Rotator {
     /// renamed to the new file's index and reused
     /// ([`Rotator::recycle_spare`]) a moment later.
     fn purge(&mut self, keep_spare: bool) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| RotateError::Io {
-            action: "cannot list",
-            path: self.dir.path().to_owned(),
-            source,
+        let names = self.dir.list().map_err(|source| {
+            RotateError::Io(PathIo {
+                what: "",
+                action: "list",
+                path: self.dir.path().to_owned(),
+                source,
+            })
         })?;
         let mut indices = Vec::new();
         let mut indexed = Vec::new();

@@ -18,6 +18,7 @@
 //!   a regular file of logmon's own uid is refused by name and left alone
 //!   (`tests/it/control.rs::regular_file_at_socket_path_is_a_clear_error`).
 
+use crate::error::PathIo;
 use std::cell::Cell;
 use std::ffi::OsStr;
 use std::io;
@@ -68,25 +69,21 @@ pub enum SocketError {
         path: PathBuf,
     },
     /// Creating, binding or listening failed.
-    #[error("cannot {action} control socket {path}: {source}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// Opens the socket's directory `path`, creating it (and any missing
 /// ancestor) with mode 0700 through its parent's descriptor (`mkdirat`,
 /// then opened without following a symlink).
 pub fn open_socket_dir(path: &Path) -> Result<Dir, SocketError> {
-    let err = |source| SocketError::Io {
-        action: "open the directory of",
-        path: path.to_owned(),
-        source,
+    let err = |source| {
+        SocketError::Io(PathIo {
+            what: "control socket ",
+            action: "open the directory of",
+            path: path.to_owned(),
+            source,
+        })
     };
     match Dir::open(path) {
         Ok(d) => Ok(d),
@@ -101,10 +98,13 @@ pub fn open_socket_dir(path: &Path) -> Result<Dir, SocketError> {
             };
             open_socket_dir(parent)?
                 .subdir(name, nix::sys::stat::Mode::from_bits_truncate(0o700))
-                .map_err(|e| SocketError::Io {
-                    action: "create the directory of",
-                    path: path.to_owned(),
-                    source: e,
+                .map_err(|e| {
+                    SocketError::Io(PathIo {
+                        what: "control socket ",
+                        action: "create the directory of",
+                        path: path.to_owned(),
+                        source: e,
+                    })
                 })
         }
         Err(e) => Err(err(e)),
@@ -132,10 +132,13 @@ pub struct Bound {
 /// daemon's socket is never unlinked otherwise.
 pub fn bind(dir: &Dir, name: &OsStr) -> Result<Bound, SocketError> {
     let path = dir.display(name);
-    let err = |action, source| SocketError::Io {
-        action,
-        path: path.clone(),
-        source,
+    let err = |action, source| {
+        SocketError::Io(PathIo {
+            what: "control socket ",
+            action,
+            path: path.clone(),
+            source,
+        })
     };
     if name.len() > 90 {
         return Err(SocketError::NameTooLong { path });

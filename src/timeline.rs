@@ -47,6 +47,7 @@
 //!   (`tests/it/timeline_props.rs`
 //!   `a_killed_reader_resumed_from_its_cursor_loses_nothing_and_repeats_at_most_one_write`.)
 
+use crate::error::PathIo;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -723,13 +724,8 @@ impl CursorState {
 #[derive(Debug, thiserror::Error)]
 pub enum CursorError {
     /// Reading or writing it failed.
-    #[error("cursor {path}: {source}")]
-    Io {
-        /// The cursor's path.
-        path: String,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     /// It holds something else than a cursor.
     #[error("cursor {path} is not a logmon cursor ({reason}); remove it to start over")]
     Invalid {
@@ -751,9 +747,13 @@ pub struct CursorFile {
 impl CursorFile {
     /// Opens the directory of `path` (the one walk of it).
     pub fn open(path: &Path) -> Result<CursorFile, CursorError> {
-        let io_err = |source| CursorError::Io {
-            path: path.display().to_string(),
-            source,
+        let io_err = |source| {
+            CursorError::Io(PathIo {
+                action: "open",
+                what: "cursor ",
+                path: path.to_owned(),
+                source,
+            })
         };
         let name = path
             .file_name()
@@ -791,10 +791,12 @@ impl CursorFile {
                     path: self.path(),
                     reason: "not a regular file".into(),
                 }),
-                Err(source) => Err(CursorError::Io {
-                    path: self.path(),
+                Err(source) => Err(CursorError::Io(PathIo {
+                    action: "read",
+                    what: "cursor ",
+                    path: self.path().into(),
                     source,
-                }),
+                })),
             };
         };
         let st: CursorState = serde_json::from_slice(&bytes).map_err(|e| CursorError::Invalid {
@@ -812,9 +814,13 @@ impl CursorFile {
 
     /// Saves `st` atomically: a temporary file, `fsync`, `rename`.
     pub fn save(&self, st: &CursorState) -> Result<(), CursorError> {
-        let io_err = |source| CursorError::Io {
-            path: self.path(),
-            source,
+        let io_err = |source| {
+            CursorError::Io(PathIo {
+                action: "save",
+                what: "cursor ",
+                path: self.path().into(),
+                source,
+            })
         };
         let mut f = self
             .dir

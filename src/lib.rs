@@ -36,6 +36,9 @@
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **service** — [`systemd`] adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
+//! - **shipping** — [`ship`] is `logmon ship` (its own binary,
+//!   `logmon-ship`): one per node, it publishes every task stream into NATS
+//!   JetStream exactly once (DESIGN.md §12).
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
 //!   `main.rs` only calls [`cli::main`].
 //!
@@ -59,5 +62,6 @@ pub mod protocol;
 pub mod rotate;
 pub mod sandbox;
 pub mod server;
+pub mod ship;
 pub mod systemd;
 pub mod timeline;

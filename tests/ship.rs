@@ -159,12 +159,25 @@ fn cluster(base: &Path) -> Vec<Server> {
 struct Shipper {
     child: Option<Child>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Shipper {
     fn start(args: &[&str]) -> Shipper {
+        Shipper::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Shipper {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let mut s = Shipper { child: None, args };
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut s = Shipper {
+            child: None,
+            args,
+            env,
+        };
         s.spawn();
         s
     }
@@ -176,6 +189,7 @@ impl Shipper {
         self.child = Some(
             logmon(&a)
                 .env("LOGMON_LOG", "warn")
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
@@ -493,30 +507,35 @@ fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing()
     let _d = Daemon::start(
         &logs,
         "t",
-        &["--max-file-size", "256KiB", "--max-files", "1000"],
+        &["--max-file-size", "8MiB", "--max-files", "1000"],
     );
-    let mut ship = Shipper::start(&[
-        "--nats",
-        &srv.url(),
-        "--stream",
-        "LOGS",
-        "--create-stream",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--log-dir",
-        logs.to_str().unwrap(),
-    ]);
+    // Acks are awaited 200 ms after each window is published, so most
+    // kills land between the publish and the cursor's move.
+    let mut ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+    );
     const N: u64 = 300_000;
     let f = fifo(&logs, "t", Stream::Stdout);
     let writer = std::thread::spawn(move || {
-        for k in 0..30 {
-            write_numbered(&f, k * N / 30, (k + 1) * N / 30);
-            std::thread::sleep(Duration::from_millis(20));
+        for k in 0..100 {
+            write_numbered(&f, k * N / 100, (k + 1) * N / 100);
+            std::thread::sleep(Duration::from_millis(30));
         }
     });
     let mut r = Reader::new(&srv.url(), "LOGS");
-    for i in 0..6 {
-        std::thread::sleep(Duration::from_millis(150 + 70 * i));
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(250 + 37 * i));
         ship.kill9();
         ship.spawn();
     }
@@ -532,6 +551,10 @@ fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing()
     );
     assert_numbered(&r.bytes_of("t", "stdout"), 0, N);
     check_headers(&r, &logs, "t", "stdout", 0, &[]);
+    // Windows were re-sent after kills and JetStream dropped the copies.
+    assert_eq!(ship.sigterm(), Some(0));
+    let st = status(&state);
+    assert!(st["streams"][0]["duplicates"].as_u64().unwrap() > 0, "{st}");
 }
 
 #[test]

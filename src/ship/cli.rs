@@ -130,7 +130,7 @@ pub fn main() -> ! {
             std::process::exit(EXIT_USAGE);
         }
     };
-    crate::cli::init_tracing("info");
+    init_tracing();
     let code = match run(args) {
         Ok(()) => 0,
         Err(f) => {
@@ -139,6 +139,26 @@ pub fn main() -> ! {
         }
     };
     std::process::exit(code);
+}
+
+/// Diagnostics on stderr (the journal under systemd): logmon's filter
+/// (`LOGMON_LOG`), with the NATS client's own events off unless named
+/// there (`LOGMON_LOG=info,async_nats=info`): its errors repeat ours in
+/// more lines, and a failure must stay one line.
+fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let mut filter = crate::cli::log_filter("info");
+    if !std::env::var("LOGMON_LOG").is_ok_and(|v| v.contains("async_nats")) {
+        filter = filter.with_target("async_nats", tracing_subscriber::filter::LevelFilter::OFF);
+    }
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .try_init();
 }
 
 /// Prints the status JSON of the state in `dir`.

@@ -142,6 +142,10 @@ pub struct Shipper {
     tracked: BTreeMap<String, Tracked>,
     wake: Arc<Wake>,
     watcher: notify::RecommendedWatcher,
+    /// Test knob (`LOGMON_SHIP_TEST_ACK_DELAY_MS`): a pause between
+    /// publishing a window and awaiting its acks, so a test's kill -9 lands
+    /// mid-window. Zero unless set.
+    ack_delay: Duration,
 }
 
 /// Maps an io error of the log directory.
@@ -202,6 +206,12 @@ impl Shipper {
             tracked: BTreeMap::new(),
             wake,
             watcher,
+            ack_delay: Duration::from_millis(
+                std::env::var("LOGMON_SHIP_TEST_ACK_DELAY_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            ),
         };
         if let Some((root, _)) = s.cfg.watch.clone() {
             let root = std::path::absolute(&root).map_err(log_dir_err(&root))?;
@@ -547,6 +557,9 @@ impl Shipper {
             }
         }
         let n = acks.len() as u64;
+        if !self.ack_delay.is_zero() {
+            tokio::time::sleep(self.ack_delay).await;
+        }
         let mut dups = 0;
         for a in acks {
             let ack = a.await.map_err(|e| publish_err(&t.subject, &e))?;

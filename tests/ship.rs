@@ -895,3 +895,28 @@ fn bad_configuration_fails_with_one_line_naming_the_problem() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("refused the credentials"), "{err}");
 }
+
+#[test]
+fn the_systemd_unit_verifies() {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        eprintln!("skipping: systemd-analyze is missing (Debian package systemd)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/logmon-ship.service"),
+    )
+    .unwrap();
+    let ship = bin().with_file_name("logmon-ship");
+    let unit = unit.replace("/usr/local/bin/logmon-ship", ship.to_str().unwrap());
+    let path = tmp.path().join("logmon-ship.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(said.trim(), "", "systemd-analyze verify printed warnings");
+}

@@ -350,6 +350,37 @@ impl Reader {
     }
 }
 
+/// Creates a JetStream stream, retrying for up to 60 s (cluster start).
+fn create_stream(url: &str, name: &str, subjects: &str, replicas: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = async {
+                let c = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                let js = async_nats::jetstream::new(c);
+                js.create_stream(async_nats::jetstream::stream::Config {
+                    name: name.into(),
+                    subjects: vec![subjects.into()],
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())
+            }
+            .await;
+            match r {
+                Ok(_) => return,
+                Err(e) if Instant::now() > end => panic!("creating {name} at {url}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    });
+}
+
 /// Checks the headers of every message of (task, stream): offsets
 /// contiguous within a file, files in order, whole lines, capture time
 /// within the test's run, metadata.
@@ -642,29 +673,19 @@ fn cluster_r3_keeps_every_line_once_through_kill_9_of_one_node() {
         "t",
         &["--max-file-size", "1MiB", "--max-files", "100"],
     );
-    // The cluster needs a moment to elect a meta leader: retry the start.
-    let mut ship = None;
-    for _ in 0..60 {
-        let mut s = Shipper::start(&[
-            "--nats",
-            &urls,
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--replicas",
-            "3",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ]);
-        std::thread::sleep(Duration::from_millis(1500));
-        if s.child.as_mut().unwrap().try_wait().unwrap().is_none() {
-            ship = Some(s);
-            break;
-        }
-    }
-    let _ship = ship.expect("the shipper never started against the cluster");
+    // A fresh cluster needs a moment to elect its meta leader: the test
+    // creates the R3 stream itself, retrying, then the shipper uses it.
+    create_stream(&nodes[1].url(), "LOGS", "logmon.*.*", 3);
+    let _ship = Shipper::start(&[
+        "--nats",
+        &urls,
+        "--stream",
+        "LOGS",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
     let f = fifo(&logs, "t", Stream::Stdout);
     write_numbered(&f, 0, 50_000);
     std::thread::sleep(Duration::from_millis(300));
@@ -720,12 +741,39 @@ fn purge_racing_a_stopped_shipper_is_counted_and_published_as_a_gap() {
     // While no shipper runs, the task writes ~100 files' worth: all but
     // the last 3 files are purged before they could be shipped.
     write_numbered(&f, 50, 5000);
+    // Read once the task's logmon has written (and purged) everything.
+    let mut kept = Vec::new();
+    let mut first_kept = 0;
     assert!(wait_until(Duration::from_secs(10), || {
-        let b = read_stream(&logs, "t", Stream::Stdout);
-        b.ends_with(numbered_line(4999).as_bytes())
+        let Ok(names) = std::fs::read_dir(&logs) else {
+            return false;
+        };
+        let mut idx: Vec<u64> = names
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_prefix("t.stdout.")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        idx.sort();
+        let mut b = Vec::new();
+        for n in &idx {
+            match std::fs::read(logs.join(format!("t.stdout.{n}"))) {
+                Ok(x) => b.extend(x),
+                Err(_) => return false,
+            }
+        }
+        if b.ends_with(numbered_line(4999).as_bytes()) {
+            kept = b;
+            first_kept = idx[0];
+            true
+        } else {
+            false
+        }
     }));
-    let kept = read_stream(&logs, "t", Stream::Stdout);
-    let first_kept = indices(&logs, "t", Stream::Stdout)[0];
     let _ship = Shipper::start(&args);
     let mut want = r.bytes_of("t", "stdout");
     want.extend_from_slice(&kept);
@@ -898,7 +946,11 @@ fn bad_configuration_fails_with_one_line_naming_the_problem() {
 
 #[test]
 fn the_systemd_unit_verifies() {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("skipping: systemd-analyze is missing (Debian package systemd)");
         return;
     }

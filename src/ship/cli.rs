@@ -22,7 +22,7 @@ pub const EXIT_TEMPFAIL: i32 = 75;
 
 /// logmon ship: publish the node's task logs into a NATS JetStream stream, exactly once.
 #[derive(Debug, Parser)]
-#[command(name = "logmon ship", version)]
+#[command(name = "logmon ship", bin_name = "logmon ship", version)]
 pub struct Args {
     /// NATS server URLs, comma-separated (nats://host:4222, tls://…).
     #[arg(long, env = "LOGMON_SHIP_NATS", required_unless_present = "status")]

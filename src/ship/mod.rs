@@ -164,6 +164,7 @@ impl Shipper {
         js: jetstream::Context,
         max_payload: u64,
     ) -> Result<Shipper, ShipError> {
+        use notify::event::{CreateKind, ModifyKind, RemoveKind};
         use notify::{EventKind, Watcher};
         let state = state::load(&cfg.state_dir)?;
         let wake = Arc::new(Wake::default());
@@ -181,11 +182,17 @@ impl Shipper {
                         d.0.insert(parent.to_path_buf());
                     }
                 }
-                if matches!(ev.kind, EventKind::Create(_) | EventKind::Remove(_))
-                    && ev
-                        .paths
-                        .iter()
-                        .any(|p| roots.iter().any(|r| p.starts_with(r)))
+                // Only directories coming and going under a root call for
+                // a new walk (not every file a purge removes).
+                if matches!(
+                    ev.kind,
+                    EventKind::Create(CreateKind::Folder)
+                        | EventKind::Remove(RemoveKind::Folder)
+                        | EventKind::Modify(ModifyKind::Name(_))
+                ) && ev
+                    .paths
+                    .iter()
+                    .any(|p| roots.iter().any(|r| p.starts_with(r)))
                 {
                     d.1 = true;
                 }

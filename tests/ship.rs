@@ -650,8 +650,11 @@ fn server_down_for_seconds_never_blocks_the_task_and_everything_arrives_after() 
         line_bytes(0, 151_000)
     );
     assert_numbered(&r.bytes_of("t", "stdout"), 0, 151_000);
+    // (Whether the shipper saw errors depends on timing: a publish the
+    // client buffered while disconnected may still be acked after the
+    // restart, within its 5 s ack timeout.)
     let st = status(&state);
-    assert!(st["streams"][0]["errors"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["streams"][0]["lag_bytes"], 0, "{st}");
 }
 
 #[test]

@@ -39,6 +39,9 @@
 //!   `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **service** — `systemd` adds readiness, the fd store and socket
 //!   activation when run as `logmon@.service`.
+//! - **shipping** — [`ship`] is `logmon ship` (its own binary,
+//!   `logmon-ship`): one per node, it publishes every task stream into NATS
+//!   JetStream exactly once (DESIGN.md §12).
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
 //!   `main.rs` only calls [`cli::main`].
 //!
@@ -83,6 +86,7 @@ mod sandbox;
 mod server;
 mod sockaddr;
 mod state;
+pub mod ship;
 #[allow(unsafe_code)] // owning the LISTEN_FDS descriptors
 mod systemd;
 mod timeline;

@@ -213,6 +213,32 @@ pub enum Command {
     Logs(LogsArgs),
     /// Run a command with its stdout/stderr captured into rotated files.
     Exec(ExecArgs),
+    /// Publish the node's task logs into NATS JetStream, exactly once
+    /// (execs `logmon-ship` beside this binary; 'logmon ship --help').
+    #[command(disable_help_flag = true)]
+    Ship(ShipArgs),
+}
+
+/// `logmon ship`'s arguments, passed on untouched to `logmon-ship`.
+#[derive(Debug, Clone, Args)]
+pub struct ShipArgs {
+    /// Arguments of logmon-ship.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    pub args: Vec<std::ffi::OsString>,
+}
+
+/// Replaces this process with the `logmon-ship` binary next to the
+/// running executable (the shipper's NATS client never enters this binary).
+fn exec_ship(a: &ShipArgs) -> Result<i32, CliError> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot find logmon's own path: {e}")))?;
+    let ship = exe.with_file_name("logmon-ship");
+    let e = std::process::Command::new(&ship).args(&a.args).exec();
+    Err(CliError::new(
+        EXIT_FAILURE,
+        format!("cannot run {}: {e}", ship.display()),
+    ))
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -433,6 +459,7 @@ pub fn dispatch(cli: Cli) -> i32 {
             logs::run(&a)
         }
         Command::Exec(a) => exec::run(&a),
+        Command::Ship(a) => exec_ship(&a),
     };
     match result {
         Ok(code) => code,

@@ -33,6 +33,7 @@ mod hostile;
 mod logs;
 mod reattach;
 mod rotation_props;
+mod ship;
 mod soak;
 mod systemd;
 mod timeline;

@@ -1,0 +1,7 @@
+//! The `logmon-ship` binary (`logmon ship` execs it): everything lives in
+//! [`logmon::ship`], so the per-task `logmon` binary never links the NATS
+//! client.
+
+fn main() {
+    logmon::ship::cli::main()
+}

@@ -1,0 +1,976 @@
+//! `logmon ship` against real `nats-server` processes on loopback: tasks
+//! captured by real `logmon run`s, the stream read back with async-nats and
+//! compared with what the tasks wrote — every line exactly once, in order
+//! per stream, with the right headers — through kill -9 of the shipper, a
+//! server outage, a cluster node's death, purges, many tasks. Every
+//! process started here is killed by a guard on drop. Skips (with a
+//! printed reason) when `nats-server` is not installed.
+
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use logmon::config::Stream;
+
+const NATS: &str = "nats-server";
+
+fn have_nats() -> bool {
+    let ok = Command::new(NATS)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: {NATS} is not installed (apt-get install nats-server)");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A nats-server process; SIGKILLed on drop.
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+}
+
+impl Server {
+    fn spawn(args: &[String]) -> Child {
+        Command::new(NATS)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server")
+    }
+
+    /// One JetStream node storing in `store`.
+    fn single(store: &Path) -> Server {
+        let port = free_port();
+        let args: Vec<String> = [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-js",
+            "-sd",
+            store.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = Server {
+            child: Some(Server::spawn(&args)),
+            port,
+            args,
+        };
+        s.wait_up();
+        s
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_up(&self) {
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            }),
+            "nats-server on port {} did not come up",
+            self.port
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        self.child = Some(Server::spawn(&self.args));
+        self.wait_up();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A 3-node cluster, each node with JetStream in its own store.
+fn cluster(base: &Path) -> Vec<Server> {
+    let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let route: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let routes = route
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    (0..3)
+        .map(|i| {
+            let store = base.join(format!("n{i}"));
+            std::fs::create_dir_all(&store).unwrap();
+            let args: Vec<String> = vec![
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                client[i].to_string(),
+                "-n".into(),
+                format!("n{i}"),
+                "-js".into(),
+                "-sd".into(),
+                store.to_str().unwrap().into(),
+                "--cluster_name".into(),
+                "logmon".into(),
+                "--cluster".into(),
+                format!("nats://127.0.0.1:{}", route[i]),
+                "--routes".into(),
+                routes.clone(),
+            ];
+            Server {
+                child: Some(Server::spawn(&args)),
+                port: client[i],
+                args,
+            }
+        })
+        .collect()
+}
+
+/// A `logmon ship` process (through `logmon ship`, so the exec of the
+/// sibling binary is exercised); SIGKILLed on drop.
+struct Shipper {
+    child: Option<Child>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Shipper {
+    fn start(args: &[&str]) -> Shipper {
+        Shipper::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Shipper {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut s = Shipper {
+            child: None,
+            args,
+            env,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut a = vec!["ship".to_string()];
+        a.extend(self.args.iter().cloned());
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        self.child = Some(
+            logmon(&a)
+                .env("LOGMON_LOG", "warn")
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn logmon ship"),
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn sigterm(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        c.wait().unwrap().code()
+    }
+}
+
+impl Drop for Shipper {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One message read back.
+#[derive(Debug, Clone)]
+struct Msg {
+    subject: String,
+    headers: BTreeMap<String, String>,
+    payload: Vec<u8>,
+}
+
+/// Reads a JetStream stream back, message by message, in sequence order.
+struct Reader {
+    rt: tokio::runtime::Runtime,
+    stream: async_nats::jetstream::stream::Stream,
+    next: u64,
+    msgs: Vec<Msg>,
+}
+
+impl Reader {
+    fn new(url: &str, name: &str) -> Reader {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let stream = rt.block_on(async {
+            let end = Instant::now() + Duration::from_secs(30);
+            loop {
+                let r = async {
+                    let c = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                    let js = async_nats::jetstream::new(c);
+                    js.get_stream(name).await.map_err(|e| e.to_string())
+                }
+                .await;
+                match r {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() > end => panic!("stream {name} at {url}: {e}"),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        });
+        Reader {
+            rt,
+            stream,
+            next: 1,
+            msgs: Vec::new(),
+        }
+    }
+
+    /// Fetches the messages stored since the last call.
+    fn poll(&mut self) {
+        let Reader {
+            rt,
+            stream,
+            next,
+            msgs,
+            ..
+        } = self;
+        rt.block_on(async {
+            let Ok(info) = stream.get_info().await else {
+                return;
+            };
+            while *next <= info.state.last_sequence {
+                match stream.get_raw_message(*next).await {
+                    Ok(m) => {
+                        msgs.push(Msg {
+                            subject: m.subject.to_string(),
+                            headers: m
+                                .headers
+                                .iter()
+                                .map(|(k, v)| {
+                                    (
+                                        k.to_string(),
+                                        v.first()
+                                            .map(|v| v.as_str().to_owned())
+                                            .unwrap_or_default(),
+                                    )
+                                })
+                                .collect(),
+                            payload: m.payload.to_vec(),
+                        });
+                        *next += 1;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// The payloads of (task, stream) concatenated in sequence order
+    /// (gap records carry none).
+    fn bytes_of(&self, task: &str, stream: &str) -> Vec<u8> {
+        self.of(task, stream)
+            .flat_map(|m| m.payload.iter().copied())
+            .collect()
+    }
+
+    fn of<'a>(&'a self, task: &'a str, stream: &'a str) -> impl Iterator<Item = &'a Msg> + 'a {
+        self.msgs.iter().filter(move |m| {
+            m.headers.get("Logmon-Task").map(String::as_str) == Some(task)
+                && m.headers.get("Logmon-Stream").map(String::as_str) == Some(stream)
+        })
+    }
+
+    /// Polls until every (task, stream, byte count) has at least that many
+    /// payload bytes, or `timeout`.
+    fn wait_for(&mut self, want: &[(&str, &str, usize)], timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            self.poll();
+            if want.iter().all(|(t, s, n)| self.bytes_of(t, s).len() >= *n) {
+                // A little longer: a duplicate would show up now.
+                std::thread::sleep(Duration::from_millis(300));
+                self.poll();
+                return true;
+            }
+            if Instant::now() > end {
+                eprintln!(
+                    "timed out: {} messages read, the first: {:?}",
+                    self.msgs.len(),
+                    self.msgs
+                        .first()
+                        .map(|m| (&m.subject, &m.headers, m.payload.len()))
+                );
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Creates a JetStream stream, retrying for up to 60 s (cluster start).
+fn create_stream(url: &str, name: &str, subjects: &str, replicas: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = async {
+                let c = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                let js = async_nats::jetstream::new(c);
+                js.create_stream(async_nats::jetstream::stream::Config {
+                    name: name.into(),
+                    subjects: vec![subjects.into()],
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())
+            }
+            .await;
+            match r {
+                Ok(_) => return,
+                Err(e) if Instant::now() > end => panic!("creating {name} at {url}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    });
+}
+
+/// Checks the headers of every message of (task, stream): offsets
+/// contiguous within a file, files in order, whole lines, capture time
+/// within the test's run, metadata.
+fn check_headers(r: &Reader, dir: &Path, task: &str, stream: &str, t0: i64, meta: &[(&str, &str)]) {
+    let mut pos: Option<(u64, u64)> = None;
+    for m in r.of(task, stream) {
+        let file: u64 = m.headers["Logmon-File"].parse().unwrap();
+        let off: u64 = m.headers["Logmon-Offset"].parse().unwrap();
+        assert!(m.headers.contains_key("Nats-Msg-Id"));
+        for (k, v) in meta {
+            assert_eq!(
+                m.headers
+                    .get(&format!("Logmon-Meta-{k}"))
+                    .map(String::as_str),
+                Some(*v)
+            );
+        }
+        if m.headers.contains_key("Logmon-Gap-Bytes") {
+            pos = None;
+            continue;
+        }
+        if let Some((f, o)) = pos {
+            if f == file {
+                assert_eq!(off, o, "{task}/{stream}: file {file} offset jumps");
+            } else {
+                assert!(
+                    file > f && off == 0,
+                    "{task}/{stream}: file {f}->{file} at {off}"
+                );
+            }
+        }
+        assert!(m.payload.ends_with(b"\n"), "a message ends mid-line");
+        let t = logmon::internals::timeline::parse_rfc3339(&m.headers["Logmon-Time"]).expect("Logmon-Time");
+        assert!(
+            t >= t0 && t <= logmon::internals::index::now_ns(),
+            "capture time out of the run"
+        );
+        // The payload is exactly the file's bytes there (when still present).
+        if let Ok(b) = std::fs::read(dir.join(format!("{task}.{stream}.{file}"))) {
+            let o = off as usize;
+            assert_eq!(&b[o..o + m.payload.len()], &m.payload[..]);
+        }
+        pos = Some((file, off + m.payload.len() as u64));
+    }
+}
+
+fn line_bytes(from: u64, to: u64) -> usize {
+    (from..to).map(|i| numbered_line(i).len()).sum()
+}
+
+fn status(state: &Path) -> serde_json::Value {
+    let out = logmon(&["ship", "--state-dir", state.to_str().unwrap(), "--status"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn single_node_ships_every_line_once_in_order_with_headers() {
+    if !have_nats() {
+        return;
+    }
+    let t0 = logmon::internals::index::now_ns();
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let web = Daemon::start(
+        &logs,
+        "web.v2",
+        &[
+            "--max-file-size",
+            "64KiB",
+            "--max-files",
+            "100",
+            "--meta",
+            "job=api",
+        ],
+    );
+    let _db = Daemon::start(&logs, "db", &[]);
+    let mut ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--subject",
+        "logs.{job}.{task}.{stream}",
+    ]);
+    write_numbered(&fifo(&logs, "web.v2", Stream::Stdout), 0, 20_000);
+    write_numbered(&fifo(&logs, "web.v2", Stream::Stderr), 0, 300);
+    write_numbered(&fifo(&logs, "db", Stream::Stdout), 0, 1000);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[
+            ("web.v2", "stdout", line_bytes(0, 20_000)),
+            ("web.v2", "stderr", line_bytes(0, 300)),
+            ("db", "stdout", line_bytes(0, 1000)),
+        ],
+        Duration::from_secs(60)
+    ));
+    assert_numbered(&r.bytes_of("web.v2", "stdout"), 0, 20_000);
+    assert_numbered(&r.bytes_of("web.v2", "stderr"), 0, 300);
+    assert_numbered(&r.bytes_of("db", "stdout"), 0, 1000);
+    assert!(r.bytes_of("db", "stderr").is_empty());
+    assert!(
+        indices(&logs, "web.v2", Stream::Stdout).len() > 2,
+        "rotated"
+    );
+    check_headers(&r, &logs, "web.v2", "stdout", t0, &[("job", "api")]);
+    check_headers(&r, &logs, "db", "stdout", t0, &[]);
+    // Subjects from the template: a dotted task is one token; a missing key is `_`.
+    assert!(r
+        .of("web.v2", "stdout")
+        .all(|m| m.subject == "logs.api.web_v2.stdout"));
+    assert!(r
+        .of("db", "stdout")
+        .all(|m| m.subject == "logs._.db.stdout"));
+    // Batched: far fewer messages than lines.
+    assert!(r.of("web.v2", "stdout").count() < 200);
+    // SIGTERM: saves and exits 0; the status says everything shipped.
+    assert_eq!(ship.sigterm(), Some(0));
+    let st = status(&state);
+    let streams = st["streams"].as_array().unwrap();
+    let web_out = streams
+        .iter()
+        .find(|s| s["task"] == "web.v2" && s["stream"] == "stdout")
+        .unwrap();
+    assert_eq!(web_out["shipped_bytes"], line_bytes(0, 20_000) as u64);
+    assert_eq!(web_out["lag_bytes"], 0);
+    assert_eq!(web_out["gap_bytes"], 0);
+    drop(web);
+}
+
+#[test]
+fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(
+        &logs,
+        "t",
+        &["--max-file-size", "8MiB", "--max-files", "1000"],
+    );
+    // Acks are awaited 200 ms after each window is published, so most
+    // kills land between the publish and the cursor's move.
+    let mut ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+    );
+    const N: u64 = 300_000;
+    let f = fifo(&logs, "t", Stream::Stdout);
+    let writer = std::thread::spawn(move || {
+        for k in 0..100 {
+            write_numbered(&f, k * N / 100, (k + 1) * N / 100);
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    });
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(250 + 37 * i));
+        ship.kill9();
+        ship.spawn();
+    }
+    writer.join().unwrap();
+    assert!(
+        r.wait_for(
+            &[("t", "stdout", line_bytes(0, N))],
+            Duration::from_secs(90)
+        ),
+        "not everything arrived: {} of {} bytes",
+        r.bytes_of("t", "stdout").len(),
+        line_bytes(0, N)
+    );
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, N);
+    check_headers(&r, &logs, "t", "stdout", 0, &[]);
+    // Windows were re-sent after kills and JetStream dropped the copies.
+    assert_eq!(ship.sigterm(), Some(0));
+    let st = status(&state);
+    assert!(st["streams"][0]["duplicates"].as_u64().unwrap() > 0, "{st}");
+}
+
+#[test]
+fn server_down_for_seconds_never_blocks_the_task_and_everything_arrives_after() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(
+        &logs,
+        "t",
+        &["--max-file-size", "1MiB", "--max-files", "100"],
+    );
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 1000);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 1000))],
+        Duration::from_secs(30)
+    ));
+    drop(r);
+    srv.kill();
+    // The task writes 10 MB while no server runs: it never waits for one
+    // (the writes land in the files; the shipper only retries).
+    write_numbered(&f, 1000, 150_000);
+    assert!(
+        wait_until(Duration::from_secs(20), || read_stream(
+            &logs,
+            "t",
+            Stream::Stdout
+        )
+        .len()
+            == line_bytes(0, 150_000)),
+        "capture stalled while the server was down"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    srv.restart();
+    write_numbered(&f, 150_000, 151_000);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(
+            &[("t", "stdout", line_bytes(0, 151_000))],
+            Duration::from_secs(90)
+        ),
+        "after the outage: {} of {} bytes",
+        r.bytes_of("t", "stdout").len(),
+        line_bytes(0, 151_000)
+    );
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, 151_000);
+    // (Whether the shipper saw errors depends on timing: a publish the
+    // client buffered while disconnected may still be acked after the
+    // restart, within its 5 s ack timeout.)
+    let st = status(&state);
+    assert_eq!(st["streams"][0]["lag_bytes"], 0, "{st}");
+}
+
+#[test]
+fn cluster_r3_keeps_every_line_once_through_kill_9_of_one_node() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut nodes = cluster(tmp.path());
+    for n in &nodes {
+        n.wait_up();
+    }
+    let urls = nodes.iter().map(Server::url).collect::<Vec<_>>().join(",");
+    let _d = Daemon::start(
+        &logs,
+        "t",
+        &["--max-file-size", "1MiB", "--max-files", "100"],
+    );
+    // A fresh cluster needs a moment to elect its meta leader: the test
+    // creates the R3 stream itself, retrying, then the shipper uses it.
+    create_stream(&nodes[1].url(), "LOGS", "logmon.*.*", 3);
+    let _ship = Shipper::start(&[
+        "--nats",
+        &urls,
+        "--stream",
+        "LOGS",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 50_000);
+    std::thread::sleep(Duration::from_millis(300));
+    nodes[0].kill();
+    write_numbered(&f, 50_000, 100_000);
+    let url1 = nodes[1].url();
+    let mut r = Reader::new(&url1, "LOGS");
+    assert!(
+        r.wait_for(
+            &[("t", "stdout", line_bytes(0, 100_000))],
+            Duration::from_secs(90)
+        ),
+        "with one node down: {} of {} bytes",
+        r.bytes_of("t", "stdout").len(),
+        line_bytes(0, 100_000)
+    );
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, 100_000);
+    let info = r.rt.block_on(r.stream.get_info()).unwrap();
+    assert_eq!(info.config.num_replicas, 3);
+}
+
+#[test]
+fn purge_racing_a_stopped_shipper_is_counted_and_published_as_a_gap() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(&logs, "t", &["--max-file-size", "4KiB", "--max-files", "3"]);
+    let args = [
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 50);
+    let mut ship = Shipper::start(&args);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 50))],
+        Duration::from_secs(30)
+    ));
+    assert_eq!(ship.sigterm(), Some(0));
+    // While no shipper runs, the task writes ~100 files' worth: all but
+    // the last 3 files are purged before they could be shipped.
+    write_numbered(&f, 50, 5000);
+    // Read once the task's logmon has written (and purged) everything.
+    let mut kept = Vec::new();
+    let mut first_kept = 0;
+    assert!(wait_until(Duration::from_secs(10), || {
+        let Ok(names) = std::fs::read_dir(&logs) else {
+            return false;
+        };
+        let mut idx: Vec<u64> = names
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_prefix("t.stdout.")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        idx.sort();
+        let mut b = Vec::new();
+        for n in &idx {
+            match std::fs::read(logs.join(format!("t.stdout.{n}"))) {
+                Ok(x) => b.extend(x),
+                Err(_) => return false,
+            }
+        }
+        if b.ends_with(numbered_line(4999).as_bytes()) {
+            kept = b;
+            first_kept = idx[0];
+            true
+        } else {
+            false
+        }
+    }));
+    let _ship = Shipper::start(&args);
+    let mut want = r.bytes_of("t", "stdout");
+    want.extend_from_slice(&kept);
+    assert!(r.wait_for(&[("t", "stdout", want.len())], Duration::from_secs(30)));
+    assert_eq!(
+        r.bytes_of("t", "stdout"),
+        want,
+        "the lines before the gap and the kept tail, once"
+    );
+    let gaps: Vec<&Msg> = r
+        .of("t", "stdout")
+        .filter(|m| m.headers.contains_key("Logmon-Gap-Bytes"))
+        .collect();
+    assert_eq!(gaps.len(), 1, "one gap record");
+    assert!(gaps[0].payload.is_empty());
+    // File 0 was partly shipped and the files up to the first kept one were lost.
+    assert_eq!(gaps[0].headers["Logmon-Gap-Files"], first_kept.to_string());
+    let st = status(&state);
+    assert_eq!(st["streams"][0]["gaps"], 1, "{st}");
+}
+
+#[test]
+fn watch_follows_many_tasks_appearing_and_ending() {
+    if !have_nats() {
+        return;
+    }
+    const TASKS: usize = 100;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("allocs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    // Half the tasks exist before the shipper starts, half appear after.
+    let dir_of = |i: usize| -> PathBuf { root.join(format!("a{i}")).join("alloc").join("logs") };
+    let mut daemons = Vec::new();
+    let start = |i: usize, daemons: &mut Vec<Daemon>| {
+        std::fs::create_dir_all(dir_of(i)).unwrap();
+        let d = Daemon::start(&dir_of(i), &format!("task{i}"), &[]);
+        write_numbered(
+            &fifo(&dir_of(i), &format!("task{i}"), Stream::Stdout),
+            0,
+            100,
+        );
+        daemons.push(d);
+    };
+    for i in 0..TASKS / 2 {
+        start(i, &mut daemons);
+    }
+    // A directory not matching the pattern is not shipped.
+    std::fs::create_dir_all(root.join("a0").join("alloc").join("other")).unwrap();
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--watch",
+        root.to_str().unwrap(),
+        "--pattern",
+        "*/alloc/logs",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    for i in TASKS / 2..TASKS {
+        start(i, &mut daemons);
+        if i % 10 == 0 {
+            // Some end while others appear.
+            daemons.remove(0);
+        }
+    }
+    drop(daemons);
+    let names: Vec<String> = (0..TASKS).map(|i| format!("task{i}")).collect();
+    let want: Vec<(&str, &str, usize)> = names
+        .iter()
+        .map(|n| (n.as_str(), "stdout", line_bytes(0, 100)))
+        .collect();
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(&want, Duration::from_secs(120)),
+        "tasks missing: {:?}",
+        names
+            .iter()
+            .filter(|n| r.bytes_of(n, "stdout").len() < line_bytes(0, 100))
+            .collect::<Vec<_>>()
+    );
+    for n in &names {
+        assert_numbered(&r.bytes_of(n, "stdout"), 0, 100);
+    }
+}
+
+#[test]
+fn bad_configuration_fails_with_one_line_naming_the_problem() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let run = |args: &[&str]| {
+        let mut a = vec!["ship", "--state-dir", state.to_str().unwrap()];
+        a.extend_from_slice(args);
+        let out = logmon(&a).env("LOGMON_LOG", "off").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+        (out.status.code(), err)
+    };
+    let l = logs.to_str().unwrap();
+    let (code, err) = run(&["--nats", "http://[::1", "--stream", "S", "--log-dir", l]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("bad NATS URL"), "{err}");
+    let closed = free_port();
+    let url = format!("nats://127.0.0.1:{closed}");
+    let (code, err) = run(&["--nats", &url, "--stream", "S", "--log-dir", l]);
+    assert_eq!(code, Some(75), "{err}");
+    assert!(err.contains("cannot reach the NATS server"), "{err}");
+    let (code, err) = run(&["--nats", &url, "--stream", "S"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--log-dir"), "{err}");
+    let srv = Server::single(&tmp.path().join("js"));
+    let (code, err) = run(&["--nats", &srv.url(), "--stream", "NOPE", "--log-dir", l]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--create-stream"), "{err}");
+    // Environment variables are read too.
+    let out = logmon(&["ship"])
+        .env("LOGMON_SHIP_STATE_DIR", &state)
+        .env("LOGMON_SHIP_NATS", srv.url())
+        .env("LOGMON_SHIP_STREAM", "NOPE")
+        .env("LOGMON_SHIP_LOG_DIR", &logs)
+        .env("LOGMON_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NOPE"));
+    // A server requiring a password refuses a wrong one.
+    let port = free_port();
+    let mut authed = Server {
+        child: None,
+        port,
+        args: [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--user",
+            "u",
+            "--pass",
+            "right",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    };
+    authed.restart();
+    let (code, err) = run(&[
+        "--nats",
+        &authed.url(),
+        "--stream",
+        "S",
+        "--log-dir",
+        l,
+        "--user",
+        "u",
+        "--password",
+        "wrong",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the credentials"), "{err}");
+}
+
+#[test]
+fn the_systemd_unit_verifies() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: systemd-analyze is missing (Debian package systemd)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/logmon-ship.service"),
+    )
+    .unwrap();
+    let ship = bin().with_file_name("logmon-ship");
+    let unit = unit.replace("/usr/local/bin/logmon-ship", ship.to_str().unwrap());
+    let path = tmp.path().join("logmon-ship.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(said.trim(), "", "systemd-analyze verify printed warnings");
+}

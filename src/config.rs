@@ -222,6 +222,10 @@ pub struct CaptureConfig {
     /// Run without self-confinement (`--no-sandbox`, DESIGN.md §10): passed
     /// on to a launched daemon so the flag means the same by every route.
     pub no_sandbox: bool,
+    /// Bytes per stream past `max_files` that purge holds for the node's
+    /// shipper while it has not read them (`--keep-unshipped`, DESIGN.md
+    /// §12); 0: none.
+    pub keep_unshipped: u64,
     /// The task's metadata (`--meta KEY=VALUE`, DESIGN.md §11): shown in
     /// `status`, written for readers to `.<task>.logmon.meta`. Empty given
     /// to [`crate::hook::Hook`] means "keep the metadata in the state".
@@ -244,6 +248,7 @@ impl CaptureConfig {
             pipe_size: DEFAULT_PIPE_SIZE,
             on_write_error: WriteErrorPolicy::Drop,
             no_sandbox: false,
+            keep_unshipped: 0,
             meta: Meta::new(),
         }
     }

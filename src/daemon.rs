@@ -359,13 +359,15 @@ fn ignore_sigxfsz() {
 /// The rotator of each stream, in the log directory.
 fn open_rotators(cfg: &CaptureConfig, log_dir: &Arc<Dir>) -> Result<[Rotator; 2], DaemonError> {
     let open = |stream| {
-        Rotator::open_in(
+        let mut r = Rotator::open_in(
             log_dir.clone(),
             &cfg.task,
             stream,
             cfg.max_files,
             cfg.max_file_size,
-        )
+        )?;
+        r.set_keep_unshipped(cfg.keep_unshipped);
+        Ok::<_, RotateError>(r)
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }

@@ -95,6 +95,10 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
     if cfg.no_sandbox {
         a.push("--no-sandbox".into());
     }
+    if cfg.keep_unshipped > 0 {
+        a.push("--keep-unshipped".into());
+        a.push(cfg.keep_unshipped.to_string().into());
+    }
     for (k, v) in cfg.meta.iter() {
         a.push("--meta".into());
         a.push(format!("{k}={v}").into());
@@ -223,6 +227,7 @@ mod tests {
         cfg.pipe_size = 65536;
         cfg.on_write_error = crate::config::WriteErrorPolicy::Block;
         cfg.no_sandbox = true;
+        cfg.keep_unshipped = 1 << 30;
         for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
             cfg.meta.insert_pair(p).unwrap();
         }

@@ -84,9 +84,10 @@ mod rotate;
 #[allow(unsafe_code)] // prctl, capset
 mod sandbox;
 mod server;
+pub mod ship;
+mod shipped;
 mod sockaddr;
 mod state;
-pub mod ship;
 #[allow(unsafe_code)] // owning the LISTEN_FDS descriptors
 mod systemd;
 mod timeline;

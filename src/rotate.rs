@@ -246,6 +246,9 @@ pub struct Rotator {
     /// A purged file whose index was kept to be renamed to the next new
     /// file's and reused ([`IndexWriter::recycle`]).
     spare: Option<u64>,
+    /// Bytes past `max_files` held for the shipper
+    /// ([`Rotator::set_keep_unshipped`]); 0: none.
+    keep_unshipped: u64,
     /// Failed index or high-water-mark writes, and when the last was logged.
     index_errors: u64,
     index_warned: Option<Instant>,
@@ -321,6 +324,7 @@ impl Rotator {
             hwm: None,
             hwm_file: None,
             spare: None,
+            keep_unshipped: 0,
             index_errors: 0,
             index_warned: None,
         };
@@ -758,9 +762,13 @@ impl Rotator {
             }
         }
         let excess = indices.len().saturating_sub(self.max_files as usize);
+        let held = self.held_for_shipper(&indices[..excess]);
         for &old in indices.iter().take(excess) {
             if old >= self.index {
                 break;
+            }
+            if held.contains(&old) {
+                continue;
             }
             if keep_spare && self.indexing {
                 // Keep this one's index for the new file; an older spare
@@ -787,6 +795,48 @@ impl Rotator {
 }
 
 impl Rotator {
+    /// Holds purge for the node's shipper (`run --keep-unshipped SIZE`):
+    /// up to `size` bytes of files beyond `max_files` that the shipper has
+    /// not finished are kept. 0 (the default) keeps none.
+    pub fn set_keep_unshipped(&mut self, size: u64) {
+        self.keep_unshipped = size;
+    }
+
+    /// Of the files about to be purged (`excess`, oldest first), those
+    /// kept for the shipper: the ones at or after its position
+    /// ([`crate::shipped`], read here, at rotation only), newest first,
+    /// as long as they add up to at most `keep_unshipped` bytes. The
+    /// oldest unshipped go first when they do not all fit, so the kept
+    /// files stay one contiguous run the shipper reads on from (what it
+    /// cannot read it announces as a gap). A forged position can hold at
+    /// most that much disk, never a line.
+    fn held_for_shipper(&self, excess: &[u64]) -> Vec<u64> {
+        if self.keep_unshipped == 0 || excess.is_empty() {
+            return Vec::new();
+        }
+        let Some(at) = crate::shipped::load(&self.dir, &self.task, self.stream) else {
+            return Vec::new();
+        };
+        let mut held = Vec::new();
+        let mut bytes = 0u64;
+        for &n in excess.iter().rev().filter(|&&n| n >= at.file) {
+            let size = match self.dir.stat(file_name(&self.task, self.stream, n)) {
+                Ok(Some(st)) => u64::try_from(st.st_size).unwrap_or(u64::MAX),
+                _ => 0,
+            };
+            if bytes.saturating_add(size) > self.keep_unshipped {
+                break;
+            }
+            bytes += size;
+            held.push(n);
+        }
+        if !held.is_empty() {
+            tracing::debug!(stream = %self.stream, files = held.len(), bytes,
+                shipped_to = at.file, "purge held for the shipper");
+        }
+        held
+    }
+
     /// Writes the record of the current batch (the bytes moved into the
     /// active file since the last record) into the file's index, stamped
     /// with the wall clock now — after the bytes, so a record never names
@@ -1321,6 +1371,57 @@ mod tests {
         assert_eq!(
             ix.records().iter().map(|x| x.offset).collect::<Vec<_>>(),
             [0, 4]
+        );
+    }
+
+    #[test]
+    fn keep_unshipped_holds_purge_for_the_shipper_up_to_size() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let at = |file| crate::shipped::Position { file, offset: 0 };
+        // One 4-byte line per file, 2 files kept; the shipper is at file 1
+        // and 8 bytes (two files) may be held for it.
+        crate::shipped::Writer::default()
+            .store(&dir, &task(), Stream::Stdout, at(1))
+            .unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        r.set_keep_unshipped(8);
+        for i in 0..10u8 {
+            put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
+        }
+        // File 0 was shipped: purged. Of the unshipped files past the two
+        // kept, the newest that fit in 8 bytes are held.
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![6, 7, 8, 9]
+        );
+        // The shipper moved on to file 8: 6 and 7 go; 8, not finished, is
+        // still held.
+        crate::shipped::Writer::default()
+            .store(&dir, &task(), Stream::Stdout, at(8))
+            .unwrap();
+        put(&mut r, b"kkk\n");
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            vec![8, 9, 10]
+        );
+        // Without the flag, a position changes nothing.
+        let d2 = tempfile::tempdir().unwrap();
+        crate::shipped::Writer::default()
+            .store(
+                &Dir::open(d2.path()).unwrap(),
+                &task(),
+                Stream::Stdout,
+                at(0),
+            )
+            .unwrap();
+        let mut r = Rotator::open(d2.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        for i in 0..5u8 {
+            put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
+        }
+        assert_eq!(
+            scan_indices(d2.path(), &task(), Stream::Stdout).unwrap(),
+            vec![3, 4]
         );
     }
 

@@ -279,6 +279,12 @@ pub struct RunArgs {
     /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
     pub pipe_size: u64,
+    /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
+    /// files past --max-files that the shipper has not read yet (its
+    /// position is the .TASK.STREAM.shipped file it leaves in the log
+    /// directory). 0: purge as usual.
+    #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value = "0", value_parser = parse_size_arg)]
+    pub keep_unshipped: u64,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
@@ -308,6 +314,7 @@ impl RunArgs {
         c.on_write_error = self.on_write_error;
         c.pipe_size = self.pipe_size;
         c.no_sandbox = self.no_sandbox;
+        c.keep_unshipped = self.keep_unshipped;
         // Read by hand rather than by clap's `env`: its delimiter would
         // also split a `--meta` value at its commas.
         c.meta = crate::meta::Meta::from_args(

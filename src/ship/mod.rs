@@ -121,6 +121,8 @@ struct Tracked {
     sizes: BTreeMap<u64, u64>,
     /// A partial last line has waited since then.
     partial_since: Option<Instant>,
+    /// The position left in the log directory for `run --keep-unshipped`.
+    shipped: crate::shipped::Writer,
 }
 
 /// Wakeups from inotify: which directories changed, and whether a watched
@@ -343,6 +345,7 @@ impl Shipper {
                 open: None,
                 sizes: BTreeMap::new(),
                 partial_since: None,
+                shipped: crate::shipped::Writer::default(),
             });
             t.subject = subject;
             t.headers = headers;
@@ -593,6 +596,16 @@ impl Shipper {
             }
         }
         t.stamper.forget_before(st.file);
+        // For `run --keep-unshipped`: where the stream stands, beside the
+        // files (after the ack: it may only ever be behind the stream).
+        let at = crate::shipped::Position {
+            file: st.file,
+            offset: st.offset,
+        };
+        if let Err(e) = t.shipped.store(&t.dir, &t.task, t.stream, at) {
+            tracing::debug!(task = %t.task, stream = %t.stream, error = %e,
+                "cannot leave the shipped position in the log directory");
+        }
         self.state_dirty = true;
         Ok(Step::Shipped)
     }

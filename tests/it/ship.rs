@@ -1539,3 +1539,134 @@ fn purge_racing_a_running_slow_shipper(exact_bytes: bool) {
     assert_eq!(st["streams"][0]["gap_bytes"], gap_bytes, "{st}");
     assert_eq!(st["streams"][0]["shipped_bytes"], data(&r).len(), "{st}");
 }
+
+/// Base64url without padding (the JWT encoding).
+fn b64url(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &x)| n | (u32::from(x) << (16 - 8 * i)));
+        for i in 0..=c.len() {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A NATS JWT (v2) for `sub`, signed by `signer`, with claims `nats`.
+fn nats_jwt(signer: &nkeys::KeyPair, sub: &str, name: &str, nats: serde_json::Value) -> String {
+    let header = b64url(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let iat = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "jti": b64url(format!("{sub}{name}{iat}").as_bytes()),
+        "iat": iat,
+        "iss": signer.public_key(),
+        "name": name,
+        "sub": sub,
+        "nats": nats,
+    });
+    let payload = b64url(claims.to_string().as_bytes());
+    let sig = signer
+        .sign(format!("{header}.{payload}").as_bytes())
+        .unwrap();
+    format!("{header}.{payload}.{}", b64url(&sig))
+}
+
+/// A credentials file (user JWT + seed) of a new user of `account`.
+fn creds(account: &nkeys::KeyPair, name: &str) -> String {
+    let user = nkeys::KeyPair::new_user();
+    let jwt = nats_jwt(
+        account,
+        &user.public_key(),
+        name,
+        serde_json::json!({"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2}),
+    );
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().unwrap()
+    )
+}
+
+#[test]
+fn creds_authentication_ships_with_a_user_of_the_account_and_fails_in_one_line_otherwise() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // Operator mode: an operator, an account with JetStream, its users.
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let op_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "op",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let limits = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let acct_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "logs",
+        serde_json::json!({"limits": limits, "type": "account", "version": 2}),
+    );
+    // JetStream needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let sys_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"limits": {"subs": -1, "data": -1, "payload": -1, "conn": -1}, "type": "account", "version": 2}),
+    );
+    let srv = configured(
+        &tmp.path().join("srv"),
+        &format!(
+            "operator: {op_jwt:?}\nsystem_account: {}\nresolver: MEMORY\n\
+             resolver_preload: {{ {}: {acct_jwt:?}, {}: {sys_jwt:?} }}",
+            system.public_key(),
+            account.public_key(),
+            system.public_key()
+        ),
+    );
+    let file = tmp.path().join("ship.creds");
+    std::fs::write(&file, creds(&account, "shipper")).unwrap();
+    let f = file.clone();
+    ships_a_line(
+        tmp.path(),
+        &srv.url(),
+        &["--creds", file.to_str().unwrap()],
+        // The reader connects as the same user.
+        move || {
+            async_nats::ConnectOptions::with_credentials(&std::fs::read_to_string(&f).unwrap())
+                .unwrap()
+        },
+    );
+    // A user of an account the server does not know.
+    let stranger = tmp.path().join("stranger.creds");
+    std::fs::write(&stranger, creds(&nkeys::KeyPair::new_account(), "x")).unwrap();
+    let (code, err) = refused(
+        tmp.path(),
+        &srv.url(),
+        &["--creds", stranger.to_str().unwrap()],
+    );
+    eprintln!("unknown account: {code:?} {err}");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the credentials"), "{err}");
+    // Not a credentials file.
+    let junk = tmp.path().join("junk.creds");
+    std::fs::write(&junk, "not a credentials file\n").unwrap();
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--creds", junk.to_str().unwrap()]);
+    eprintln!("junk: {code:?} {err}");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("credentials file"), "{err}");
+}

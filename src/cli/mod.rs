@@ -268,7 +268,7 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_MAX_FILES", default_value_t = config::DEFAULT_MAX_FILES)]
     pub max_files: u32,
     /// Size limit of one file: bytes, or 512KiB, 10MiB, 1GiB.
-    #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value = "10MiB", value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value_t = config::DEFAULT_MAX_FILE_SIZE, value_parser = parse_size_arg)]
     pub max_file_size: u64,
     /// Control socket [default: LOG_DIR/.TASK.logmon.sock].
     #[arg(long, env = "LOGMON_SOCKET")]
@@ -277,13 +277,13 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_ON_WRITE_ERROR", value_enum, default_value_t = WriteErrorPolicy::Drop)]
     pub on_write_error: WriteErrorPolicy,
     /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
-    #[arg(long, env = "LOGMON_PIPE_SIZE", default_value = "1MiB", value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_size_arg)]
     pub pipe_size: u64,
     /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
     /// files past --max-files that the shipper has not read yet (its
     /// position is the .TASK.STREAM.shipped file it leaves in the log
     /// directory). 0: purge as usual.
-    #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value = "0", value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value_t = 0, value_parser = parse_size_arg)]
     pub keep_unshipped: u64,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]

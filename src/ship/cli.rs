@@ -273,17 +273,24 @@ async fn serve(
     use async_nats::ConnectErrorKind as K;
     let opts = options(&args).await?;
     let shown = args.nats.clone().unwrap_or_default();
-    let client = opts.connect(addrs).await.map_err(|e| match e.kind() {
-        K::AuthorizationViolation | K::Authentication => fail(
-            EXIT_FAILURE,
-            format!("the NATS server at {shown} refused the credentials: {e}"),
-        ),
-        K::Tls => fail(EXIT_FAILURE, format!("TLS with {shown} failed: {e}")),
-        K::ServerParse => fail(EXIT_USAGE, format!("bad NATS URL {shown:?}: {e}")),
-        _ => fail(
-            EXIT_TEMPFAIL,
-            format!("cannot reach the NATS server at {shown}: {e}"),
-        ),
+    let client = opts.connect(addrs).await.map_err(|e| {
+        // A failed handshake comes back as an io error: it is the
+        // configuration, not the network, so exit 1, not "try again later".
+        if let Some(t) = tls_error(&e) {
+            return fail(EXIT_FAILURE, tls_failure(&shown, t));
+        }
+        match e.kind() {
+            K::AuthorizationViolation | K::Authentication => fail(
+                EXIT_FAILURE,
+                format!("the NATS server at {shown} refused the credentials: {e}"),
+            ),
+            K::Tls => fail(EXIT_FAILURE, format!("TLS with {shown} failed: {e}")),
+            K::ServerParse => fail(EXIT_USAGE, format!("bad NATS URL {shown:?}: {e}")),
+            _ => fail(
+                EXIT_TEMPFAIL,
+                format!("cannot reach the NATS server at {shown}: {e}"),
+            ),
+        }
     })?;
     let max_payload = u64::try_from(client.server_info().max_payload)
         .unwrap_or(1 << 20)
@@ -321,6 +328,40 @@ async fn serve(
         .run(stop)
         .await
         .map_err(|e| fail(EXIT_FAILURE, e.to_string()))
+}
+
+/// The TLS (rustls) error inside a connection's io error, if that is why
+/// it failed.
+fn tls_error(e: &async_nats::ConnectError) -> Option<&async_nats::rustls::Error> {
+    std::error::Error::source(e)?
+        .downcast_ref::<std::io::Error>()?
+        .get_ref()?
+        .downcast_ref::<async_nats::rustls::Error>()
+}
+
+/// One line naming TLS, what went wrong and what to check.
+fn tls_failure(shown: &str, e: &async_nats::rustls::Error) -> String {
+    use async_nats::rustls::{AlertDescription as A, Error as R};
+    match e {
+        R::InvalidCertificate(why) => format!(
+            "TLS with {shown} failed: the server's certificate is not trusted ({why:?}): check that --tls-ca names the CA that signed it and that the URL's host is in it"
+        ),
+        R::AlertReceived(
+            a @ (A::BadCertificate
+            | A::CertificateRequired
+            | A::UnknownCA
+            | A::UnsupportedCertificate
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::CertificateUnknown
+            | A::AccessDenied),
+        ) => format!(
+            "TLS with {shown} failed: the server refused the client certificate ({a:?}): check that --tls-cert and --tls-key are given and signed by a CA the server trusts"
+        ),
+        other => format!(
+            "TLS with {shown} failed: {other}: check --tls-ca, --tls-cert, --tls-key and the server's tls settings"
+        ),
+    }
 }
 
 /// Checks that `name` exists (or creates it with --create-stream).

@@ -1245,10 +1245,15 @@ fn tls_ships_with_the_right_ca_and_client_certificate_and_fails_in_one_line_othe
             .add_root_certificates(c.clone().into())
             .require_tls(true)
     });
+    // A configuration error, not an unreachable server: exit 1 (not 75),
+    // one line naming TLS and what to check.
     let (code, err) = refused(tmp.path(), &url, &["--tls-ca", &other_ca]);
     eprintln!("wrong CA: {code:?} {err}");
-    assert_ne!(code, Some(0), "{err}");
-    assert!(err.contains("certificate"), "{err}");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("TLS"), "{err}");
+    assert!(err.contains("server's certificate is not trusted"), "{err}");
+    assert!(err.contains("--tls-ca"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
 
     // Mutual TLS: the server also verifies the client's certificate.
     let mtls = configured(
@@ -1280,13 +1285,17 @@ fn tls_ships_with_the_right_ca_and_client_certificate_and_fails_in_one_line_othe
         &["--tls-ca", &ca, "--tls-cert", &s_cert, "--tls-key", &s_key],
     );
     eprintln!("untrusted client certificate: {code:?} {err}");
-    assert_ne!(code, Some(0), "{err}");
-    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("TLS"), "{err}");
+    assert!(err.contains("refused the client certificate"), "{err}");
+    assert!(err.contains("--tls-cert"), "{err}");
     // No client certificate.
     let (code, err) = refused(tmp.path(), &url, &["--tls-ca", &ca]);
     eprintln!("no client certificate: {code:?} {err}");
-    assert_ne!(code, Some(0), "{err}");
-    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("TLS"), "{err}");
+    assert!(err.contains("refused the client certificate"), "{err}");
+    assert!(err.contains("--tls-cert"), "{err}");
 }
 
 /// Voluntary plus involuntary context switches of every thread of `pid`

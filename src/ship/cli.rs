@@ -207,6 +207,9 @@ fn run(args: Args) -> Result<(), Failure> {
     if addrs.is_empty() {
         return Err(fail(EXIT_USAGE, "--nats names no server"));
     }
+    if let Some(k) = &args.nkey {
+        check_nkey(k)?;
+    }
     for d in &args.log_dirs {
         if !d.is_dir() {
             return Err(fail(
@@ -233,6 +236,25 @@ fn run(args: Args) -> Result<(), Failure> {
     rt.block_on(serve(args, addrs, stream))
 }
 
+/// Checks an `--nkey` seed now: the client would only parse it while
+/// connecting and report a refusal. The seed is secret: never echoed.
+fn check_nkey(seed: &str) -> Result<(), Failure> {
+    match nkeys::KeyPair::from_seed(seed.trim()) {
+        Ok(kp) if matches!(kp.key_pair_type(), nkeys::KeyPairType::User) => Ok(()),
+        Ok(kp) => Err(fail(
+            EXIT_USAGE,
+            format!(
+                "--nkey is a seed of type {:?}, not a user's: give the user's seed (SU…)",
+                kp.key_pair_type()
+            ),
+        )),
+        Err(e) => Err(fail(
+            EXIT_USAGE,
+            format!("--nkey is not a valid NKEY seed ({e}): give the user's seed, the SU… line `nk -gen user` or `nsc` printed"),
+        )),
+    }
+}
+
 async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
     let mut o = async_nats::ConnectOptions::new();
     if let Some(c) = &args.creds {
@@ -248,7 +270,7 @@ async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
         o = o.token(t.clone());
     }
     if let Some(k) = &args.nkey {
-        o = o.nkey(k.clone());
+        o = o.nkey(k.trim().to_owned());
     }
     if let Some(ca) = &args.tls_ca {
         o = o.add_root_certificates(ca.clone()).require_tls(true);

@@ -1117,10 +1117,27 @@ fn nkey_authentication_ships_with_the_right_seed_and_fails_in_one_line_with_anot
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("refused the credentials"), "{err}");
     // Not a seed at all.
+    // Not a seed at all: a configuration error found before connecting
+    // (exit 2), one line that names the flag and does not echo the secret.
     let (code, err) = refused(tmp.path(), &srv.url(), &["--nkey", "not-a-seed"]);
     eprintln!("not a seed: {code:?} {err}");
-    assert_ne!(code, Some(0), "{err}");
-    assert!(err.contains("logmon ship: error:"), "{err}");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--nkey is not a valid NKEY seed"), "{err}");
+    assert!(!err.contains("not-a-seed"), "{err}");
+    assert!(!err.contains("refused"), "{err}");
+    // A seed with one character changed (its checksum no longer holds).
+    let mut bad = seed.clone().into_bytes();
+    let i = bad.len() - 3;
+    bad[i] = if bad[i] == b'A' { b'B' } else { b'A' };
+    let bad = String::from_utf8(bad).unwrap();
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--nkey", &bad]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--nkey is not a valid NKEY seed"), "{err}");
+    // A valid seed, but of an account, not a user.
+    let account = nkeys::KeyPair::new_account().seed().unwrap();
+    let (code, err) = refused(tmp.path(), &srv.url(), &["--nkey", &account]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a user's"), "{err}");
 }
 
 /// Runs openssl in `dir`, panicking with its stderr on failure.

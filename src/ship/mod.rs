@@ -20,6 +20,13 @@
 //!   `Logmon-Gap-Files`, no payload) and counted in the status
 //!   (`purge_racing_…`); the file being shipped is held open, so purging it
 //!   mid-read loses nothing;
+//! - **the status tells the lag** — every save of the state (before each
+//!   window, when caught up, failing or stopping) carries each stream's
+//!   `lag_bytes` (its files past the cursor, from the last listing and the
+//!   cursor file's size learnt while planning) and `lag_seconds` (the age
+//!   of the oldest unshipped byte, from the stamp the window needs anyway),
+//!   with no syscall added per message
+//!   (`status_shows_the_lag_while_a_slowed_shipper_…`);
 //! - **idle costs nothing** — caught up, it sleeps on inotify events of the
 //!   log directories; the only timer is while a partial line (no newline
 //!   yet) waits to be shipped as it is.
@@ -121,6 +128,9 @@ struct Tracked {
     sizes: BTreeMap<u64, u64>,
     /// A partial last line has waited since then.
     partial_since: Option<Instant>,
+    /// Capture time (ns) of the byte at the cursor, as last stamped (for
+    /// the status' `lag_seconds` without touching the index at each save).
+    cursor_ns: Option<i64>,
     /// The position left in the log directory for `run --keep-unshipped`.
     shipped: crate::shipped::Writer,
 }
@@ -345,6 +355,7 @@ impl Shipper {
                 open: None,
                 sizes: BTreeMap::new(),
                 partial_since: None,
+                cursor_ns: None,
                 shipped: crate::shipped::Writer::default(),
             });
             t.subject = subject;
@@ -433,7 +444,19 @@ impl Shipper {
         }
     }
 
+    /// Saves the state, with every stream's lag as known in memory (the
+    /// last listing's sizes and the last stamp at the cursor: no syscall).
     fn save(&mut self) -> Result<(), state::StateError> {
+        let now = crate::index::now_ns();
+        for t in self.tracked.values() {
+            if let Some(s) = self.state.streams.get_mut(&t.key) {
+                s.lag_bytes = lag_bytes(t, s);
+                s.lag_seconds = match t.cursor_ns {
+                    Some(ns) if s.lag_bytes > 0 => now.saturating_sub(ns).max(0) as f64 / 1e9,
+                    _ => 0.0,
+                };
+            }
+        }
         state::save(&self.cfg.state_dir, &self.state)?;
         self.state_dirty = false;
         Ok(())
@@ -445,25 +468,18 @@ impl Shipper {
         Ok(())
     }
 
+    /// Caught up, failing or stopping: the lag, stamping the cursor anew
+    /// (the index may have grown since the last stamp).
     fn update_lag(&mut self) {
         let now = crate::index::now_ns();
         for t in self.tracked.values_mut() {
             let Some(s) = self.state.streams.get_mut(&t.key) else {
                 continue;
             };
-            let lag: u64 = t
-                .sizes
-                .range(s.file..)
-                .map(|(&n, &len)| {
-                    if n == s.file {
-                        len.saturating_sub(s.offset)
-                    } else {
-                        len
-                    }
-                })
-                .sum();
+            let lag = lag_bytes(t, s);
             let secs = if lag > 0 {
                 let ts = t.stamper.stamp(s.file, s.offset).ns();
+                t.cursor_ns = Some(ts);
                 (now.saturating_sub(ts)).max(0) as f64 / 1e9
             } else {
                 0.0
@@ -484,6 +500,13 @@ impl Shipper {
             Planned::Idle => return Ok(Step::Idle),
             Planned::Partial => return Ok(Step::Partial),
         };
+        if p.gap.is_none() {
+            // The oldest unshipped byte, for the lag saved with the plan
+            // (the first message needs this stamp anyway: then cached).
+            if let Some(t) = self.tracked.get_mut(key) {
+                t.cursor_ns = Some(t.stamper.stamp(p.file, p.start).ns());
+            }
+        }
         let st = self.state.streams.get_mut(key).ok_or_else(|| {
             WindowError::Read(std::io::Error::other("stream state missing"), key.into())
         })?;
@@ -506,6 +529,7 @@ impl Shipper {
             )
         };
         let mut acks = Vec::new();
+        let mut last_ns = None;
         let publish_err = |subject: &str, e: &dyn std::fmt::Display| WindowError::Publish {
             subject: subject.to_owned(),
             why: e.to_string(),
@@ -556,6 +580,7 @@ impl Shipper {
                 h.insert("Logmon-File", p.file.to_string());
                 h.insert("Logmon-Offset", off.to_string());
                 let ts = t.stamper.stamp(p.file, off).ns();
+                last_ns = Some(ts);
                 h.insert("Logmon-Time", crate::timeline::format_rfc3339(ts));
                 let f = self
                     .js
@@ -595,6 +620,9 @@ impl Shipper {
                 st.shipped_bytes += p.end - p.start;
             }
         }
+        // The cursor's own time is stamped with the next window; until
+        // then the last message's (at most one message older) stands in.
+        t.cursor_ns = last_ns.or(t.cursor_ns);
         t.stamper.forget_before(st.file);
         // For `run --keep-unshipped`: where the stream stands, beside the
         // files (after the ack: it may only ever be behind the stream).
@@ -664,6 +692,9 @@ impl Shipper {
                 .metadata()
                 .map_err(|e| WindowError::Read(e, t.key.clone()))?;
             let len = meta.len();
+            // Known without another syscall: keeps the lag exact between
+            // listings.
+            t.sizes.insert(n, len);
             let o = st.offset;
             if o >= len {
                 let Some(next) = next else {
@@ -723,6 +754,20 @@ impl Shipper {
             }));
         }
     }
+}
+
+/// Bytes of `t`'s files at or past the cursor of `s`, as last listed.
+fn lag_bytes(t: &Tracked, s: &StreamState) -> u64 {
+    t.sizes
+        .range(s.file..)
+        .map(|(&n, &len)| {
+            if n == s.file {
+                len.saturating_sub(s.offset)
+            } else {
+                len
+            }
+        })
+        .sum()
 }
 
 enum Planned {

@@ -1413,6 +1413,80 @@ fn an_idle_shipper_does_not_wake_up_and_a_busy_one_does() {
 }
 
 #[test]
+fn status_shows_the_lag_while_a_slowed_shipper_works_through_a_steady_backlog() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(&logs, "t", &[]);
+    // Each window waits 700 ms for its acks while the task keeps writing:
+    // the shipper is never caught up, always a window behind.
+    let mut ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "700")],
+    );
+    let f = fifo(&logs, "t", Stream::Stdout);
+    let t0 = Instant::now();
+    let (mut n, mut lagging, mut max_secs) = (0u64, 0, 0f64);
+    while t0.elapsed() < Duration::from_secs(6) {
+        write_numbered(&f, n, n + 50);
+        n += 50;
+        std::thread::sleep(Duration::from_millis(100));
+        let st = status(&state);
+        let Some(s) = st["streams"].get(0) else {
+            continue;
+        };
+        let (bytes, secs) = (
+            s["lag_bytes"].as_u64().unwrap(),
+            s["lag_seconds"].as_f64().unwrap(),
+        );
+        // Never more than was written, never older than the test.
+        assert!(bytes <= line_bytes(0, n) as u64, "{st}");
+        assert!(secs <= t0.elapsed().as_secs_f64() + 1.0, "{st}");
+        if bytes > 0 && secs > 0.0 {
+            lagging += 1;
+            max_secs = max_secs.max(secs);
+        }
+    }
+    eprintln!("{lagging} status reads showed a lag (up to {max_secs:.2} s)");
+    assert!(
+        lagging >= 3,
+        "the status showed no lag while the shipper lagged ({lagging} reads)"
+    );
+    // Caught up: everything arrived once, and the lag is back to 0.
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, n))],
+        Duration::from_secs(60)
+    ));
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, n);
+    let mut st = status(&state);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            st = status(&state);
+            st["streams"][0]["lag_bytes"] == 0
+        }),
+        "{st}"
+    );
+    assert_eq!(st["streams"][0]["lag_seconds"], 0.0, "{st}");
+    assert_eq!(ship.sigterm(), Some(0));
+}
+
+#[test]
 fn purge_racing_a_running_slow_shipper_is_published_as_gaps_and_every_kept_line_arrives_once() {
     purge_racing_a_running_slow_shipper(false);
 }

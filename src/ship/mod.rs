@@ -19,7 +19,12 @@
 //!   announced by a gap record (headers `Logmon-Gap-Bytes`,
 //!   `Logmon-Gap-Files`, no payload) and counted in the status
 //!   (`purge_racing_…`); the file being shipped is held open, so purging it
-//!   mid-read loses nothing;
+//!   mid-read loses nothing. `Logmon-Gap-Files` is exact;
+//!   `Logmon-Gap-Bytes` is a lower bound: the largest size learnt of each
+//!   lost file while it existed (listings, inotify's close-write at its
+//!   rotation, stat'ed then) — a file created and purged before any of
+//!   these could see it counts 0 (`purge_racing_a_running_slow_shipper_…`
+//!   checks files exact, bytes ≤ lost and not 0);
 //! - **the status tells the lag** — every save of the state (before each
 //!   window, when caught up, failing or stopping) carries each stream's
 //!   `lag_bytes` (its files past the cursor, from the last listing and the
@@ -126,6 +131,11 @@ struct Tracked {
     open: Option<(u64, std::fs::File)>,
     /// Sizes of the stream's files at the last listing.
     sizes: BTreeMap<u64, u64>,
+    /// The largest size ever learnt of each file at or past the cursor,
+    /// including files purged since (listings, the cursor file's length
+    /// while planning, inotify's close-write of a rotated file): what a
+    /// gap record counts.
+    learnt: BTreeMap<u64, u64>,
     /// A partial last line has waited since then.
     partial_since: Option<Instant>,
     /// Capture time (ns) of the byte at the cursor, as last stamped (for
@@ -140,7 +150,41 @@ struct Tracked {
 #[derive(Default)]
 struct Wake {
     dirty: Mutex<(HashSet<PathBuf>, bool)>,
+    /// Final sizes of log files their writer closed (rotation), stat'ed
+    /// when inotify says so — before a purge can remove them, whatever the
+    /// shipper is waiting for: `(directory, name, size)`.
+    closed: Mutex<Vec<(PathBuf, String, u64)>>,
+    /// The log directories followed (for that stat, through their handle).
+    dirs: Mutex<std::collections::HashMap<PathBuf, Arc<Dir>>>,
     notify: tokio::sync::Notify,
+}
+
+impl Wake {
+    /// A log file closed after writing: learn its final size (one stat per
+    /// rotation, never per message).
+    fn closed_write(&self, path: &Path) {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+        else {
+            return;
+        };
+        if scan::parse_log_name(name).is_none() {
+            return;
+        }
+        let Some(dir) = self.dirs.lock().ok().and_then(|d| d.get(parent).cloned()) else {
+            return;
+        };
+        if let Ok(Some(st)) = dir.stat(name) {
+            if crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG) {
+                if let Ok(mut c) = self.closed.lock() {
+                    c.push((
+                        parent.to_path_buf(),
+                        name.to_owned(),
+                        u64::try_from(st.st_size).unwrap_or(0),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// The shipper: the NATS context, the streams, the state.
@@ -176,7 +220,7 @@ impl Shipper {
         js: jetstream::Context,
         max_payload: u64,
     ) -> Result<Shipper, ShipError> {
-        use notify::event::{CreateKind, ModifyKind, RemoveKind};
+        use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind};
         use notify::{EventKind, Watcher};
         let state = state::load(&cfg.state_dir)?;
         let wake = Arc::new(Wake::default());
@@ -188,6 +232,14 @@ impl Shipper {
             .collect();
         let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             let Ok(ev) = ev else { return };
+            if matches!(
+                ev.kind,
+                EventKind::Access(AccessKind::Close(AccessMode::Write))
+            ) {
+                for p in &ev.paths {
+                    w.closed_write(p);
+                }
+            }
             if let Ok(mut d) = w.dirty.lock() {
                 for p in &ev.paths {
                     if let Some(parent) = p.parent() {
@@ -260,7 +312,11 @@ impl Shipper {
                 path: abs.clone(),
                 source,
             })?;
-        self.dirs.insert(abs.clone(), Arc::new(dir));
+        let dir = Arc::new(dir);
+        if let Ok(mut d) = self.wake.dirs.lock() {
+            d.insert(abs.clone(), dir.clone());
+        }
+        self.dirs.insert(abs.clone(), dir);
         self.refresh_dir(&abs);
         Ok(())
     }
@@ -286,6 +342,9 @@ impl Shipper {
             .collect();
         for p in gone {
             self.dirs.remove(&p);
+            if let Ok(mut d) = self.wake.dirs.lock() {
+                d.remove(&p);
+            }
             self.tracked.retain(|_, t| t.dir.path() != p);
         }
     }
@@ -305,14 +364,7 @@ impl Shipper {
         let mut metas: std::collections::HashMap<TaskName, crate::meta::Meta> =
             std::collections::HashMap::new();
         for ((task, stream), sizes) in found {
-            let id = dir.id();
-            let key = format!(
-                "{}:{}/{}/{}",
-                id.dev,
-                id.ino,
-                task.as_str(),
-                stream.as_str()
-            );
+            let key = stream_key(&dir, &task, stream);
             let meta = metas
                 .entry(task.clone())
                 .or_insert_with(|| crate::meta::load(&dir, &task).unwrap_or_default())
@@ -354,12 +406,17 @@ impl Shipper {
                 stamper: Stamper::new(dir.clone(), &task, stream, true),
                 open: None,
                 sizes: BTreeMap::new(),
+                learnt: BTreeMap::new(),
                 partial_since: None,
                 cursor_ns: None,
                 shipped: crate::shipped::Writer::default(),
             });
             t.subject = subject;
             t.headers = headers;
+            let from = self.state.streams.get(&key).map_or(0, |s| s.file);
+            for (&n, &len) in sizes.range(from..) {
+                learn(&mut t.learnt, n, len);
+            }
             t.sizes = sizes;
         }
     }
@@ -379,6 +436,21 @@ impl Shipper {
             };
             if roots {
                 self.rescan_roots();
+            }
+            let closed = match self.wake.closed.lock() {
+                Ok(mut c) => std::mem::take(&mut *c),
+                Err(_) => Vec::new(),
+            };
+            for (dir, name, len) in closed {
+                let (Some(d), Some((task, stream, n))) =
+                    (self.dirs.get(&dir), scan::parse_log_name(&name))
+                else {
+                    continue;
+                };
+                let key = stream_key(d, &task, stream);
+                if let Some(t) = self.tracked.get_mut(&key) {
+                    learn(&mut t.learnt, n, len);
+                }
             }
             for p in dirty {
                 if self.dirs.contains_key(&p) {
@@ -624,6 +696,7 @@ impl Shipper {
         // then the last message's (at most one message older) stands in.
         t.cursor_ns = last_ns.or(t.cursor_ns);
         t.stamper.forget_before(st.file);
+        t.learnt = t.learnt.split_off(&st.file);
         // For `run --keep-unshipped`: where the stream stands, beside the
         // files (after the ack: it may only ever be behind the stream).
         let at = crate::shipped::Position {
@@ -674,8 +747,8 @@ impl Shipper {
                 let Some(next) = next else {
                     return Ok(Planned::Idle);
                 };
-                let bytes = t.sizes.get(&n).map_or(0, |l| l.saturating_sub(st.offset))
-                    + t.sizes.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
+                let bytes = t.learnt.get(&n).map_or(0, |l| l.saturating_sub(st.offset))
+                    + t.learnt.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
                 return Ok(Planned::Window(Pending {
                     file: n,
                     start: st.offset,
@@ -695,6 +768,7 @@ impl Shipper {
             // Known without another syscall: keeps the lag exact between
             // listings.
             t.sizes.insert(n, len);
+            learn(&mut t.learnt, n, len);
             let o = st.offset;
             if o >= len {
                 let Some(next) = next else {
@@ -707,7 +781,7 @@ impl Shipper {
                     continue;
                 }
                 // Files between were purged before we opened them.
-                let bytes = t.sizes.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
+                let bytes = t.learnt.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
                 return Ok(Planned::Window(Pending {
                     file: n + 1,
                     start: 0,
@@ -754,6 +828,24 @@ impl Shipper {
             }));
         }
     }
+}
+
+/// The key of a stream in the state: log directory identity, task, stream.
+fn stream_key(dir: &Dir, task: &TaskName, stream: Stream) -> String {
+    let id = dir.id();
+    format!(
+        "{}:{}/{}/{}",
+        id.dev,
+        id.ino,
+        task.as_str(),
+        stream.as_str()
+    )
+}
+
+/// Records that file `n` held at least `len` bytes (files only grow).
+fn learn(learnt: &mut BTreeMap<u64, u64>, n: u64, len: u64) {
+    let e = learnt.entry(n).or_insert(len);
+    *e = (*e).max(len);
 }
 
 /// Bytes of `t`'s files at or past the cursor of `s`, as last listed.

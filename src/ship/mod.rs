@@ -61,6 +61,9 @@ use state::{Gap, Pending, State, StreamState};
 
 /// Bytes read per window (one persisted plan, many messages).
 const WINDOW: u64 = 8 * 1024 * 1024;
+/// Bytes of windows (of different streams) planned, saved in one write,
+/// published and acknowledged together.
+const BATCH: u64 = 2 * WINDOW;
 /// Largest message payload used, below the server's max_payload.
 const MAX_MSG: u64 = 1024 * 1024;
 /// How long a partial last line waits for its newline before it is
@@ -194,6 +197,8 @@ pub struct Shipper {
     max_payload: u64,
     state: State,
     state_dirty: bool,
+    /// A window was planned anew since the last save.
+    pending_unsaved: bool,
     dirs: BTreeMap<PathBuf, Arc<Dir>>,
     tracked: BTreeMap<String, Tracked>,
     wake: Arc<Wake>,
@@ -273,6 +278,7 @@ impl Shipper {
             max_payload,
             state,
             state_dirty: false,
+            pending_unsaved: false,
             dirs: BTreeMap::new(),
             tracked: BTreeMap::new(),
             wake,
@@ -460,26 +466,51 @@ impl Shipper {
             let mut worked = false;
             let mut failed = None;
             let mut partial = false;
+            // One window per stream, in batches of up to BATCH bytes: one
+            // state save per batch, not per window, and the windows' acks
+            // awaited together.
             let keys: Vec<String> = self.tracked.keys().cloned().collect();
-            for k in keys {
-                match self.step(&k).await {
-                    Ok(Step::Shipped) => worked = true,
-                    Ok(Step::Idle) => {}
-                    Ok(Step::Partial) => partial = true,
-                    Err(e) => {
-                        let msg = e.to_string();
-                        if let Some(s) = self.state.streams.get_mut(&k) {
-                            s.errors += 1;
-                            s.last_error = Some(msg.clone());
+            let mut next = keys.iter();
+            let mut batch: Vec<(String, Pending)> = Vec::new();
+            'round: loop {
+                let mut bytes = 0;
+                while bytes < BATCH {
+                    let Some(k) = next.next() else { break };
+                    match self.prepare(k) {
+                        Ok(Planned::Window(p)) => {
+                            bytes += p.end - p.start;
+                            batch.push((k.clone(), p));
                         }
-                        failed = Some(msg);
-                        break;
+                        Ok(Planned::Idle) => {}
+                        Ok(Planned::Partial) => partial = true,
+                        Err(e) => {
+                            failed = Some((k.clone(), e));
+                            break;
+                        }
                     }
+                }
+                if !batch.is_empty() {
+                    match self.ship_batch(&batch).await {
+                        Ok(()) => worked = true,
+                        Err(e) => failed = Some(e),
+                    }
+                    batch.clear();
                 }
                 if futures_util::FutureExt::now_or_never(&mut stop).is_some() {
                     return self.save_final();
                 }
+                if failed.is_some() || bytes < BATCH {
+                    break 'round;
+                }
             }
+            let failed = failed.map(|(k, e)| {
+                let msg = e.to_string();
+                if let Some(s) = self.state.streams.get_mut(&k) {
+                    s.errors += 1;
+                    s.last_error = Some(msg.clone());
+                }
+                msg
+            });
             if let Some(msg) = failed {
                 tracing::warn!(error = %msg, retry_in = ?backoff, "publish failed; retrying");
                 self.update_lag();
@@ -531,6 +562,7 @@ impl Shipper {
         }
         state::save(&self.cfg.state_dir, &self.state)?;
         self.state_dirty = false;
+        self.pending_unsaved = false;
         Ok(())
     }
 
@@ -564,13 +596,14 @@ impl Shipper {
         }
     }
 
-    /// Plans and publishes one window of stream `key`.
-    async fn step(&mut self, key: &str) -> Result<Step, WindowError> {
+    /// Plans the next window of stream `key` and records it as pending
+    /// (saved, with the other streams' windows of the batch, before any is
+    /// published).
+    fn prepare(&mut self, key: &str) -> Result<Planned, WindowError> {
         let plan = self.plan(key)?;
         let p = match plan {
             Planned::Window(p) => p,
-            Planned::Idle => return Ok(Step::Idle),
-            Planned::Partial => return Ok(Step::Partial),
+            other => return Ok(other),
         };
         if p.gap.is_none() {
             // The oldest unshipped byte, for the lag saved with the plan
@@ -584,11 +617,48 @@ impl Shipper {
         })?;
         if st.pending.as_ref() != Some(&p) {
             st.pending = Some(p.clone());
-            self.save()?;
+            self.pending_unsaved = true;
         }
-        let (Some(t), Some(st)) = (self.tracked.get_mut(key), self.state.streams.get_mut(key))
-        else {
-            return Ok(Step::Idle);
+        Ok(Planned::Window(p))
+    }
+
+    /// Publishes the batch's windows (their plans saved first, in one
+    /// write), then awaits every ack and moves the cursors. An error names
+    /// the stream it befell; windows not finished stay pending, replayed
+    /// with the same ids.
+    async fn ship_batch(
+        &mut self,
+        batch: &[(String, Pending)],
+    ) -> Result<(), (String, WindowError)> {
+        if self.pending_unsaved {
+            let k = batch.first().map(|(k, _)| k.clone()).unwrap_or_default();
+            self.save().map_err(|e| (k, e.into()))?;
+        }
+        let mut sent = Vec::with_capacity(batch.len());
+        for (k, p) in batch {
+            let r = self.publish(k, p).await.map_err(|e| (k.clone(), e))?;
+            sent.push(r);
+        }
+        if !self.ack_delay.is_zero() {
+            tokio::time::sleep(self.ack_delay).await;
+        }
+        for ((k, p), (acks, last_ns)) in batch.iter().zip(sent) {
+            self.finish(k, p, acks, last_ns)
+                .await
+                .map_err(|e| (k.clone(), e))?;
+        }
+        Ok(())
+    }
+
+    /// Publishes window `p` of stream `key`: its ack futures and the
+    /// capture time of its last message.
+    async fn publish(
+        &mut self,
+        key: &str,
+        p: &Pending,
+    ) -> Result<(Vec<Ack>, Option<i64>), WindowError> {
+        let Some(t) = self.tracked.get_mut(key) else {
+            return Ok((Vec::new(), None));
         };
         let id_base = {
             let id = t.dir.id();
@@ -663,10 +733,26 @@ impl Shipper {
                 at += piece;
             }
         }
+        Ok((acks, last_ns))
+    }
+
+    /// Awaits the acks of window `p` of stream `key`, then moves its cursor.
+    async fn finish(
+        &mut self,
+        key: &str,
+        p: &Pending,
+        acks: Vec<Ack>,
+        last_ns: Option<i64>,
+    ) -> Result<(), WindowError> {
+        let (Some(t), Some(st)) = (self.tracked.get_mut(key), self.state.streams.get_mut(key))
+        else {
+            return Ok(());
+        };
+        let publish_err = |subject: &str, e: &dyn std::fmt::Display| WindowError::Publish {
+            subject: subject.to_owned(),
+            why: e.to_string(),
+        };
         let n = acks.len() as u64;
-        if !self.ack_delay.is_zero() {
-            tokio::time::sleep(self.ack_delay).await;
-        }
         let mut dups = 0;
         for a in acks {
             let ack = a.await.map_err(|e| publish_err(&t.subject, &e))?;
@@ -708,7 +794,7 @@ impl Shipper {
                 "cannot leave the shipped position in the log directory");
         }
         self.state_dirty = true;
-        Ok(Step::Shipped)
+        Ok(())
     }
 
     /// The next window of stream `key`: a stored one first (replayed
@@ -868,11 +954,8 @@ enum Planned {
     Partial,
 }
 
-enum Step {
-    Shipped,
-    Idle,
-    Partial,
-}
+/// What a publish returns: its acknowledgement, to await.
+type Ack = jetstream::context::PublishAckFuture;
 
 /// Splits `buf` into message payload lengths: whole lines packed up to
 /// `max` bytes; a line longer than `max` is cut into `max`-byte pieces.

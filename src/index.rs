@@ -275,17 +275,32 @@ pub fn now_ns() -> i64 {
 
 /// The index of the active log file, open for appending beside it.
 ///
-/// Records are written with one `pwrite` each at a position tracked here,
-/// which advances only over a complete record: a short write (disk full) is
-/// overwritten by the next record, so the index never gets out of step.
+/// Records are gathered in memory and written together by
+/// [`IndexWriter::flush`] (one `pwrite` for all of them) at a position
+/// tracked here, which advances only over what was written whole: a short
+/// write (disk full) is overwritten by the next flush, so the index never
+/// gets out of step. The rotator flushes when the oldest gathered record is
+/// [`FLUSH_AGE`] old, before the pump sleeps, at rotation and at stop
+/// (`crate::rotate::Rotator::record_batch`), so while data flows a record
+/// reaches the file within a few milliseconds of its batch, and a pump
+/// that waits for the task has written every record.
 #[derive(Debug)]
 pub struct IndexWriter {
     file: std::fs::File,
     /// Where the next record goes.
     end: u64,
-    /// The last record written (or found when resuming).
+    /// The last record appended (or found when resuming).
     last: Option<Record>,
+    /// Records appended and not yet written, encoded.
+    pending: Vec<u8>,
+    /// When the oldest of them was appended.
+    pending_since: Option<std::time::Instant>,
 }
+
+/// How long a record may wait in memory while data flows (a kill -9 loses
+/// at most this much of records: those bytes keep the previous record's
+/// time, at most this much too early).
+pub const FLUSH_AGE: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl IndexWriter {
     /// Starts a new index for log file `n` in `file` (emptied first): the
@@ -298,6 +313,8 @@ impl IndexWriter {
             file,
             end: HEADER_LEN as u64,
             last: None,
+            pending: Vec::new(),
+            pending_since: None,
         })
     }
 
@@ -319,6 +336,8 @@ impl IndexWriter {
             file,
             end: HEADER_LEN as u64,
             last: None,
+            pending: Vec::new(),
+            pending_since: None,
         })
     }
 
@@ -362,6 +381,8 @@ impl IndexWriter {
             file,
             end,
             last: ix.records.last().copied(),
+            pending: Vec::new(),
+            pending_since: None,
         })
     }
 
@@ -370,23 +391,47 @@ impl IndexWriter {
     /// if the clock stepped back, so times never decrease; an offset not
     /// past the previous record's is not written (`Ok(false)`).
     pub fn append(&mut self, offset: u64, time_ns: i64) -> std::io::Result<bool> {
-        use std::os::unix::fs::FileExt;
         let time_ns = match self.last {
             Some(l) if offset <= l.offset => return Ok(false),
             Some(l) => time_ns.max(l.time_ns),
             None => time_ns,
         };
         let r = Record { offset, time_ns };
-        self.file.write_all_at(&r.encode(), self.end)?;
-        self.end += RECORD_LEN as u64;
+        self.pending.extend_from_slice(&r.encode());
+        self.pending_since
+            .get_or_insert_with(std::time::Instant::now);
         self.last = Some(r);
         Ok(true)
+    }
+
+    /// Whether records wait in memory since at least `age`.
+    pub fn pending_for(&self, age: std::time::Duration) -> bool {
+        self.pending_since.is_some_and(|t| t.elapsed() >= age)
+    }
+
+    /// Writes the records appended since the last flush, in one `pwrite`.
+    /// On failure they are dropped (their bytes get estimated times) and
+    /// the next flush writes over whatever part got through.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.pending_since = None;
+        let r = self.file.write_all_at(&self.pending, self.end);
+        if r.is_ok() {
+            self.end += self.pending.len() as u64;
+        }
+        self.pending.clear();
+        r
     }
 
     /// Forgets every record (the log file was truncated underneath: its
     /// old offsets no longer name the same bytes).
     pub fn reset(&mut self) -> std::io::Result<()> {
         self.last = None;
+        self.pending.clear();
+        self.pending_since = None;
         self.end = HEADER_LEN as u64;
         self.file.set_len(self.end)
     }
@@ -396,8 +441,9 @@ impl IndexWriter {
         self.last
     }
 
-    /// fdatasync of the index.
-    pub fn sync(&self) -> std::io::Result<()> {
+    /// Flushes, then fdatasync of the index.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.flush()?;
         self.file.sync_data()
     }
 }
@@ -590,6 +636,7 @@ mod tests {
         assert!(ix.damaged() && ix.records().is_empty());
         let mut w = IndexWriter::recycle(rw(), N).unwrap();
         assert!(w.append(0, 500).unwrap());
+        w.flush().unwrap();
         let b = std::fs::read(&p).unwrap();
         assert_eq!(b.len(), old.len(), "reused in place, not cut");
         let ix = Index::parse(Some(&b), N, 100);
@@ -611,6 +658,7 @@ mod tests {
             })
         );
         assert!(w.append(60, 600).unwrap());
+        w.flush().unwrap();
         let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), N, 100);
         assert_eq!(ix.records().len(), 2);
         assert!(!ix.damaged());
@@ -672,6 +720,9 @@ mod tests {
         assert!(w.append(10, 50).unwrap());
         // An offset not past the last one is never written.
         assert!(!w.append(10, 300).unwrap());
+        // Gathered in memory until flushed (a kill before loses them).
+        assert_eq!(std::fs::read(&p).unwrap(), header(N));
+        w.flush().unwrap();
         drop(w);
         let b = std::fs::read(&p).unwrap();
         assert_eq!(b, bytes(&[(0, 100), (10, 100)]));
@@ -691,6 +742,7 @@ mod tests {
             })
         );
         w.append(20, 200).unwrap();
+        w.flush().unwrap();
         let ix = Index::parse(Some(&std::fs::read(&p).unwrap()), N, 30);
         assert!(!ix.damaged());
         assert_eq!(ix.records().len(), 3);
@@ -702,6 +754,7 @@ mod tests {
         std::fs::write(&p, b"garbage, not an index").unwrap();
         let mut w = IndexWriter::resume(open(), N, 15).unwrap();
         w.append(12, 5).unwrap();
+        w.flush().unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), bytes(&[(12, 5)]));
     }
 

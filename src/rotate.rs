@@ -684,6 +684,7 @@ impl Rotator {
     /// risk than the active one; both are fsynced at stop.
     pub fn rotate(&mut self) {
         self.record_batch();
+        self.flush_index();
         self.release_reserve();
         self.file = None;
         self.ix = None;
@@ -703,7 +704,7 @@ impl Rotator {
                 tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
             }
         }
-        if let Some(Err(e)) = self.ix.as_ref().map(IndexWriter::sync) {
+        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::sync) {
             tracing::debug!(stream = %self.stream, error = %e, "fsync of the index failed");
         }
     }
@@ -853,6 +854,18 @@ impl Rotator {
         if let Err(e) = ix.append(offset, index::now_ns()) {
             self.index_failed("cannot write the index", &e);
         }
+        if ix_due(&self.ix) {
+            self.flush_index();
+        }
+    }
+
+    /// Writes the records gathered in memory into the index (one `pwrite`;
+    /// see [`IndexWriter`]): called before the pump sleeps, at rotation,
+    /// and at stop through [`Rotator::sync`].
+    pub fn flush_index(&mut self) {
+        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::flush) {
+            self.index_failed("cannot write the index", &e);
+        }
     }
 
     /// Opens the active file's index: resumes it for a resumed file of
@@ -997,6 +1010,12 @@ impl Rotator {
             self.index_warned = Some(now);
         }
     }
+}
+
+/// Whether the gathered records are due: the oldest waited
+/// [`index::FLUSH_AGE`] while data flowed.
+fn ix_due(ix: &Option<IndexWriter>) -> bool {
+    ix.as_ref().is_some_and(|w| w.pending_for(index::FLUSH_AGE))
 }
 
 /// Whether preallocating files in `dir` makes capture faster. On tmpfs it
@@ -1242,6 +1261,8 @@ mod tests {
         f.write_all_at(line, off).unwrap();
         r.advance(line.len(), true);
         r.record_batch();
+        // The pump flushes the records before it waits for more.
+        r.flush_index();
     }
 
     fn read_index(dir: &Path, n: u64) -> Option<crate::index::Index> {
@@ -1279,7 +1300,11 @@ mod tests {
         f.write_all_at(b"y\n", off).unwrap();
         r.advance(2, true);
         r.record_batch();
+        // Rotation wrote file 0's records; file 1's wait for the flush
+        // before the pump sleeps.
         assert_eq!(read_index(d.path(), 0).unwrap().records().len(), 3);
+        assert!(read_index(d.path(), 1).unwrap().records().is_empty());
+        r.flush_index();
         let ix1 = read_index(d.path(), 1).unwrap();
         assert_eq!(ix1.records().len(), 1);
         assert_eq!(ix1.records()[0].offset, 0);

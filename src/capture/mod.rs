@@ -254,6 +254,12 @@ impl StreamCapture {
         self.rotator.sync();
     }
 
+    /// Writes the capture-time records gathered in memory (the pump calls
+    /// it before it sleeps: a waiting logmon has every record in the file).
+    pub fn flush_index(&mut self) {
+        self.rotator.flush_index();
+    }
+
     /// Moves everything that may go into files now out of `src`.
     ///
     /// `stopping` flushes a held partial line (logmon is about to exit).

@@ -148,6 +148,7 @@ impl Pump {
         let arm_failed = !self.blocked && !self.data.arm_or_warn(self.fd.as_fd());
         let armed = !self.blocked && !arm_failed;
         let mut fresh = false;
+        let mut flushed = false;
         loop {
             // Bytes written before the FIFO was armed sent no signal; after
             // a signal, it may have been for the other stream's FIFO.
@@ -156,6 +157,12 @@ impl Pump {
             {
                 fresh = true;
                 break;
+            }
+            // About to sleep: the batch records gathered while data flowed
+            // go into the index now (once per wait, no timer for it).
+            if !flushed {
+                self.capture.borrow_mut().flush_index();
+                flushed = true;
             }
             let deadline = if arm_failed {
                 // Poll instead, only until arming works again.

@@ -262,6 +262,10 @@ fn run_capture_with(
                 );
             }
         }
+        // The writer paused: the pump, about to wait, writes its batch
+        // records (a kill -9 while data flows may lose the last few
+        // milliseconds of records; these restarts model one while idle).
+        cap.flush_index();
         if step.restart {
             // kill -9: nothing but what is in the files and the pipe survives.
             drop(cap);

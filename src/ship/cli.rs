@@ -1,9 +1,12 @@
 //! The command line of `logmon-ship` (`logmon ship` execs it): flags, each
 //! also a `LOGMON_SHIP_*` variable; connection and authentication; one-line
-//! errors with an exit code (2 bad configuration, 1 refused by the server,
-//! 75 server unreachable); `--status`.
+//! errors with an exit code (2 bad configuration — including an `--nkey`
+//! that is not a user's seed, checked before connecting; 1 refused by the
+//! server or a failed TLS handshake, which async-nats reports as an I/O
+//! error; 75 server unreachable); `--status`.
 //!
-//! Tests: `tests/ship.rs` (`bad_configuration_…`, `status_…`).
+//! Tests: `tests/it/ship.rs` (`bad_configuration_…`, `status_…`,
+//! `nkey_authentication_…`, `tls_ships_with_the_right_ca_…`).
 
 use std::io::Write;
 use std::path::PathBuf;

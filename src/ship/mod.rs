@@ -8,7 +8,8 @@
 //!   message's `Nats-Msg-Id` is `<dev>.<ino>/<task>/<stream>/<file>/<offset>`
 //!   of its first byte; a stream's cursor advances only after JetStream
 //!   acknowledged every message of a window, and the window's boundaries are
-//!   persisted *before* it is published ([`state`]), so a re-send after a
+//!   persisted *before* it is published ([`state`]; the windows of one
+//!   batch of streams in one write), so a re-send after a
 //!   kill -9 has the same ids and JetStream's de-duplication drops what it
 //!   already holds (`kill_9_of_the_shipper_…`, `single_node_…`);
 //! - **never slows a task** — the shipper only reads the files; a dead or

@@ -139,11 +139,13 @@ fn agent() -> Result<ExitCode, String> {
                 pid: child.id(),
                 start_time,
             };
-            std::fs::write(
-                &task_state,
-                serde_json::to_vec(&st).map_err(|e| e.to_string())?,
-            )
-            .map_err(|e| e.to_string())?;
+            // Whole or not at all (a temporary file renamed over the
+            // name): an agent killed mid-write must not leave a state its
+            // successor cannot read, or it would start the task twice.
+            let tmp = task_state.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&st).map_err(|e| e.to_string())?)
+                .and_then(|()| std::fs::rename(&tmp, &task_state))
+                .map_err(|e| e.to_string())?;
             println!("started task pid {}", st.pid);
             Some(child.wait().map_err(|e| e.to_string())?)
         }

@@ -1,7 +1,8 @@
 //! `logmon ship` against real `nats-server` processes on loopback: tasks
 //! captured by real `logmon run`s, the stream read back with async-nats and
 //! compared with what the tasks wrote — every line exactly once, in order
-//! per stream, with the right headers — through kill -9 of the shipper, a
+//! per stream, with the right headers — through kill -9 of the shipper
+//! (also mid-batch, with several streams' windows awaiting acks), a
 //! server outage, a cluster node's death, purges (also racing a running,
 //! slowed shipper), many tasks; token, NKEY and (mutual) TLS
 //! authentication; no wakeups while idle. Every
@@ -593,6 +594,126 @@ fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing()
     assert_eq!(ship.sigterm(), Some(0));
     let st = status(&state);
     assert!(st["streams"][0]["duplicates"].as_u64().unwrap() > 0, "{st}");
+}
+
+/// As above, with six streams in flight at once (3 tasks, stdout and
+/// stderr each, written concurrently): the shipper plans their windows in
+/// one batch, saves the plans in one write and awaits the acks together,
+/// so the kills land while several streams' windows are published and
+/// unacknowledged. Each stream still gets every line once, in order.
+#[test]
+fn kill_9_of_the_shipper_mid_batch_of_several_streams_loses_and_duplicates_nothing() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    const TASKS: [&str; 3] = ["a", "b", "c"];
+    const STREAMS: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+    let _daemons: Vec<Daemon> = TASKS
+        .iter()
+        .map(|t| {
+            Daemon::start(
+                &logs,
+                t,
+                &["--max-file-size", "1MiB", "--max-files", "1000"],
+            )
+        })
+        .collect();
+    // Each batch waits 200 ms between publishing its windows and awaiting
+    // their acks: most kills land there.
+    let mut ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+    );
+    const N: u64 = 60_000;
+    let writers: Vec<_> = TASKS
+        .iter()
+        .flat_map(|t| STREAMS.iter().map(move |s| (*t, *s)))
+        .map(|(t, s)| {
+            let f = fifo(&logs, t, s);
+            std::thread::spawn(move || {
+                for k in 0..100 {
+                    write_numbered(&f, k * N / 100, (k + 1) * N / 100);
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+            })
+        })
+        .collect();
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    // Right after each kill, the state file tells how many streams had a
+    // window planned, saved and not yet acknowledged: the batch in flight.
+    let in_flight = || -> usize {
+        let Ok(b) = std::fs::read(state.join("ship.json")) else {
+            return 0;
+        };
+        let st: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        st["streams"].as_object().map_or(0, |m| {
+            m.values().filter(|s| !s["pending"].is_null()).count()
+        })
+    };
+    let mut mid_batch = Vec::new();
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(250 + 37 * i));
+        ship.kill9();
+        mid_batch.push(in_flight());
+        ship.spawn();
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let want: Vec<(&str, &str, usize)> = TASKS
+        .iter()
+        .flat_map(|t| {
+            STREAMS
+                .iter()
+                .map(move |s| (*t, s.as_str(), line_bytes(0, N)))
+        })
+        .collect();
+    assert!(
+        r.wait_for(&want, Duration::from_secs(120)),
+        "not everything arrived: {:?} of {} bytes each",
+        want.iter()
+            .map(|(t, s, _)| (*t, *s, r.bytes_of(t, s).len()))
+            .collect::<Vec<_>>(),
+        line_bytes(0, N)
+    );
+    for (t, s, _) in &want {
+        assert_numbered(&r.bytes_of(t, s), 0, N);
+        check_headers(&r, &logs, t, s, 0, &[]);
+    }
+    let several = mid_batch.iter().filter(|&&n| n >= 2).count();
+    eprintln!("streams with a window in flight at each kill: {mid_batch:?}");
+    assert!(
+        several >= 3,
+        "too few kills landed mid-batch of several streams: {mid_batch:?}"
+    );
+    // Windows of several streams were re-sent after kills and JetStream
+    // dropped the copies.
+    assert_eq!(ship.sigterm(), Some(0));
+    let st = status(&state);
+    let dups: Vec<u64> = st["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["duplicates"].as_u64().unwrap())
+        .collect();
+    eprintln!("duplicates dropped per stream: {dups:?}");
+    assert_eq!(dups.len(), 6, "{st}");
+    assert!(dups.iter().filter(|&&d| d > 0).count() >= 2, "{st}");
 }
 
 #[test]

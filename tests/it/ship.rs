@@ -1896,3 +1896,86 @@ fn creds_authentication_ships_with_a_user_of_the_account_and_fails_in_one_line_o
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("credentials file"), "{err}");
 }
+
+/// The same race with `run --keep-unshipped`: the shipper leaves its
+/// position beside the files (`.t.stdout.shipped`) after each ack, and
+/// purge holds the files it has not read yet (up to 64 MiB here), so the
+/// slowed shipper loses nothing and publishes no gap.
+#[test]
+fn purge_racing_a_slow_shipper_loses_nothing_with_keep_unshipped() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(
+        &logs,
+        "t",
+        &[
+            "--max-file-size",
+            "4KiB",
+            "--max-files",
+            "3",
+            "--keep-unshipped",
+            "64MiB",
+        ],
+    );
+    let _ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+    );
+    let f = fifo(&logs, "t", Stream::Stdout);
+    write_numbered(&f, 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 10))],
+        Duration::from_secs(30)
+    ));
+    assert!(
+        logs.join(".t.stdout.shipped").exists(),
+        "the shipper left no position beside the files"
+    );
+    // As fast as in the racing test above, where files are lost.
+    const N: u64 = 8_010;
+    let mut most_files = 0;
+    for k in 0..40 {
+        write_numbered(&f, 10 + k * 200, 10 + (k + 1) * 200);
+        std::thread::sleep(Duration::from_millis(250));
+        most_files = most_files.max(indices(&logs, "t", Stream::Stdout).len());
+    }
+    assert!(
+        most_files > 3,
+        "purge never had to hold a file: the shipper was not behind (test harness)"
+    );
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, N))],
+        Duration::from_secs(120)
+    ));
+    let gaps = r
+        .of("t", "stdout")
+        .filter(|m| m.headers.contains_key("Logmon-Gap-Bytes"))
+        .count();
+    assert_eq!(
+        gaps, 0,
+        "gap records published although purge held the files"
+    );
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, N);
+    // Caught up, purge is back to --max-files at the next rotation.
+    write_numbered(&f, N, N + 200);
+    assert!(wait_until(Duration::from_secs(30), || {
+        indices(&logs, "t", Stream::Stdout).len() <= 4
+    }));
+}

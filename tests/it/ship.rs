@@ -1607,63 +1607,111 @@ fn status_shows_the_lag_while_a_slowed_shipper_works_through_a_steady_backlog() 
     assert_eq!(ship.sigterm(), Some(0));
 }
 
+/// A purge racing a running but slowed shipper: 4 KiB files, 3 kept, the
+/// task writing ~11 files a second while the shipper, each window's acks
+/// delayed 200 ms, manages about half. Fields drop in order: reader,
+/// shipper, logmon, server, then the temp directory.
+struct Race {
+    r: Reader,
+    _ship: Shipper,
+    _d: Daemon,
+    _srv: Server,
+    logs: PathBuf,
+    state: PathBuf,
+    /// The most log files of the stream seen at once while writing.
+    most_files: usize,
+    _tmp: tempfile::TempDir,
+}
+
+/// Lines the race writes (0..RACE_LINES).
+const RACE_LINES: u64 = 8_010;
+
+impl Race {
+    /// Runs the race (`run_extra`: more `run` flags) until every line is
+    /// written; `None` without nats-server.
+    fn run(run_extra: &[&str]) -> Option<Race> {
+        if !have_nats() {
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = tmp.path().join("logs");
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(&logs).unwrap();
+        let srv = Server::single(&tmp.path().join("js"));
+        // 4 KiB files (73 lines), 3 kept: rotation purges a file ~every 73 lines.
+        let mut run_args = vec!["--max-file-size", "4KiB", "--max-files", "3"];
+        run_args.extend_from_slice(run_extra);
+        let d = Daemon::start(&logs, "t", &run_args);
+        // Each window (one file here) waits 200 ms for its acks: the shipper
+        // runs, but slower than the task fills and purges files.
+        let ship = Shipper::start_env(
+            &[
+                "--nats",
+                &srv.url(),
+                "--stream",
+                "LOGS",
+                "--create-stream",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--log-dir",
+                logs.to_str().unwrap(),
+            ],
+            &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
+        );
+        let f = fifo(&logs, "t", Stream::Stdout);
+        write_numbered(&f, 0, 10);
+        let mut r = Reader::new(&srv.url(), "LOGS");
+        assert!(r.wait_for(
+            &[("t", "stdout", line_bytes(0, 10))],
+            Duration::from_secs(30)
+        ));
+        assert!(
+            logs.join(".t.stdout.shipped").exists(),
+            "the shipper left no position beside the files"
+        );
+        // ~11 files a second, twice what the shipper manages.
+        let mut most_files = 0;
+        for k in 0..(RACE_LINES - 10) / 200 {
+            write_numbered(&f, 10 + k * 200, 10 + (k + 1) * 200);
+            std::thread::sleep(Duration::from_millis(250));
+            most_files = most_files.max(indices(&logs, "t", Stream::Stdout).len());
+        }
+        Some(Race {
+            r,
+            _ship: ship,
+            _d: d,
+            _srv: srv,
+            logs,
+            state,
+            most_files,
+            _tmp: tmp,
+        })
+    }
+}
+
 /// Gap records name exactly the files lost; their bytes are a lower bound
 /// (a file created and purged before the shipper could stat it counts 0).
 #[test]
 fn purge_racing_a_running_slow_shipper_is_published_as_gaps_and_every_kept_line_arrives_once() {
-    if !have_nats() {
+    let Some(mut race) = Race::run(&[]) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
-    // 4 KiB files (73 lines), 3 kept: rotation purges a file ~every 73 lines.
-    let _d = Daemon::start(&logs, "t", &["--max-file-size", "4KiB", "--max-files", "3"]);
-    // Each window (one file here) waits 200 ms for its acks: the shipper
-    // runs, but slower than the task fills and purges files.
-    let _ship = Shipper::start_env(
-        &[
-            "--nats",
-            &srv.url(),
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ],
-        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
-    );
-    let f = fifo(&logs, "t", Stream::Stdout);
-    write_numbered(&f, 0, 10);
-    let mut r = Reader::new(&srv.url(), "LOGS");
-    assert!(r.wait_for(
-        &[("t", "stdout", line_bytes(0, 10))],
-        Duration::from_secs(30)
-    ));
-    // ~11 files a second, twice what the shipper manages: some files are
-    // shipped, some are purged while it waits for acks.
-    const N: u64 = 8_010;
-    for k in 0..40 {
-        write_numbered(&f, 10 + k * 200, 10 + (k + 1) * 200);
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    };
+    const N: u64 = RACE_LINES;
+    let (logs, state) = (race.logs.clone(), race.state.clone());
+    let r = &mut race.r;
     let last = numbered_line(N - 1);
     let data = |r: &Reader| -> Vec<u8> { r.bytes_of("t", "stdout") };
     assert!(
         wait_until(Duration::from_secs(60), || {
             r.poll();
-            data(&r).ends_with(last.as_bytes())
+            data(r).ends_with(last.as_bytes())
         }),
         "the last line did not arrive"
     );
     // Every line the files still hold arrived.
     let kept = read_stream(&logs, "t", Stream::Stdout);
     assert!(kept.ends_with(last.as_bytes()));
-    assert!(data(&r).ends_with(&kept), "the kept files arrived whole");
+    assert!(data(r).ends_with(&kept), "the kept files arrived whole");
     // Walk the stream: lines strictly increasing (each at most once, in
     // order); every hole is announced by gap records just before it, and
     // a gap record is only where lines are missing.
@@ -1745,7 +1793,7 @@ fn purge_racing_a_running_slow_shipper_is_published_as_gaps_and_every_kept_line_
         holes > 0,
         "no purge raced the shipper: the test did not test"
     );
-    assert_eq!(line_bytes(0, N) as u64, missing + data(&r).len() as u64);
+    assert_eq!(line_bytes(0, N) as u64, missing + data(r).len() as u64);
     // The files lost are counted exactly; the bytes count what the shipper
     // learnt of those files before they went (a lower bound: listings,
     // inotify's close-write, see the README) — something, not 0.
@@ -1759,11 +1807,11 @@ fn purge_racing_a_running_slow_shipper_is_published_as_gaps_and_every_kept_line_
     let mut st = status(&state);
     wait_until(Duration::from_secs(10), || {
         st = status(&state);
-        st["streams"][0]["shipped_bytes"] == data(&r).len()
+        st["streams"][0]["shipped_bytes"] == data(r).len()
     });
     assert_eq!(st["streams"][0]["gaps"], gaps, "{st}");
     assert_eq!(st["streams"][0]["gap_bytes"], gap_bytes, "{st}");
-    assert_eq!(st["streams"][0]["shipped_bytes"], data(&r).len(), "{st}");
+    assert_eq!(st["streams"][0]["shipped_bytes"], data(r).len(), "{st}");
 }
 
 /// Base64url without padding (the JWT encoding).
@@ -1903,59 +1951,13 @@ fn creds_authentication_ships_with_a_user_of_the_account_and_fails_in_one_line_o
 /// slowed shipper loses nothing and publishes no gap.
 #[test]
 fn purge_racing_a_slow_shipper_loses_nothing_with_keep_unshipped() {
-    if !have_nats() {
+    let Some(mut race) = Race::run(&["--keep-unshipped", "64MiB"]) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
-    let _d = Daemon::start(
-        &logs,
-        "t",
-        &[
-            "--max-file-size",
-            "4KiB",
-            "--max-files",
-            "3",
-            "--keep-unshipped",
-            "64MiB",
-        ],
-    );
-    let _ship = Shipper::start_env(
-        &[
-            "--nats",
-            &srv.url(),
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ],
-        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
-    );
+    };
+    const N: u64 = RACE_LINES;
+    let (logs, most_files) = (race.logs.clone(), race.most_files);
+    let r = &mut race.r;
     let f = fifo(&logs, "t", Stream::Stdout);
-    write_numbered(&f, 0, 10);
-    let mut r = Reader::new(&srv.url(), "LOGS");
-    assert!(r.wait_for(
-        &[("t", "stdout", line_bytes(0, 10))],
-        Duration::from_secs(30)
-    ));
-    assert!(
-        logs.join(".t.stdout.shipped").exists(),
-        "the shipper left no position beside the files"
-    );
-    // As fast as in the racing test above, where files are lost.
-    const N: u64 = 8_010;
-    let mut most_files = 0;
-    for k in 0..40 {
-        write_numbered(&f, 10 + k * 200, 10 + (k + 1) * 200);
-        std::thread::sleep(Duration::from_millis(250));
-        most_files = most_files.max(indices(&logs, "t", Stream::Stdout).len());
-    }
     assert!(
         most_files > 3,
         "purge never had to hold a file: the shipper was not behind (test harness)"

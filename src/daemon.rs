@@ -39,7 +39,6 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::capture::{pump, StreamCapture};
@@ -98,6 +97,10 @@ fn io_err(action: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
 pub struct TaskLock {
     _lock: Flock<File>,
 }
+
+/// Events the runtime takes from epoll per wakeup (more simply wait for
+/// the next turn, which comes at once).
+const IO_EVENTS: usize = 64;
 
 /// How often the lock's name is claimed again when the task keeps
 /// replanting it.
@@ -319,6 +322,10 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     let bound = socket.bound.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // A daemon polls a handful of descriptors (FIFOs' signals, socket,
+        // clients); tokio's default event buffer (1,024 events, 12 KiB,
+        // touched at start) would be per-instance memory for nothing.
+        .max_io_events_per_tick(IO_EVENTS)
         .build()
         .map_err(io_err("cannot start the runtime"))?;
     let local = tokio::task::LocalSet::new();
@@ -503,8 +510,10 @@ struct Serving<'a> {
 async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
     let cfg = s.cfg;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut sigterm = signal(SignalKind::terminate()).map_err(io_err("cannot handle SIGTERM"))?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(io_err("cannot handle SIGINT"))?;
+    // The only thread: blocking here covers the whole process.
+    let mut signals = crate::signals::Blocked::new(&crate::signals::STOP)
+        .and_then(crate::signals::Blocked::watch)
+        .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
     s.socket
         .listener
         .set_nonblocking(true)
@@ -544,14 +553,21 @@ async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
     });
     let server = tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
 
+    // Start-up is over: its heap and stack peaks need not stay resident
+    // in each of thousands of waiting instances.
+    if let Err(e) = crate::memory::release_startup_memory() {
+        tracing::debug!(error = %e, "cannot release start-up memory");
+    }
     print_ready(&s.ready)?;
     systemd::notify_ready(&state.stats());
     tracing::info!(task = %cfg.task, pid = s.ready.pid, socket = %s.socket.path.display(), "ready");
 
     let mut stop_wait = stop_rx.clone();
     tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM: draining and stopping"),
-        _ = sigint.recv() => tracing::info!("SIGINT: draining and stopping"),
+        sig = signals.recv() => match sig {
+            Ok(sig) => tracing::info!("{sig}: draining and stopping"),
+            Err(e) => tracing::error!(error = %e, "cannot read signals: draining and stopping"),
+        },
         _ = stop_wait.wait_for(|s| *s) => {}
         _ = systemd::status_loop(|| state.stats(), &activity) => {}
     }

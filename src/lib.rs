@@ -26,7 +26,9 @@
 //!   Landlock, seccomp) and prints the ready line; `server` answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
 //!   socket (`sockaddr` makes long socket paths work); `diag` filters
-//!   logmon's own diagnostics and moves a launched daemon's into its log.
+//!   logmon's own diagnostics and moves a launched daemon's into its log;
+//!   `signals` reads SIGTERM/SIGINT from a signalfd (no tokio signal
+//!   driver, which costs every instance 24 KiB).
 //! - **reattach** — `launch` starts a detached daemon; [`client`] proves,
 //!   before trusting it, that the process behind a persisted
 //!   [`protocol::ReattachConfig`] is the one launched (pid, start time, peer
@@ -76,6 +78,8 @@ pub mod hook;
 mod index;
 #[allow(unsafe_code)] // the double fork in pre_exec
 mod launch;
+#[allow(unsafe_code)] // malloc_trim and madvise of dead stack
+mod memory;
 mod meta;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
@@ -86,6 +90,8 @@ mod sandbox;
 mod server;
 pub mod ship;
 mod shipped;
+#[allow(unsafe_code)] // registering the signalfd with the runtime
+mod signals;
 mod sockaddr;
 mod state;
 #[allow(unsafe_code)] // owning the LISTEN_FDS descriptors

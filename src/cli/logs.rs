@@ -37,11 +37,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::signals::Blocked;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Stream;
 use crate::dir::{Dir, LogDirError};
@@ -55,6 +55,10 @@ use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_USAGE};
 
 /// `logmon logs`.
 pub fn run(a: &LogsArgs) -> CliResult {
+    // Before any other thread exists (the `notify` watcher inherits the
+    // mask): see crate::signals.
+    let signals = Blocked::new(&crate::signals::STOP)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     if a.timestamps
         || a.since.is_some()
         || a.until.is_some()
@@ -62,7 +66,7 @@ pub fn run(a: &LogsArgs) -> CliResult {
         || a.format != Format::Raw
         || a.cursor.is_some()
     {
-        return run_timeline(a);
+        return run_timeline(a, signals);
     }
     let stream = if a.stderr {
         Stream::Stderr
@@ -93,8 +97,15 @@ pub fn run(a: &LogsArgs) -> CliResult {
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
     rt.block_on(async {
         let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
-        pump(follower).await
+        pump(follower, signals).await
     })
+}
+
+/// SIGINT or SIGTERM ends the output (exit 0).
+fn watch(signals: Blocked) -> Result<crate::signals::Signals, CliError> {
+    signals
+        .watch()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
 }
 
 fn cli_error(e: FollowError) -> CliError {
@@ -107,18 +118,13 @@ fn cli_error(e: FollowError) -> CliError {
 
 /// Copies the follower's bytes to stdout until the end, a signal, or stdout
 /// going away.
-async fn pump(mut f: Follower) -> CliResult {
-    let sig = |kind| {
-        signal(kind).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
-    };
-    let mut sigint = sig(SignalKind::interrupt())?;
-    let mut sigterm = sig(SignalKind::terminate())?;
+async fn pump(mut f: Follower, signals: Blocked) -> CliResult {
+    let mut signals = watch(signals)?;
     let stdout_watch = stdout_error_watch();
     loop {
         tokio::select! {
             biased;
-            _ = sigint.recv() => return Ok(0),
-            _ = sigterm.recv() => return Ok(0),
+            _ = signals.recv() => return Ok(0),
             () = stdout_gone(stdout_watch.as_ref()) => return Ok(0),
             item = f.next() => match item {
                 None => return Ok(0),
@@ -244,7 +250,7 @@ impl Src {
 
 /// `logs` with any of --timestamps, --since, --until, --merged, --format,
 /// --cursor (see [`crate::timeline`]).
-fn run_timeline(a: &LogsArgs) -> CliResult {
+fn run_timeline(a: &LogsArgs, signals: Blocked) -> CliResult {
     let usage = |e: crate::timeline::TimeError| CliError::new(EXIT_USAGE, e);
     let now = now_ns();
     let since = a
@@ -369,6 +375,7 @@ fn run_timeline(a: &LogsArgs) -> CliResult {
             cursor.as_ref(),
             &mut state,
             notes_times,
+            signals,
         )
         .await
     })
@@ -388,12 +395,9 @@ async fn drive(
     cursor: Option<&CursorFile>,
     state: &mut CursorState,
     notes_times: bool,
+    signals: Blocked,
 ) -> CliResult {
-    let sig = |kind| {
-        signal(kind).map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
-    };
-    let mut sigint = sig(SignalKind::interrupt())?;
-    let mut sigterm = sig(SignalKind::terminate())?;
+    let mut signals = watch(signals)?;
     let stdout_watch = stdout_error_watch();
     // -n: pieces held until every stream has caught up.
     let mut held: VecDeque<Piece> = VecDeque::new();
@@ -518,8 +522,7 @@ async fn drive(
                 .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
             tokio::select! {
                 biased;
-                _ = sigint.recv() => None,
-                _ = sigterm.recv() => None,
+                _ = signals.recv() => None,
                 () = stdout_gone(stdout_watch.as_ref()) => None,
                 ((i, item), _, _) = futures_util::future::select_all(waits) => Some(Some((i, item))),
                 () = sleep_or_never(sleep_for) => Some(None),

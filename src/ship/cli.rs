@@ -232,11 +232,14 @@ fn run(args: Args) -> Result<(), Failure> {
     })?;
     // Fail now on a corrupt state rather than after connecting.
     state::load(&args.state_dir).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    // Before the runtime and any thread it may start: see crate::signals.
+    let signals = crate::signals::Blocked::new(&crate::signals::STOP)
+        .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
-    rt.block_on(serve(args, addrs, stream))
+    rt.block_on(serve(args, addrs, stream, signals))
 }
 
 /// Checks an `--nkey` seed now: the client would only parse it while
@@ -294,9 +297,48 @@ async fn serve(
     args: Args,
     addrs: Vec<async_nats::ServerAddr>,
     stream: String,
+    signals: crate::signals::Blocked,
 ) -> Result<(), Failure> {
+    let mut signals = signals
+        .watch()
+        .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
+    // A stop while connecting ends the shipper at once, with nothing to
+    // save (it has published nothing yet).
+    let connected = tokio::select! {
+        r = connect(&args, addrs, &stream) => r?,
+        _ = signals.recv() => return Ok(()),
+    };
+    let (js, max_payload) = connected;
+    let cfg = Config {
+        log_dirs: args.log_dirs.clone(),
+        watch: args.watch.clone().zip(args.pattern.clone()),
+        subject: args.subject.clone(),
+        state_dir: args.state_dir.clone(),
+    };
+    let mut shipper =
+        Shipper::new(cfg, js, max_payload).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    tracing::info!(stream = %stream, "shipping");
+    let stop = async move {
+        // An unreadable signalfd: keep shipping rather than stop.
+        if signals.recv().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    shipper
+        .run(stop)
+        .await
+        .map_err(|e| fail(EXIT_FAILURE, e.to_string()))
+}
+
+/// Connects, checks the server and the stream: everything before shipping.
+async fn connect(
+    args: &Args,
+    addrs: Vec<async_nats::ServerAddr>,
+    stream: &str,
+) -> Result<(async_nats::jetstream::Context, u64), Failure> {
     use async_nats::ConnectErrorKind as K;
-    let opts = options(&args).await?;
+    let opts = options(args).await?;
     let shown = args.nats.clone().unwrap_or_default();
     let client = opts.connect(addrs).await.map_err(|e| {
         // A failed handshake comes back as an io error: it is the
@@ -323,36 +365,8 @@ async fn serve(
         .max(4096);
     let mut js = async_nats::jetstream::new(client);
     js.set_timeout(Duration::from_secs(5));
-    ensure_stream(&js, &stream, &args).await?;
-    let cfg = Config {
-        log_dirs: args.log_dirs.clone(),
-        watch: args.watch.clone().zip(args.pattern.clone()),
-        subject: args.subject.clone(),
-        state_dir: args.state_dir.clone(),
-    };
-    let mut shipper =
-        Shipper::new(cfg, js, max_payload).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    tracing::info!(stream = %stream, "shipping");
-    let stop = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut t), Ok(mut i)) => {
-                tokio::select! {
-                    _ = t.recv() => {}
-                    _ = i.recv() => {}
-                }
-            }
-            _ => std::future::pending::<()>().await,
-        }
-    };
-    shipper
-        .run(stop)
-        .await
-        .map_err(|e| fail(EXIT_FAILURE, e.to_string()))
+    ensure_stream(&js, stream, args).await?;
+    Ok((js, max_payload))
 }
 
 /// The TLS (rustls) error inside a connection's io error, if that is why

@@ -996,6 +996,33 @@ fn watch_follows_many_tasks_appearing_and_ending() {
     }
 }
 
+/// A stop (SIGTERM) while the shipper is still connecting ends it at once
+/// and cleanly (exit 0), instead of killing it by the signal or leaving it
+/// waiting out the connection timeout. The "server" accepts the connection
+/// and never speaks, so the shipper is provably mid-connect.
+#[test]
+fn sigterm_while_connecting_stops_the_shipper_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("nats://{}", silent.local_addr().unwrap());
+    let state = tmp.path().join("state");
+    let mut s = Shipper::start(&[
+        "--nats",
+        &url,
+        "--stream",
+        "S",
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    // Blocks until the shipper has connected: it now waits for INFO.
+    let (_conn, _) = silent.accept().unwrap();
+    assert_eq!(s.sigterm(), Some(0), "a clean exit, not death by the signal (None) or 75");
+}
+
 #[test]
 fn bad_configuration_fails_with_one_line_naming_the_problem() {
     if !have_nats() {

@@ -88,7 +88,7 @@
 //! Threads: Landlock, `no_new_privs` and capabilities are per thread and
 //! inherited by threads created later. `run` confines itself on its only
 //! thread (the current-thread tokio runtime starts none: no blocking pool
-//! is used, `tokio::signal` uses a self-pipe); `logs` confines itself
+//! is used, stop signals come from a signalfd: `signals`); `logs` confines itself
 //! before its runtime and the `notify` thread exist. [`confine`] installs
 //! seccomp with `TSYNC` all the same, and warns when called with more than
 //! one thread. (Landlock's `TSYNC`, ABI 8, is not requested: on an ABI 7

@@ -1020,7 +1020,11 @@ fn sigterm_while_connecting_stops_the_shipper_cleanly() {
     ]);
     // Blocks until the shipper has connected: it now waits for INFO.
     let (_conn, _) = silent.accept().unwrap();
-    assert_eq!(s.sigterm(), Some(0), "a clean exit, not death by the signal (None) or 75");
+    assert_eq!(
+        s.sigterm(),
+        Some(0),
+        "a clean exit, not death by the signal (None) or 75"
+    );
 }
 
 #[test]

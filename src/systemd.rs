@@ -501,9 +501,6 @@ fn journal_stream_matches(value: &OsStr, dev: u64, ino: u64) -> bool {
 /// `LOGMON_LOG` applies, else `default` ([`crate::diag::log_filter`]). Returns whether it
 /// did; on `false` the caller logs to stderr.
 pub fn init_journald(default: &str) -> bool {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-
     let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
     };
@@ -515,16 +512,10 @@ pub fn init_journald(default: &str) -> bool {
     if !journal_stream_matches(&value, dev, ino) {
         return false;
     }
-    let layer = match tracing_journald::layer() {
-        Ok(l) => l.with_field_prefix(Some("LOGMON".into())),
-        Err(_) => return false,
+    let Ok(diag) = crate::diag::Diag::journald(crate::diag::log_filter(default)) else {
+        return false;
     };
-    let filter = crate::diag::log_filter(default);
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(layer)
-        .try_init()
-        .is_ok()
+    tracing::subscriber::set_global_default(diag).is_ok()
 }
 
 #[cfg(test)]

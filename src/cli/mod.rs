@@ -601,16 +601,9 @@ pub fn main() -> ! {
 /// under journald, else to stderr. Never to stdout, never into the
 /// captured logs.
 pub fn init_tracing(default: &str) {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
     if crate::systemd::init_journald(default) {
         return;
     }
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    let _ = tracing_subscriber::registry()
-        .with(crate::diag::log_filter(default))
-        .with(fmt)
-        .try_init();
+    let diag = crate::diag::Diag::stderr(crate::diag::log_filter(default));
+    let _ = tracing::subscriber::set_global_default(diag);
 }

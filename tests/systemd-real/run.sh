@@ -19,7 +19,7 @@
 #   1. `systemctl start logmon@web` returns once logmon sent READY=1
 #      (Type=notify) and the unit is active with logmon's STATUS= line;
 #   2. journald receives logmon's diagnostics through the native protocol
-#      (fields TARGET= and CODE_FILE= that only tracing-journald sets);
+#      (fields TARGET= and CODE_FILE= that only logmon's native-protocol writer, diag.rs, sets);
 #   3. while a task writes numbered lines into the FIFO (opened write-only,
 #      so a pipe left without a reader would give it EPIPE): `kill -9` of
 #      logmon (Restart=on-failure brings it back) and `systemctl restart`;

@@ -20,9 +20,10 @@
 
 use std::io;
 
-/// Stack kept below the caller's frame: the red zone, the frames of the
-/// calls this module makes, and a signal frame, with room to spare.
-const STACK_MARGIN: usize = 16 * 1024;
+/// Stack kept below the caller's frame: the red zone and the frames of the
+/// calls this module makes. (Everything below the stack pointer is dead;
+/// a larger margin would only keep pages the event loop may not need.)
+const STACK_MARGIN: usize = 4 * 1024;
 
 /// The largest stack considered when the limit is unlimited.
 const STACK_SPAN_UNLIMITED: usize = 8 << 20;

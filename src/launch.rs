@@ -106,6 +106,78 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
     a
 }
 
+/// The daemon's own, smaller binary. `logmon run` execs it, before even
+/// parsing its arguments, when it is installed beside the running
+/// executable ([`exec_daemon_binary`]): it parses the same `run` flags but
+/// links no other subcommand, reader or client, so each of the thousands of
+/// daemons on a node maps and dirties less memory, from its first page on
+/// (issue #16; README, "Footprint"). Without it, `run` serves in its own
+/// process.
+pub const DAEMON_BIN: &str = "logmon-run";
+
+/// Set by `logmon run` for [`DAEMON_BIN`] to the version it was built as:
+/// a daemon binary of another build refuses to start rather than read the
+/// flags differently.
+pub const EXEC_VERSION_ENV: &str = "LOGMON_INTERNAL_EXEC_VERSION";
+
+/// Set by `logmon-run` when it hands a command line it cannot read without
+/// clap back to `logmon run` (help, a typo, a value only clap judges):
+/// that `logmon` then serves or reports in its own process instead of
+/// execing `logmon-run` again.
+pub const NO_EXEC_ENV: &str = "LOGMON_INTERNAL_NO_EXEC";
+
+/// Replaces this process with [`DAEMON_BIN`], passing `args` (the flags
+/// after `run`), when that binary is installed beside the current
+/// executable and [`NO_EXEC_ENV`] is not set; returns only if not, and
+/// then says why, so the caller serves in this process. The process keeps
+/// its pid, environment (readiness and socket-activation variables
+/// included) and inherited descriptors, so a service manager or launcher
+/// sees no difference.
+pub fn exec_daemon_binary(args: impl IntoIterator<Item = OsString>) -> io::Error {
+    if std::env::var_os(NO_EXEC_ENV).is_some() {
+        return io::Error::other(format!("{NO_EXEC_ENV} is set"));
+    }
+    exec_sibling(DAEMON_BIN, args, EXEC_VERSION_ENV)
+}
+
+/// In [`DAEMON_BIN`]: hands `logmon run <args>` back to the `logmon`
+/// installed beside it ([`NO_EXEC_ENV`]); returns only if that fails.
+pub fn exec_full_binary(args: impl IntoIterator<Item = OsString>) -> io::Error {
+    let run = std::iter::once(OsString::from("run")).chain(args);
+    exec_sibling("logmon", run, NO_EXEC_ENV)
+}
+
+/// Execs the program `name` beside the current executable with `args` and
+/// `flag_env` set to this build's version.
+fn exec_sibling(name: &str, args: impl IntoIterator<Item = OsString>, flag_env: &str) -> io::Error {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return e,
+    };
+    let Some(bin) = exe.parent().map(|d| d.join(name)) else {
+        return io::Error::new(io::ErrorKind::NotFound, "the executable has no directory");
+    };
+    if !bin.is_file() {
+        return io::Error::new(io::ErrorKind::NotFound, format!("no {}", bin.display()));
+    }
+    Command::new(&bin)
+        .args(args)
+        .env(flag_env, env!("CARGO_PKG_VERSION"))
+        .exec()
+}
+
+/// In [`DAEMON_BIN`]: refuses a `logmon run` of another version (see
+/// [`EXEC_VERSION_ENV`]); started by hand, it has nothing to compare.
+pub fn check_exec_version() -> Result<(), String> {
+    match std::env::var(EXEC_VERSION_ENV) {
+        Ok(v) if v != env!("CARGO_PKG_VERSION") => Err(format!(
+            "{DAEMON_BIN} is version {} but the logmon that started it is {v}: install both binaries from the same build",
+            env!("CARGO_PKG_VERSION")
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Launches a detached `logmon run` for `cfg` and returns its reattach
 /// config once it is ready.
 ///
@@ -127,8 +199,27 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
         })?,
         Program::Path(p) => p.clone(),
     };
-    let mut cmd = Command::new(&exe);
-    cmd.args(run_args(cfg))
+    // Our own daemon binary beside us: started directly, so the daemon
+    // never maps this larger one (see DAEMON_BIN). A `Path` program execs
+    // its own, of its own version.
+    let daemon_bin = matches!(program, Program::CurrentExe)
+        .then(|| exe.parent().map(|d| d.join(DAEMON_BIN)))
+        .flatten()
+        .filter(|b| b.is_file() && std::env::var_os(NO_EXEC_ENV).is_none());
+    let mut cmd = match &daemon_bin {
+        Some(bin) => {
+            let mut c = Command::new(bin);
+            c.args(run_args(cfg).into_iter().skip(1))
+                .env(EXEC_VERSION_ENV, env!("CARGO_PKG_VERSION"));
+            c
+        }
+        None => {
+            let mut c = Command::new(&exe);
+            c.args(run_args(cfg));
+            c
+        }
+    };
+    cmd
         // The flags carry the metadata; an inherited variable must not add
         // any when the configuration has none.
         .env_remove(crate::meta::ENV_VAR)

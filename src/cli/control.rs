@@ -19,7 +19,11 @@ use super::{
 
 /// `logmon run`.
 pub fn run(a: &RunArgs) -> CliResult {
-    let cfg = a.to_config()?;
+    serve(a.to_config()?)
+}
+
+/// Serves `cfg` in this process until stopped (`run`, and `logmon-run`).
+pub fn serve(cfg: crate::config::CaptureConfig) -> CliResult {
     daemon::run(cfg).map_err(|e| CliError::new(super::exit_code_daemon(&e), e))?;
     Ok(0)
 }

@@ -20,6 +20,7 @@ mod control;
 mod exec;
 #[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
+mod run_flags;
 
 /// Exit code for a usage or configuration error.
 pub const EXIT_USAGE: i32 = 2;
@@ -470,22 +471,54 @@ pub fn dispatch(cli: Cli) -> i32 {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            if launched_run {
-                // The launcher reads this instead of a ready line and
-                // passes it on, exit code class included (crate::diag).
-                let f = crate::client::LaunchFailure {
-                    error: e.message.clone(),
-                    exit_code: e.code,
-                };
-                if let Ok(j) = serde_json::to_string(&f) {
-                    let _ = out_line(&j);
-                }
-            }
-            let _ = writeln!(std::io::stderr(), "logmon: error: {}", e.message);
-            e.code
+        Err(e) => report(e, launched_run),
+    }
+}
+
+/// Says why a command failed (one line on stderr; for a launched `run`,
+/// also its [`crate::client::LaunchFailure`] on stdout) and returns its
+/// exit code.
+fn report(e: CliError, launched_run: bool) -> i32 {
+    if launched_run {
+        // The launcher reads this instead of a ready line and passes it
+        // on, exit code class included (crate::diag).
+        let f = crate::client::LaunchFailure {
+            error: e.message.clone(),
+            exit_code: e.code,
+        };
+        if let Ok(j) = serde_json::to_string(&f) {
+            let _ = out_line(&j);
         }
     }
+    let _ = writeln!(std::io::stderr(), "logmon: error: {}", e.message);
+    e.code
+}
+
+/// The whole `logmon-run` program ([`crate::launch::DAEMON_BIN`]): `logmon
+/// run` alone, which `logmon run` execs before parsing anything. It reads
+/// the flags with [`run_flags::parse`]; a command line only clap can judge
+/// goes back to `logmon run` in its own process. Same flags, variables,
+/// errors, exit codes and output either way.
+pub fn daemon_main() -> ! {
+    if let Err(e) = crate::launch::check_exec_version() {
+        let _ = writeln!(std::io::stderr(), "logmon: error: {e}");
+        std::process::exit(EXIT_FAILURE);
+    }
+    let Some(cfg) = run_flags::parse(std::env::args_os().skip(1), |k| std::env::var_os(k)) else {
+        let e = crate::launch::exec_full_binary(std::env::args_os().skip(1));
+        let _ = writeln!(
+            std::io::stderr(),
+            "logmon: error: cannot read these flags without `logmon` ({e}): run `logmon run` from the same installation"
+        );
+        std::process::exit(EXIT_USAGE);
+    };
+    init_tracing("info");
+    crate::sandbox::set_disabled(cfg.no_sandbox);
+    let code = match control::serve(cfg) {
+        Ok(code) => code,
+        Err(e) => report(e, crate::diag::launched()),
+    };
+    std::process::exit(code)
 }
 
 /// For a clap error about a flag that was not on the command line but set
@@ -509,6 +542,30 @@ fn env_context(e: &clap::Error) -> String {
     } else {
         String::new()
     }
+}
+
+/// Reports a clap error (help and version go to stdout, exit 0) and
+/// returns the exit code.
+fn clap_failure(e: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return 0;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return EXIT_USAGE;
+        }
+        _ => {}
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "logmon: error: {}{} (see 'logmon --help')",
+        clap_error_line(e),
+        env_context(e)
+    );
+    EXIT_USAGE
 }
 
 /// A clap error in one line, from its kind and context (never from its
@@ -568,29 +625,19 @@ fn clap_error_line(e: &clap::Error) -> String {
 /// ([`crate::client::Program::CurrentExe`]) calls this when its first
 /// argument is `run`.
 pub fn main() -> ! {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == "run") {
+        // Nothing parsed or touched yet: the daemon's own binary takes over
+        // from here, so this larger one never stays resident (its pages
+        // would count in the daemon's peak memory); see crate::launch.
+        let why = crate::launch::exec_daemon_binary(args);
+        // Only said at debug level: serving in-process is fully supported
+        // (an agent embedding this crate has no `logmon-run` beside it).
+        let _ = why;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-                    let _ = e.print();
-                    std::process::exit(0);
-                }
-                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-                    let _ = e.print();
-                    std::process::exit(EXIT_USAGE);
-                }
-                _ => {}
-            }
-            let _ = writeln!(
-                std::io::stderr(),
-                "logmon: error: {}{} (see 'logmon --help')",
-                clap_error_line(&e),
-                env_context(&e)
-            );
-            std::process::exit(EXIT_USAGE);
-        }
+        Err(e) => std::process::exit(clap_failure(&e)),
     };
     let daemon = matches!(cli.command, Command::Run(_));
     init_tracing(if daemon { "info" } else { "warn" });

@@ -102,16 +102,17 @@ impl Drop for Agent {
     }
 }
 
-/// Live (non-zombie) `logmon run` processes whose command line mentions `dir`.
+/// Live (non-zombie) `logmon run` (or `logmon-run`) processes whose command line mentions `dir`.
 fn daemons_of(dir: &Path) -> Vec<u32> {
     processes_mentioning(dir.to_str().unwrap())
         .into_iter()
         .filter_map(|pid| {
             let pid = pid as u32;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let is_run = String::from_utf8_lossy(&cmd)
-                .replace('\0', " ")
-                .contains(" run ");
+            // `logmon run`, or the daemon's own binary it execs and
+            // `launch` starts (logmon-run).
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let is_run = cmd.contains(" run ") || cmd.contains("logmon-run ");
             let alive = logmon::process::start_time(pid)
                 .ok()
                 .flatten()

@@ -133,10 +133,13 @@ impl World {
     /// Live logmon processes (the binary under test) mentioning this world.
     fn daemons(&self) -> BTreeSet<i32> {
         let bin = bin().canonicalize().unwrap();
+        // `run` execs the daemon's own binary beside it.
+        let daemon_bin = bin.with_file_name("logmon-run");
         processes_mentioning(self.root.path().to_str().unwrap())
             .into_iter()
             .filter(|pid| {
-                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == bin)
+                std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .is_ok_and(|e| e == bin || e == daemon_bin)
                     && logmon::process::start_time(*pid as u32)
                         .ok()
                         .flatten()

@@ -24,6 +24,7 @@ mod support;
 mod capture;
 mod cli_errors;
 mod control;
+mod daemon_binary;
 mod ensure;
 mod errors;
 mod faults;

@@ -681,8 +681,14 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     // verify checks that ExecStart= exists: point it at the binary under test.
     let d = tempfile::tempdir().unwrap();
     let service = std::fs::read_to_string(unit_dir().join("logmon@.service")).unwrap();
-    assert!(service.contains("ExecStart=/usr/local/bin/logmon run"));
-    let service = service.replace("/usr/local/bin/logmon", support::bin().to_str().unwrap());
+    assert!(service.contains("ExecStart=/usr/local/bin/logmon-run"));
+    let service = service.replace(
+        "/usr/local/bin/logmon-run",
+        support::bin()
+            .with_file_name("logmon-run")
+            .to_str()
+            .unwrap(),
+    );
     std::fs::write(d.path().join("logmon@.service"), service).unwrap();
     std::fs::copy(
         unit_dir().join("logmon@.socket"),
@@ -763,7 +769,8 @@ fn the_service_unit_has_the_contracted_settings() {
     }
     let store: u32 = get("FileDescriptorStoreMax")[0].parse().unwrap();
     assert!(store >= 2, "room for both FIFOs in the fd store");
-    assert!(get("ExecStart")[0].ends_with("logmon run --task %i"));
+    // The daemon's own binary: `logmon run` alone (crate::launch::DAEMON_BIN).
+    assert!(get("ExecStart")[0].ends_with("logmon-run --task %i"));
 
     let socket = std::fs::read_to_string(unit_dir().join("logmon@.socket")).unwrap();
     let s = settings(&socket);

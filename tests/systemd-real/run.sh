@@ -87,6 +87,7 @@ if [ "${1:-}" = --pid1 ]; then
     chmod 0755 "$R/run"
     # What is under test, and this script for the checks.
     install -D -m 0755 "$S/logmon" "$R/usr/local/bin/logmon"
+    install -D -m 0755 "$S/logmon-run" "$R/usr/local/bin/logmon-run"
     install -D -m 0755 "$SELF" "$R/usr/local/libexec/logmon-systemd-checks"
     install -m 0644 "$S/units/logmon@.service" "$S/units/logmon@.socket" "$R/etc/systemd/system/"
     # Boot only basic.target (journald, sockets); mask what a throwaway
@@ -287,6 +288,9 @@ S=$(mktemp -d /tmp/logmon-systemd-real.XXXXXX)
 chmod 0700 "$S"
 mkdir "$S/root" "$S/upper" "$S/units"
 cp "$BIN" "$S/logmon"
+# The unit starts the daemon's own binary, built beside logmon.
+[ -x "$(dirname "$BIN")/logmon-run" ] || cannot "no logmon-run beside $BIN (cargo build --release --locked)"
+cp "$(dirname "$BIN")/logmon-run" "$S/logmon-run"
 cp systemd/logmon@.service systemd/logmon@.socket "$S/units/"
 CGPARENT=$(sed -n 's/^0::\(\/.\+\)$/\1/p' /proc/self/cgroup)
 export CGROUP=$CGPARENT/logmon-systemd-real-${S##*.}

@@ -1,0 +1,283 @@
+//! `run`'s flags read without clap, for the daemon's own binary,
+//! `logmon-run` (issue #16: it must not link the argument parser, whose
+//! code and start-up allocations would be in every daemon's memory).
+//!
+//! [`parse`] is a sound subset of the clap parser of [`super::RunArgs`]:
+//! when it returns a configuration, clap returns the same one; whatever it
+//! is not sure of (help, version, an unknown or repeated flag, a value it
+//! does not accept, an empty variable, `--`), it returns `None` and
+//! `logmon-run` hands the command line back to `logmon run`, whose clap
+//! parser serves it or says what is wrong, exactly as before. The fast path
+//! covers what agents, `launch` and the systemd unit pass.
+//!
+//! Proven by `tests::agrees_with_clap` (a property test: random command
+//! lines of valid and invalid flags and values, repeats and typos;
+//! whenever this parser answers, clap gives the same configuration) and
+//! `tests::what_launch_and_the_unit_pass_takes_the_fast_path`.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use crate::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
+
+/// Each flag that takes a value, with its variable.
+const VALUED: [(&str, &str); 10] = [
+    ("--task", "LOGMON_TASK"),
+    ("--log-dir", "LOGMON_LOG_DIR"),
+    ("--stdout-fifo", "LOGMON_STDOUT_FIFO"),
+    ("--stderr-fifo", "LOGMON_STDERR_FIFO"),
+    ("--max-files", "LOGMON_MAX_FILES"),
+    ("--max-file-size", "LOGMON_MAX_FILE_SIZE"),
+    ("--socket", "LOGMON_SOCKET"),
+    ("--on-write-error", "LOGMON_ON_WRITE_ERROR"),
+    ("--pipe-size", "LOGMON_PIPE_SIZE"),
+    ("--keep-unshipped", "LOGMON_KEEP_UNSHIPPED"),
+];
+const NO_SANDBOX: (&str, &str) = ("--no-sandbox", "LOGMON_NO_SANDBOX");
+const META: &str = "--meta";
+
+/// The configuration `logmon run <args>` means, with `env` for the
+/// environment; `None` when only clap can say (module docs).
+pub fn parse(
+    args: impl IntoIterator<Item = OsString>,
+    env: impl Fn(&str) -> Option<OsString>,
+) -> Option<CaptureConfig> {
+    let mut given: Vec<(&'static str, OsString)> = Vec::new();
+    let mut meta: Vec<String> = Vec::new();
+    let mut no_sandbox_flag = false;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let bytes = arg.as_bytes();
+        let (name, inline) = match bytes.iter().position(|&b| b == b'=') {
+            Some(i) => (
+                &bytes[..i],
+                Some(OsStr::from_bytes(&bytes[i + 1..]).to_owned()),
+            ),
+            None => (bytes, None),
+        };
+        if name == NO_SANDBOX.0.as_bytes() {
+            // A value or a repeat: clap's to judge.
+            if inline.is_some() || no_sandbox_flag {
+                return None;
+            }
+            no_sandbox_flag = true;
+            continue;
+        }
+        let flag = if name == META.as_bytes() {
+            META
+        } else {
+            VALUED.iter().find(|(f, _)| f.as_bytes() == name)?.0
+        };
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                let v = args.next()?;
+                // clap would take a following flag as a missing value.
+                if v.as_bytes().starts_with(b"-") {
+                    return None;
+                }
+                v
+            }
+        };
+        if flag == META {
+            meta.push(value.into_string().ok()?);
+        } else if given.iter().any(|(f, _)| *f == flag) {
+            return None;
+        } else {
+            given.push((flag, value));
+        }
+    }
+    // A flag given wins over its variable; an empty variable is clap's.
+    let value = |flag: &str| -> Option<Option<OsString>> {
+        if let Some((_, v)) = given.iter().find(|(f, _)| *f == flag) {
+            return Some(Some(v.clone()));
+        }
+        let var = VALUED.iter().find(|(f, _)| *f == flag).map(|(_, v)| *v)?;
+        match env(var) {
+            Some(v) if v.is_empty() => None,
+            v => Some(v),
+        }
+    };
+    let text = |flag: &str| -> Option<Option<String>> {
+        match value(flag)? {
+            Some(v) => Some(Some(v.into_string().ok()?)),
+            None => Some(None),
+        }
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let size = |flag: &str, default: u64| -> Option<u64> {
+        match text(flag)? {
+            // Plain bytes, or a number and a unit: what config::parse_size
+            // reads for clap too.
+            Some(s) => config::parse_size(&s).ok(),
+            None => Some(default),
+        }
+    };
+
+    let task = TaskName::new(&text("--task")??).ok()?;
+    let log_dir = PathBuf::from(value("--log-dir")??);
+    let mut cfg = CaptureConfig::new(task, log_dir);
+    if let Some(p) = value("--stdout-fifo")? {
+        cfg.stdout_fifo = p.into();
+    }
+    if let Some(p) = value("--stderr-fifo")? {
+        cfg.stderr_fifo = p.into();
+    }
+    if let Some(p) = value("--socket")? {
+        cfg.socket = p.into();
+    }
+    cfg.max_files = match text("--max-files")? {
+        Some(s) if digits(&s) => s.parse().ok()?,
+        Some(_) => return None,
+        None => config::DEFAULT_MAX_FILES,
+    };
+    cfg.max_file_size = size("--max-file-size", config::DEFAULT_MAX_FILE_SIZE)?;
+    cfg.pipe_size = size("--pipe-size", config::DEFAULT_PIPE_SIZE)?;
+    cfg.keep_unshipped = size("--keep-unshipped", 0)?;
+    cfg.on_write_error = match text("--on-write-error")?.as_deref() {
+        None | Some("drop") => WriteErrorPolicy::Drop,
+        Some("block") => WriteErrorPolicy::Block,
+        Some(_) => return None,
+    };
+    cfg.no_sandbox = no_sandbox_flag
+        || match env(NO_SANDBOX.1) {
+            None => false,
+            Some(v) => match v.to_str()? {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return None,
+            },
+        };
+    cfg.meta = crate::meta::Meta::from_args(&meta, env(crate::meta::ENV_VAR).as_deref()).ok()?;
+    cfg.validate().ok()?;
+    Some(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    /// clap's answer, with no variable set (the unit tests' environment has
+    /// none of logmon's).
+    fn by_clap(args: &[OsString]) -> Option<CaptureConfig> {
+        let mut argv = vec![OsString::from("logmon"), OsString::from("run")];
+        argv.extend(args.iter().cloned());
+        match super::super::Cli::try_parse_from(argv).ok()?.command {
+            super::super::Command::Run(a) => a.to_config().ok(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn what_launch_and_the_unit_pass_takes_the_fast_path() {
+        let mut cfg = CaptureConfig::new(TaskName::new("web").expect("task"), "/l");
+        cfg.max_files = 3;
+        cfg.max_file_size = 4096;
+        cfg.keep_unshipped = 1 << 20;
+        cfg.no_sandbox = true;
+        cfg.meta.insert_pair("job=web").expect("meta");
+        let args = crate::launch::run_args(&cfg);
+        assert_eq!(args[0], "run");
+        assert_eq!(parse(args[1..].to_vec(), |_| None), Some(cfg));
+        // systemd/logmon@.service: variables and --flag=value forms.
+        let unit = os(&["--task=api", "--max-file-size=10MiB", "--pipe-size", "1MiB"]);
+        let env = |k: &str| (k == "LOGMON_LOG_DIR").then(|| OsString::from("/var/log/t"));
+        let got = parse(unit, env).expect("fast path");
+        assert_eq!(got.task.as_str(), "api");
+        assert_eq!(got.log_dir, PathBuf::from("/var/log/t"));
+        assert_eq!(got.max_file_size, 10 << 20);
+        assert_eq!(got.pipe_size, 1 << 20);
+    }
+
+    #[test]
+    fn whatever_it_is_not_sure_of_goes_to_clap() {
+        let base = ["--task", "t", "--log-dir", "/l"];
+        for extra in [
+            &["--help"][..],
+            &["-h"],
+            &["--version"],
+            &["--task", "u"],
+            &["--no-sandbox", "--no-sandbox"],
+            &["--max-files", "+3"],
+            &["--max-files", "0"],
+            &["--on-write-error", "Drop"],
+            &["--socket"],
+            &["--socket", "--no-sandbox"],
+            &["--"],
+            &["--tsak", "t"],
+            &["--meta", "not a pair"],
+        ] {
+            let mut a = os(&base);
+            a.extend(os(extra));
+            assert_eq!(parse(a, |_| None), None, "{extra:?}");
+        }
+        assert_eq!(
+            parse(os(&base), |k| (k == "LOGMON_SOCKET").then(OsString::new)),
+            None
+        );
+        assert_eq!(parse(os(&["--log-dir", "/l"]), |_| None), None, "no task");
+    }
+
+    fn arg() -> impl Strategy<Value = Vec<String>> {
+        let value = prop_oneof![
+            Just("t".to_string()),
+            Just("a/b".to_string()),
+            Just("/l".to_string()),
+            Just("0".to_string()),
+            Just("7".to_string()),
+            Just("+7".to_string()),
+            Just("10MiB".to_string()),
+            Just("1 KiB".to_string()),
+            Just("-1".to_string()),
+            Just("drop".to_string()),
+            Just("block".to_string()),
+            Just("k=v".to_string()),
+            Just(String::new()),
+        ];
+        let flag = prop_oneof![
+            Just("--task"),
+            Just("--log-dir"),
+            Just("--stdout-fifo"),
+            Just("--stderr-fifo"),
+            Just("--max-files"),
+            Just("--max-file-size"),
+            Just("--socket"),
+            Just("--on-write-error"),
+            Just("--pipe-size"),
+            Just("--keep-unshipped"),
+            Just("--meta"),
+            Just("--no-sandbox"),
+            Just("--tsak"),
+        ];
+        (flag, value, 0..3u8).prop_map(|(f, v, form)| match (f, form) {
+            ("--no-sandbox", 0) => vec![f.to_string()],
+            (_, 0) => vec![format!("{f}={v}")],
+            (_, 1) => vec![f.to_string(), v],
+            _ => vec![f.to_string()],
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_clap(
+            args in proptest::collection::vec(arg(), 0..8),
+            with_required in any::<bool>(),
+        ) {
+            let mut a: Vec<OsString> = Vec::new();
+            if with_required {
+                a.extend(os(&["--task", "t", "--log-dir", "/l"]));
+            }
+            a.extend(args.into_iter().flatten().map(OsString::from));
+            if let Some(cfg) = parse(a.clone(), |_| None) {
+                prop_assert_eq!(Some(cfg), by_clap(&a), "{:?}", a);
+            }
+        }
+    }
+}

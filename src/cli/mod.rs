@@ -494,9 +494,9 @@ fn report(e: CliError, launched_run: bool) -> i32 {
     e.code
 }
 
-/// The whole `logmon-run` program ([`crate::launch::DAEMON_BIN`]): `logmon
+/// The whole `logmon-run` program (the daemon's own binary): `logmon
 /// run` alone, which `logmon run` execs before parsing anything. It reads
-/// the flags with [`run_flags::parse`]; a command line only clap can judge
+/// the flags without clap; a command line only clap can judge
 /// goes back to `logmon run` in its own process. Same flags, variables,
 /// errors, exit codes and output either way.
 pub fn daemon_main() -> ! {

@@ -45,7 +45,11 @@
 //!   `logmon-ship`): one per node, it publishes every task stream into NATS
 //!   JetStream exactly once (DESIGN.md §12).
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
-//!   `main.rs` only calls [`cli::main`].
+//!   `main.rs` only calls [`cli::main`]. The daemon has its own smaller
+//!   binary, `logmon-run` ([`cli::daemon_main`]), which `logmon run` execs
+//!   and `launch` starts: it links no argument parser, reader or client,
+//!   and `memory` hands start-up's heap and stack back once it is ready
+//!   (issue #16: thousands of daemons per node).
 //!
 //! The contract these modules keep is `DESIGN.md`; each module's doc names
 //! the guarantees it keeps and the tests that prove them.

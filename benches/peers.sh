@@ -10,9 +10,11 @@
 #   1. a fresh FIFO and log dir under the scratch dir;
 #   2. the logger started through `rrun` (benches/tools/rrun.c: no shell,
 #      wait4 rusage), reading the FIFO:
-#        logmon      logmon run --task bench --log-dir DIR --stdout-fifo FIFO
+#        logmon      logmon-run --task bench --log-dir DIR --stdout-fifo FIFO
 #                    --max-file-size SIZE --max-files KEEP   (opens the FIFO
-#                    itself; the writer starts after its ready line)
+#                    itself; the writer starts after its ready line; the
+#                    daemon binary beside logmon, as launch and the unit
+#                    start it, else `logmon run`)
 #        cat         cat FIFO >DIR/out                 (no rotation: the baseline)
 #        s6-log      s6-log nKEEP sSIZE DIR <FIFO
 #        rotatelogs  rotatelogs -n KEEP DIR/log SIZE/1024K <FIFO
@@ -244,8 +246,17 @@ kv() { # kv KEY "k=v k=v ..."
 fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
 
 logmon_cmd() { # logmon_cmd BINARY DIR FIFO SIZE KEEP RUNDIR
-    local bin=$1
+    local bin=$1 d
     shift
+    # The daemon as launch and logmon@.service start it: its own binary,
+    # logmon-run, when it sits beside BINARY (`logmon run` would exec it,
+    # with logmon's start-up pages in its peak RSS); else `BINARY run`.
+    d=$(dirname "$bin")/logmon-run
+    if [ -x "$d" ]; then
+        printf '%s\n' "$d" --task bench --log-dir "$1" --stdout-fifo "$2" --stderr-fifo "$5/stderr.fifo" \
+            --socket "$5/ctl.sock" --max-file-size "$3" --max-files "$4"
+        return
+    fi
     printf '%s\n' "$bin" run --task bench --log-dir "$1" --stdout-fifo "$2" --stderr-fifo "$5/stderr.fifo" \
         --socket "$5/ctl.sock" --max-file-size "$3" --max-files "$4"
 }

@@ -59,8 +59,11 @@ const BURST: u64 = 64 * 1024;
 ///   one wakeup per write. When bytes come so fast that the pipe would be
 ///   three quarters full before the next drain (tokio's timer rounds a
 ///   sleep up to the next millisecond tick, so a wait lasts up to twice
-///   `BATCH_WAIT`), the pump drains again at once, only yielding to the
-///   other tasks. A drain that finds nothing new ends the phase.
+///   `BATCH_WAIT`), or when a drain found it three quarters full already
+///   (the task is blocked on it), the pump drains again at once, only
+///   yielding to the other tasks; nor does it wait before the first drain
+///   of a phase that finds the pipe that full. A drain that finds nothing
+///   new ends the phase.
 ///
 /// Every drain that changed the counters notifies `activity` (the systemd
 /// status loop waits on it rather than on the FIFOs themselves).

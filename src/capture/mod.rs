@@ -87,8 +87,13 @@ pub trait Source {
 /// Largest single splice(2) from a FIFO into a file (see `move_to`).
 /// Measured (1 GiB in 64 KiB writes, ext4, median of 6): 64 KiB pieces
 /// 1628 MB/s, 128 KiB 1743, 256 KiB 1636, 1 MiB 1463; one write per line
-/// ran the same with 128 KiB and 1 MiB (294 and 295 MB/s).
-const SPLICE_PIECE: usize = 128 * 1024;
+/// ran the same with 128 KiB and 1 MiB (294 and 295 MB/s). Measured
+/// again once the pump stopped sleeping on a full pipe (512 MiB bulk, 10
+/// MiB files, paired runs on a shared 2-core machine): 64 KiB pieces beat
+/// 128 KiB on tmpfs in every pair (1.30–2.04×) and on ext4 in 4 of 5,
+/// likely because a shorter hold of the pipe's mutex lets the task's
+/// writes in sooner (README, "Where the gap to limit-file went").
+const SPLICE_PIECE: usize = 64 * 1024;
 
 /// A FIFO as a [`Source`].
 #[derive(Debug)]

@@ -68,7 +68,6 @@ pub struct Peeker {
     r: OwnedFd,
     w: OwnedFd,
     devnull: File,
-    buf: Vec<u8>,
     capacity: usize,
     /// The scratch pipe could not be made as large as the FIFO (the
     /// per-user pipe quota is used up): a tee stops when its few slots are
@@ -112,7 +111,6 @@ impl Peeker {
             r,
             w,
             devnull,
-            buf: Vec::new(),
             capacity,
             short,
         })
@@ -237,20 +235,21 @@ impl Peeker {
     /// Reads the remaining `n` bytes of the scratch pipe (emptying it) and
     /// returns the offset of their last newline.
     fn read_last_newline(&mut self, n: usize) -> io::Result<Option<usize>> {
-        if self.buf.len() < n.min(PEEK_CHUNK) {
-            self.buf.resize(PEEK_CHUNK, 0);
-        }
+        // On the stack, not in each Peeker: the pumps of one daemon share
+        // its one thread's stack, so this is one buffer per daemon, not one
+        // resident heap buffer per stream (issue #16, memory per instance).
+        let mut buf = [0u8; PEEK_CHUNK];
         let mut seen = 0usize;
         let mut last = None;
         while seen < n {
-            let want = (n - seen).min(self.buf.len());
-            let k = match nix::unistd::read(self.r.as_fd(), &mut self.buf[..want]) {
+            let want = (n - seen).min(buf.len());
+            let k = match nix::unistd::read(self.r.as_fd(), &mut buf[..want]) {
                 Ok(0) | Err(Errno::EAGAIN) => break,
                 Ok(k) => k,
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
-            if let Some(p) = memchr::memrchr(b'\n', &self.buf[..k]) {
+            if let Some(p) = memchr::memrchr(b'\n', &buf[..k]) {
                 last = Some(seen + p);
             }
             seen += k;

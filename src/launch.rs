@@ -115,10 +115,14 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
 /// process.
 pub const DAEMON_BIN: &str = "logmon-run";
 
-/// Set by `logmon run` for [`DAEMON_BIN`] to the version it was built as:
-/// a daemon binary of another build refuses to start rather than read the
-/// flags differently.
+/// Set by `logmon run` and `launch` for [`DAEMON_BIN`] to [`BUILD`]: a
+/// daemon binary of another build hands over to `logmon` rather than run
+/// other code (or read the flags differently).
 pub const EXEC_VERSION_ENV: &str = "LOGMON_INTERNAL_EXEC_VERSION";
+
+/// This build: the version and the stamp `build.rs` gives each build of
+/// the code, the same in `logmon` and `logmon-run` built together.
+pub const BUILD: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("LOGMON_BUILD_STAMP"));
 
 /// Set by `logmon-run` when it hands a command line it cannot read without
 /// clap back to `logmon run` (help, a typo, a value only clap judges):
@@ -160,19 +164,16 @@ fn exec_sibling(name: &str, args: impl IntoIterator<Item = OsString>, flag_env: 
     if !bin.is_file() {
         return io::Error::new(io::ErrorKind::NotFound, format!("no {}", bin.display()));
     }
-    Command::new(&bin)
-        .args(args)
-        .env(flag_env, env!("CARGO_PKG_VERSION"))
-        .exec()
+    Command::new(&bin).args(args).env(flag_env, BUILD).exec()
 }
 
-/// In [`DAEMON_BIN`]: refuses a `logmon run` of another version (see
-/// [`EXEC_VERSION_ENV`]); started by hand, it has nothing to compare.
+/// In [`DAEMON_BIN`]: whether the `logmon` that started it is of another
+/// build (see [`EXEC_VERSION_ENV`]), and then what to say; started by hand,
+/// it has nothing to compare.
 pub fn check_exec_version() -> Result<(), String> {
     match std::env::var(EXEC_VERSION_ENV) {
-        Ok(v) if v != env!("CARGO_PKG_VERSION") => Err(format!(
-            "{DAEMON_BIN} is version {} but the logmon that started it is {v}: install both binaries from the same build",
-            env!("CARGO_PKG_VERSION")
+        Ok(v) if v != BUILD => Err(format!(
+            "{DAEMON_BIN} is build {BUILD} but the logmon that started it is {v}: serving in logmon itself (install both binaries from the same build)"
         )),
         _ => Ok(()),
     }
@@ -210,7 +211,7 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
         Some(bin) => {
             let mut c = Command::new(bin);
             c.args(run_args(cfg).into_iter().skip(1))
-                .env(EXEC_VERSION_ENV, env!("CARGO_PKG_VERSION"));
+                .env(EXEC_VERSION_ENV, BUILD);
             c
         }
         None => {

@@ -500,11 +500,21 @@ fn report(e: CliError, launched_run: bool) -> i32 {
 /// goes back to `logmon run` in its own process. Same flags, variables,
 /// errors, exit codes and output either way.
 pub fn daemon_main() -> ! {
-    if let Err(e) = crate::launch::check_exec_version() {
-        let _ = writeln!(std::io::stderr(), "logmon: error: {e}");
-        std::process::exit(EXIT_FAILURE);
-    }
-    let Some(cfg) = run_flags::parse(std::env::args_os().skip(1), |k| std::env::var_os(k)) else {
+    // Another build's `logmon` started us (an older `logmon-run` left
+    // beside a new `logmon`): it serves in its own process instead.
+    let other_build = match crate::launch::check_exec_version() {
+        Ok(()) => false,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "logmon: warning: {e}");
+            true
+        }
+    };
+    let parsed = if other_build {
+        None
+    } else {
+        run_flags::parse(std::env::args_os().skip(1), |k| std::env::var_os(k))
+    };
+    let Some(cfg) = parsed else {
         let e = crate::launch::exec_full_binary(std::env::args_os().skip(1));
         let _ = writeln!(
             std::io::stderr(),

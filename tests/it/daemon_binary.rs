@@ -1,7 +1,7 @@
 //! The daemon's own binary, `logmon-run` (issue #16): `logmon run` becomes
 //! it, `launch` starts it directly, a `logmon` without it serves in its own
 //! process, flags only clap reads go back to `logmon run`, and a
-//! `logmon-run` of another build refuses to start.
+//! `logmon-run` of another build hands over to `logmon`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -101,15 +101,25 @@ fn flags_only_clap_reads_are_handed_back_to_logmon_run() {
 }
 
 #[test]
-fn a_daemon_binary_of_another_build_refuses_to_start() {
+fn a_daemon_binary_of_another_build_hands_over_to_logmon() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = std::process::Command::new(daemon_bin());
-    c.args(["--task", "t", "--log-dir", tmp.path().to_str().unwrap()])
-        .env("LOGMON_INTERNAL_EXEC_VERSION", "0.0.0-another");
-    let out = finish(c);
-    assert_exit_naming(&out, 1, "install both binaries from the same build");
+    let child = std::process::Command::new(daemon_bin())
+        .args(["--task", "t", "--log-dir", tmp.path().to_str().unwrap()])
+        .env("LOGMON_INTERNAL_EXEC_VERSION", "0.0.0+another")
+        .env_remove("LOGMON_INTERNAL_NO_EXEC")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon::from_child(child, String::new);
+    assert_eq!(exe_name(d.pid()), "logmon", "served by logmon itself");
+    let mut err = String::new();
+    let mut stderr = d.child.stderr.take().unwrap();
+    assert_eq!(capture_one_line(d, tmp.path()), support::numbered(0, 1));
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
     assert!(
-        std::fs::read_dir(tmp.path()).unwrap().next().is_none(),
-        "nothing created"
+        err.contains("install both binaries from the same build"),
+        "{err}"
     );
 }

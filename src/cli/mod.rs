@@ -640,10 +640,10 @@ pub fn main() -> ! {
         // Nothing parsed or touched yet: the daemon's own binary takes over
         // from here, so this larger one never stays resident (its pages
         // would count in the daemon's peak memory); see crate::launch.
-        let why = crate::launch::exec_daemon_binary(args);
-        // Only said at debug level: serving in-process is fully supported
-        // (an agent embedding this crate has no `logmon-run` beside it).
-        let _ = why;
+        // Returns only when there is none to exec: not an error, serving
+        // in-process is fully supported (an agent embedding this crate has
+        // no `logmon-run` beside it), so nothing is said.
+        let _not_there = crate::launch::exec_daemon_binary(args);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

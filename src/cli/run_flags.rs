@@ -80,6 +80,10 @@ pub fn parse(
                 v
             }
         };
+        // clap refuses an empty value (`--socket=`, `--socket ""`).
+        if value.is_empty() {
+            return None;
+        }
         if flag == META {
             meta.push(value.into_string().ok()?);
         } else if given.iter().any(|(f, _)| *f == flag) {
@@ -211,6 +215,8 @@ mod tests {
             &["--socket"],
             &["--socket", "--no-sandbox"],
             &["--"],
+            &["--stdout-fifo="],
+            &["--socket", ""],
             &["--tsak", "t"],
             &["--meta", "not a pair"],
         ] {

@@ -151,6 +151,11 @@ pub fn exec_full_binary(args: impl IntoIterator<Item = OsString>) -> io::Error {
     exec_sibling("logmon", run, NO_EXEC_ENV)
 }
 
+/// The program `name` installed beside `exe`, if it is there.
+fn sibling(exe: &std::path::Path, name: &str) -> Option<PathBuf> {
+    exe.parent().map(|d| d.join(name)).filter(|b| b.is_file())
+}
+
 /// Execs the program `name` beside the current executable with `args` and
 /// `flag_env` set to this build's version.
 fn exec_sibling(name: &str, args: impl IntoIterator<Item = OsString>, flag_env: &str) -> io::Error {
@@ -158,12 +163,12 @@ fn exec_sibling(name: &str, args: impl IntoIterator<Item = OsString>, flag_env: 
         Ok(e) => e,
         Err(e) => return e,
     };
-    let Some(bin) = exe.parent().map(|d| d.join(name)) else {
-        return io::Error::new(io::ErrorKind::NotFound, "the executable has no directory");
+    let Some(bin) = sibling(&exe, name) else {
+        return io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no {name} beside {}", exe.display()),
+        );
     };
-    if !bin.is_file() {
-        return io::Error::new(io::ErrorKind::NotFound, format!("no {}", bin.display()));
-    }
     Command::new(&bin).args(args).env(flag_env, BUILD).exec()
 }
 
@@ -204,9 +209,9 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
     // never maps this larger one (see DAEMON_BIN). A `Path` program execs
     // its own, of its own version.
     let daemon_bin = matches!(program, Program::CurrentExe)
-        .then(|| exe.parent().map(|d| d.join(DAEMON_BIN)))
+        .then(|| sibling(&exe, DAEMON_BIN))
         .flatten()
-        .filter(|b| b.is_file() && std::env::var_os(NO_EXEC_ENV).is_none());
+        .filter(|_| std::env::var_os(NO_EXEC_ENV).is_none());
     let mut cmd = match &daemon_bin {
         Some(bin) => {
             let mut c = Command::new(bin);

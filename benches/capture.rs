@@ -11,9 +11,10 @@
 //!   (tee to find newlines, splice into the files), one drain per wake-up of
 //!   an edge-triggered epoll, no runtime and no batching: the state
 //!   machine's own cost;
-//! - `capture_pump` — the daemon's own loop, [`pump`] on a current-thread
-//!   tokio runtime (with whatever batching it does), stopped once the writer
-//!   is done (it then drains the rest);
+//! - `capture_pump` — the daemon's own pump, [`Pump`] driven by the
+//!   daemon's event loop (`reactor::Poller`, SIGIO from a signalfd, with
+//!   whatever batching it does), stopped once the writer is done (it then
+//!   drains the rest);
 //! - `capture_drain_noindex`, `capture_pump_noindex` — the same without the
 //!   capture-time index ([`Rotator::set_indexing`]), to measure its cost in
 //!   the same run.
@@ -43,12 +44,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
-use logmon::internals::capture::{pump, Drained, PipeSource, StreamCapture};
+use logmon::internals::capture::{Drained, PipeSource, Pump, StreamCapture};
 use logmon::internals::fifo;
+use logmon::internals::reactor::{Interest, Poller};
 use logmon::internals::rotate::Rotator;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::libc;
-use tokio::sync::{oneshot, watch};
 
 const LINE: usize = 100;
 const BULK_WRITE: usize = 64 * 1024;
@@ -252,7 +253,7 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) ->
     let t0 = Instant::now();
     let w = spawn_writer(&fifo.task_end, data, pattern);
     loop {
-        let now = tokio::time::Instant::now();
+        let now = Instant::now();
         let outcome = {
             let mut src =
                 PipeSource::new(fifo.reader.as_fd(), fifo.capacity, &mut peeker, &devnull);
@@ -265,11 +266,9 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) ->
             // What arrived during the pass is drained at once.
             Drained::More => continue,
             Drained::Empty => None,
-            Drained::Held { deadline } => {
-                Some(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            }
+            Drained::Held { deadline } => Some(deadline.saturating_duration_since(Instant::now())),
             Drained::Blocked { retry_at } => {
-                Some(retry_at.saturating_duration_since(tokio::time::Instant::now()))
+                Some(retry_at.saturating_duration_since(Instant::now()))
             }
         };
         ep.wait(timeout).expect("epoll_wait");
@@ -287,47 +286,66 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) ->
     }
 }
 
-/// The daemon's loop: `capture::pump` on a current-thread runtime.
-fn run_pump(
-    rt: &tokio::runtime::Runtime,
-    fifo: &Fifo,
-    data: &Arc<Vec<u8>>,
-    pattern: Pattern,
-    index: bool,
-) -> Sample {
+/// The daemon's pump in the daemon's event loop: SIGIO blocked and read
+/// from a signalfd, the pump advanced on it or at its deadline, and
+/// finished once the writer is done (a socket pair says so).
+fn run_pump(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    const SIGIO: u64 = 0;
+    const DONE: u64 = 1;
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
     let capture = Rc::new(RefCell::new(new_capture(dir.path(), index)));
     let reader = fifo.reader.try_clone().expect("dup the reader");
     let total = data.len() as u64;
+    logmon::internals::capture::sigio::install_handler().expect("SIGIO handler");
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGIO);
+    set.thread_block().expect("block SIGIO");
+    let sigfd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .expect("signalfd");
+    let poller = Poller::new().expect("epoll");
+    poller
+        .add(&sigfd, SIGIO, Interest::Read)
+        .expect("watch SIGIO");
+    let (done_rx, done_tx) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    poller
+        .add(&done_rx, DONE, Interest::Read)
+        .expect("watch done");
     let c0 = thread_cpu();
     let t0 = Instant::now();
-    let writer = rt.block_on(async {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (done_tx, done_rx) = oneshot::channel();
-        let w = spawn_writer(&fifo.task_end, data, pattern);
-        let notify = thread::spawn(move || {
-            let _ = done_tx.send(w.join().expect("writer thread"));
-        });
-        let stopper = async {
-            let cpu = done_rx.await.expect("writer done");
-            stop_tx.send_replace(true);
-            cpu
-        };
-        let (res, cpu) = tokio::join!(
-            pump(
-                reader,
-                fifo.capacity,
-                logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
-                capture.clone(),
-                std::rc::Rc::new(tokio::sync::Notify::new()),
-                stop_rx
-            ),
-            stopper
-        );
-        res.expect("pump");
-        notify.join().expect("notify thread");
+    let mut pump = Pump::new(
+        reader,
+        fifo.capacity,
+        logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
+        capture.clone(),
+    )
+    .expect("pump");
+    let w = spawn_writer(&fifo.task_end, data, pattern);
+    let notify = thread::spawn(move || {
+        let cpu = w.join().expect("writer thread");
+        (&done_tx).write_all(b"x").expect("say done");
         cpu
     });
+    let (mut sigio, mut done) = (false, false);
+    loop {
+        pump.advance(Instant::now(), sigio).expect("pump");
+        sigio = false;
+        if done {
+            break;
+        }
+        poller
+            .wait(pump.deadline(), |r| match r.token {
+                SIGIO => {
+                    while let Ok(Some(_)) = sigfd.read_signal() {}
+                    sigio = true;
+                }
+                _ => done = true,
+            })
+            .expect("wait");
+    }
+    pump.finish().expect("finish");
+    let writer = notify.join().expect("notify thread");
     let wall = t0.elapsed();
     let consumer = thread_cpu() - c0;
     let stats = capture.borrow().stats();
@@ -372,10 +390,6 @@ fn fifo_to_files(c: &mut Criterion) {
     let mib = env_u64("LOGMON_BENCH_MIB", 64).max(1) as usize;
     let secs = env_u64("LOGMON_BENCH_SECS", 10).max(1);
     let data = Arc::new(make_stream(mib << 20));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let mut buf = vec![0u8; COPY_BUF];
     for pattern in [Pattern::Bulk, Pattern::Line] {
         let mut g = c.benchmark_group(format!("fifo_to_files/{}", pattern.name()));
@@ -427,7 +441,7 @@ fn fifo_to_files(c: &mut Criterion) {
             g.bench_function(&id, |b| {
                 b.iter_custom(|iters| {
                     (0..iters)
-                        .map(|_| cpu.add(&run_pump(&rt, &fifo, &data, pattern, index), data.len()))
+                        .map(|_| cpu.add(&run_pump(&fifo, &data, pattern, index), data.len()))
                         .sum()
                 })
             });

@@ -1,6 +1,6 @@
 //! `logmon run`: one task's capture daemon, wiring the task lock, the
-//! FIFOs, the rotators, the control socket and the ready line together on a
-//! current-thread tokio runtime (DESIGN.md §2, §3).
+//! FIFOs, the rotators, the control socket and the ready line together in
+//! one event loop on one thread (`reactor`; DESIGN.md §2, §3).
 //!
 //! Guarantees kept here:
 //! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
@@ -38,14 +38,16 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
-use tokio::sync::watch;
+use std::time::Instant;
 
-use crate::capture::{pump, StreamCapture};
+use crate::capture::{Pump, StreamCapture};
 use crate::config::{CaptureConfig, ConfigError, Stream};
 use crate::dir::{Dir, FileId};
 use crate::fifo::{self, FifoError};
 use crate::protocol::{ReattachConfig, Welcome, PROTOCOL_VERSION};
+use crate::reactor::{Interest, Poller};
 use crate::rotate::{RotateError, Rotator};
 use crate::server::{self, ServerState, SocketError};
 use crate::{process, systemd};
@@ -97,10 +99,6 @@ fn io_err(action: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
 pub struct TaskLock {
     _lock: Flock<File>,
 }
-
-/// Events the runtime takes from epoll per wakeup (more simply wait for
-/// the next turn, which comes at once).
-const IO_EVENTS: usize = 64;
 
 /// How often the lock's name is claimed again when the task keeps
 /// replanting it.
@@ -286,13 +284,13 @@ fn open_fifos(
 }
 
 /// Runs the daemon for `cfg` until it is stopped. Blocks the calling
-/// thread; builds its own current-thread runtime. Prints the ready line on
-/// stdout, then closes stdout.
+/// thread, which runs the event loop. Prints the ready line on stdout,
+/// then closes stdout.
 ///
 /// The steps, in order: take what systemd passed, open the log directory
 /// (the one walk of the operator's paths), lock the task, open the FIFOs,
-/// the rotators and the control socket, then serve on the runtime until
-/// stopped ([`serve_until_stopped`]), and remove the socket if it is ours.
+/// the rotators and the control socket, then serve until stopped
+/// ([`serve_until_stopped`]), and remove the socket if it is ours.
 pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     cfg.validate()?;
     ignore_sigxfsz();
@@ -320,18 +318,9 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     foreign += socket.foreign;
     let (ready, welcome) = identity(&cfg, &log_dir, &socket)?;
     let bound = socket.bound.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        // A daemon polls a handful of descriptors (FIFOs' signals, socket,
-        // clients); tokio's default event buffer (1,024 events, 12 KiB,
-        // touched at start) would be per-instance memory for nothing.
-        .max_io_events_per_tick(IO_EVENTS)
-        .build()
-        .map_err(io_err("cannot start the runtime"))?;
-    let local = tokio::task::LocalSet::new();
-    let result = local.block_on(
-        &rt,
-        serve_until_stopped(Serving {
+    let mut held = None;
+    let result = serve_until_stopped(
+        Serving {
             cfg: &cfg,
             log_dir,
             socket,
@@ -340,13 +329,16 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
             ready,
             welcome,
             foreign,
-        }),
+        },
+        &mut held,
     );
     // Never unlink a socket we did not bind (socket activation owns its
     // own), nor a name the task put in its place.
     if let Some(b) = bound {
         server::unlink_if_ours(&b.dir, &b.name, b.id);
     }
+    // Last: a client that asked to stop sees its connection close now.
+    drop(held);
     result
 }
 
@@ -493,7 +485,7 @@ fn identity(
     Ok((ready, welcome))
 }
 
-/// Everything opened before the runtime starts.
+/// Everything opened before the event loop starts.
 struct Serving<'a> {
     cfg: &'a CaptureConfig,
     log_dir: Arc<Dir>,
@@ -505,21 +497,30 @@ struct Serving<'a> {
     foreign: u64,
 }
 
-/// On the runtime: starts the pumps, confines the process, serves the
-/// socket, prints the ready line, then waits for a stop and drains.
-async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
+/// The poller token of the signalfd (stop signals and SIGIO).
+const SIGNALS: u64 = 0;
+
+/// Starts the pumps, confines the process, serves the socket, prints the
+/// ready line, then runs the event loop until a stop and drains.
+///
+/// The server is handed back in `held` rather than dropped here: a client
+/// that asked to `Stop` waits for its connection to close as the sign that
+/// everything was drained and the socket removed, so the caller drops it
+/// last.
+fn serve_until_stopped(
+    s: Serving<'_>,
+    held: &mut Option<server::Server>,
+) -> Result<(), DaemonError> {
     let cfg = s.cfg;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    // The only thread: blocking here covers the whole process.
-    let mut signals = crate::signals::Blocked::new(&crate::signals::STOP)
-        .and_then(crate::signals::Blocked::watch)
+    // The only thread: blocking here covers the whole process. SIGIO comes
+    // through the same signalfd (see `capture::sigio`).
+    crate::capture::sigio::install_handler().map_err(io_err("cannot handle SIGIO"))?;
+    let signals = crate::signals::Blocked::new(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGIO])
         .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
-    s.socket
-        .listener
-        .set_nonblocking(true)
-        .map_err(io_err("cannot configure the socket"))?;
-    let listener = tokio::net::UnixListener::from_std(s.socket.listener)
-        .map_err(io_err("cannot register the socket"))?;
+    let poller = Poller::new().map_err(io_err("cannot make the event loop"))?;
+    poller
+        .add(signals.fd(), SIGNALS, Interest::Read)
+        .map_err(io_err("cannot watch the signals"))?;
 
     let [r_out, r_err] = s.rotators;
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
@@ -530,8 +531,7 @@ async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
         )))
     });
     systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
-    let activity = Rc::new(tokio::sync::Notify::new());
-    let pumps = spawn_pumps(s.fifos, &captures, &activity, &stop_rx)?;
+    let pumps = make_pumps(s.fifos, &captures)?;
     // A launched daemon's stderr moves to its diagnostics log, opened
     // through the log directory's handle (DESIGN.md §9), before the
     // sandbox narrows what may be opened.
@@ -542,16 +542,19 @@ async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
         &s.log_dir,
         socket_dir.as_deref(),
     ));
-    let state = Rc::new(ServerState {
+    let state = ServerState {
         welcome: s.welcome,
         captures,
-        started: tokio::time::Instant::now(),
+        started: Instant::now(),
         policy: cfg.on_write_error,
-        stop: stop_tx.clone(),
+        stop: std::cell::Cell::new(false),
         foreign_names: std::cell::Cell::new(s.foreign),
         meta: cfg.meta.clone(),
-    });
-    let server = tokio::task::spawn_local(server::serve(listener, state.clone(), stop_rx.clone()));
+    };
+    let server = held.insert(
+        server::Server::new(s.socket.listener, &poller)
+            .map_err(io_err("cannot serve the control socket"))?,
+    );
 
     // Start-up is over: its heap and stack peaks need not stay resident
     // in each of thousands of waiting instances.
@@ -562,72 +565,96 @@ async fn serve_until_stopped(s: Serving<'_>) -> Result<(), DaemonError> {
     systemd::notify_ready(&state.stats());
     tracing::info!(task = %cfg.task, pid = s.ready.pid, socket = %s.socket.path.display(), "ready");
 
-    let mut stop_wait = stop_rx.clone();
-    tokio::select! {
-        sig = signals.recv() => match sig {
-            Ok(sig) => tracing::info!("{sig}: draining and stopping"),
-            Err(e) => tracing::error!(error = %e, "cannot read signals: draining and stopping"),
-        },
-        _ = stop_wait.wait_for(|s| *s) => {}
-        _ = systemd::status_loop(|| state.stats(), &activity) => {}
+    let mut pumps = pumps.map(Some);
+    let mut failed = None;
+    let mut status = systemd::StatusTimer::new();
+    let mut sigio = false;
+    loop {
+        let now = Instant::now();
+        for slot in &mut pumps {
+            let Some(p) = slot else { continue };
+            match p.advance(now, sigio) {
+                Ok(true) => status.activity(now),
+                Ok(false) => {}
+                Err(e) => {
+                    // Capture of this stream is over: say so now, and
+                    // make it the daemon's error at exit.
+                    tracing::error!(error = %e, "capture failed");
+                    failed.get_or_insert(e);
+                    *slot = None;
+                }
+            }
+        }
+        sigio = false;
+        server.on_time(&poller, now);
+        status.on_time(now, || state.stats());
+        if state.stop.get() {
+            break;
+        }
+        let deadline = crate::reactor::earliest(
+            pumps
+                .iter()
+                .map(|p| p.as_ref().and_then(Pump::deadline))
+                .chain([server.deadline(), status.deadline()]),
+        );
+        let mut stop = false;
+        poller
+            .wait(deadline, |r| {
+                if r.token != SIGNALS {
+                    server.on_ready(r, &poller, &state, Instant::now());
+                    return;
+                }
+                loop {
+                    match signals.take() {
+                        Ok(Some(Signal::SIGIO)) => sigio = true,
+                        Ok(Some(sig)) => {
+                            tracing::info!("{sig}: draining and stopping");
+                            stop = true;
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot read signals: draining and stopping");
+                            stop = true;
+                            break;
+                        }
+                    }
+                }
+            })
+            .map_err(io_err("cannot wait for events"))?;
+        if stop {
+            break;
+        }
     }
     systemd::notify_stopping();
-    stop_tx.send_replace(true);
-    let drained = join_pumps(pumps).await;
-    let _ = server.await;
-    drained
+    for p in pumps.into_iter().flatten() {
+        if let Err(e) = p.finish() {
+            tracing::error!(error = %e, "capture failed while stopping");
+            failed.get_or_insert(e);
+        }
+    }
+    failed.map_or(Ok(()), |source| {
+        Err(DaemonError::Io {
+            action: "capture failed",
+            source,
+        })
+    })
 }
 
 /// One pump per stream, each with its scratch pipe.
-fn spawn_pumps(
+fn make_pumps(
     fifos: [OpenedFifo; 2],
     captures: &[crate::capture::SharedCapture; 2],
-    activity: &Rc<tokio::sync::Notify>,
-    stop_rx: &watch::Receiver<bool>,
-) -> Result<Vec<tokio::task::JoinHandle<io::Result<()>>>, DaemonError> {
-    let mut pumps = Vec::new();
-    for (f, cap) in fifos.into_iter().zip(captures.iter()) {
+) -> Result<[Pump; 2], DaemonError> {
+    let [out, err] = fifos;
+    let make = |f: OpenedFifo, cap: &crate::capture::SharedCapture| {
         // The scratch pipe is made now, before confinement, with the
-        // privileges that sized the FIFO (see `pump`).
+        // privileges that sized the FIFO (see `Pump`).
         let peeker = crate::capture::pipe::Peeker::new(f.capacity)
             .map_err(io_err("cannot make the scratch pipe"))?;
-        pumps.push(tokio::task::spawn_local(pump(
-            f.fd,
-            f.capacity,
-            peeker,
-            cap.clone(),
-            activity.clone(),
-            stop_rx.clone(),
-        )));
-    }
-    Ok(pumps)
-}
-
-/// Waits for every pump to drain and stop; the first failure is the
-/// daemon's.
-async fn join_pumps(
-    pumps: Vec<tokio::task::JoinHandle<io::Result<()>>>,
-) -> Result<(), DaemonError> {
-    let mut first_err = None;
-    for p in pumps {
-        match p.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "capture failed while stopping");
-                first_err.get_or_insert(DaemonError::Io {
-                    action: "capture failed",
-                    source: e,
-                });
-            }
-            Err(e) => {
-                first_err.get_or_insert(DaemonError::Io {
-                    action: "capture task failed",
-                    source: io::Error::other(e),
-                });
-            }
-        }
-    }
-    first_err.map_or(Ok(()), Err)
+        Pump::new(f.fd, f.capacity, peeker, cap.clone())
+            .map_err(io_err("cannot watch the FIFO for SIGIO"))
+    };
+    Ok([make(out, &captures[0])?, make(err, &captures[1])?])
 }
 
 /// Prints the ready line on stdout and closes stdout, so a launcher reading

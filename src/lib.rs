@@ -21,8 +21,9 @@
 //!   goes (line-aware rotation, purge, numbers never reused) and writes
 //!   `index`, the capture time of each batch beside each file.
 //! - **control** — `daemon` wires one task's capture, its lock, its
-//!   control socket and its `meta`data on a current-thread runtime,
-//!   confines itself (`sandbox`: no new privileges, no capabilities,
+//!   control socket and its `meta`data in one event loop on one thread
+//!   (`reactor`: one epoll, the nearest deadline as its timeout, no async
+//!   runtime), confines itself (`sandbox`: no new privileges, no capabilities,
 //!   Landlock, seccomp) and prints the ready line; `server` answers
 //!   [`protocol`] requests (`Stats`, `Stop`, `Reopen`, `Ping`) on a unix
 //!   socket (`sockaddr` makes long socket paths work); `diag` filters
@@ -88,13 +89,14 @@ mod meta;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;
+mod reactor;
 mod rotate;
 #[allow(unsafe_code)] // prctl, capset
 mod sandbox;
 mod server;
 pub mod ship;
 mod shipped;
-#[allow(unsafe_code)] // registering the signalfd with the runtime
+#[allow(unsafe_code)] // registering the signalfd with the runtime (logs, ship)
 mod signals;
 mod sockaddr;
 mod state;
@@ -128,6 +130,10 @@ pub mod internals {
     #[allow(missing_docs)]
     pub mod meta {
         pub use crate::meta::*;
+    }
+    #[allow(missing_docs)]
+    pub mod reactor {
+        pub use crate::reactor::*;
     }
     #[allow(missing_docs)]
     pub mod rotate {

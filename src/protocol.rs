@@ -2,10 +2,10 @@
 //!
 //! A frame is a 4-byte big-endian length followed by a postcard-encoded
 //! message; frames over [`MAX_FRAME`] are refused before anything is
-//! allocated for them. The server side frames with tokio-util's
-//! `LengthDelimitedCodec` ([`codec`]); the blocking client uses
-//! [`write_frame`] / [`read_frame`], which produce the same bytes (checked by
-//! the tests below).
+//! allocated for them. The daemon's non-blocking server cuts frames out of
+//! what it has read with [`next_frame`]; the blocking client uses
+//! [`write_frame`] / [`read_frame`]; both sides build frames with
+//! [`frame`] (the tests below check they agree).
 //!
 //! Compatibility rule: `Hello` is variant 0 of [`Request`] and `Welcome` /
 //! `Refused` are variants 0 / 1 of [`Response`], forever. postcard ignores
@@ -191,13 +191,19 @@ pub enum FrameError {
     Io(#[from] io::Error),
 }
 
-/// The server's framing: 4-byte big-endian length, at most [`MAX_FRAME`].
-pub fn codec() -> tokio_util::codec::LengthDelimitedCodec {
-    tokio_util::codec::LengthDelimitedCodec::builder()
-        .length_field_length(4)
-        .big_endian()
-        .max_frame_length(MAX_FRAME)
-        .new_codec()
+/// The first whole frame in `buf`, bytes read so far from a connection:
+/// its payload and the bytes it takes (prefix included), `None` while it
+/// is incomplete. A length over [`MAX_FRAME`] is an error as soon as the
+/// prefix is in, so a peer cannot make the server buffer more.
+pub fn next_frame(buf: &[u8]) -> Result<Option<(&[u8], usize)>, FrameError> {
+    let Some(prefix) = buf.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(*prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(buf.get(4..4 + len).map(|payload| (payload, 4 + len)))
 }
 
 /// Encodes a message's payload (without the length prefix).
@@ -214,13 +220,14 @@ pub fn decode<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T, FrameError
     Ok(postcard::from_bytes(payload)?)
 }
 
-/// One whole frame (length prefix and payload), framed by [`codec`]: the
-/// server's refusal at accept and the blocking client send these bytes.
-pub fn frame<T: Serialize>(msg: &T) -> Result<bytes::BytesMut, FrameError> {
-    use tokio_util::codec::Encoder;
+/// One whole frame: the 4-byte big-endian length, then the payload.
+pub fn frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let payload = encode(msg)?;
-    let mut buf = bytes::BytesMut::with_capacity(4 + payload.len());
-    codec().encode(bytes::Bytes::from(payload), &mut buf)?;
+    // encode() refused anything over MAX_FRAME, which fits in a u32.
+    let len = u32::try_from(payload.len()).map_err(|_| FrameError::TooLarge(payload.len()))?;
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&payload);
     Ok(buf)
 }
 
@@ -247,23 +254,38 @@ pub fn read_frame<T: for<'a> Deserialize<'a>>(r: &mut impl Read) -> Result<T, Fr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::BytesMut;
     use proptest::prelude::*;
-    use tokio_util::codec::{Decoder, Encoder};
 
     #[test]
-    fn blocking_frames_match_the_server_codec() {
+    fn blocking_frames_are_cut_whole_by_the_server() {
         let msg = Request::Hello { protocol: 7 };
         let mut blocking = Vec::new();
         write_frame(&mut blocking, &msg).unwrap();
-        let mut framed = BytesMut::new();
-        codec()
-            .encode(bytes::Bytes::from(encode(&msg).unwrap()), &mut framed)
-            .unwrap();
-        assert_eq!(blocking, framed.to_vec());
-        let mut buf = BytesMut::from(&blocking[..]);
-        let payload = codec().decode(&mut buf).unwrap().unwrap();
-        assert_eq!(decode::<Request>(&payload).unwrap(), msg);
+        write_frame(&mut blocking, &Request::Stats).unwrap();
+        assert_eq!(&blocking[..4], &[0, 0, 0, 2]);
+        // Not yet whole: nothing.
+        for cut in 0..6 {
+            assert_eq!(next_frame(&blocking[..cut]).unwrap(), None);
+        }
+        let (payload, used) = next_frame(&blocking).unwrap().unwrap();
+        assert_eq!(used, 6);
+        assert_eq!(decode::<Request>(payload).unwrap(), msg);
+        let (payload, used) = next_frame(&blocking[6..]).unwrap().unwrap();
+        assert_eq!(
+            (decode::<Request>(payload).unwrap(), used),
+            (Request::Stats, 5)
+        );
+        let mut r = &blocking[..];
+        assert_eq!(read_frame::<Request>(&mut r).unwrap(), msg);
+    }
+
+    #[test]
+    fn the_server_refuses_an_oversized_length_from_the_prefix_alone() {
+        assert!(matches!(
+            next_frame(&[0, 1, 0, 1]),
+            Err(FrameError::TooLarge(65537))
+        ));
+        assert!(next_frame(&[0, 1, 0, 0]).unwrap().is_none());
     }
 
     #[test]
@@ -305,10 +327,10 @@ mod tests {
         #[test]
         fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = read_frame::<Request>(&mut &bytes[..]);
-            let mut buf = BytesMut::from(&bytes[..]);
-            let mut c = codec();
-            while let Ok(Some(frame)) = c.decode(&mut buf) {
-                let _ = decode::<Request>(&frame);
+            let mut buf = &bytes[..];
+            while let Ok(Some((payload, used))) = next_frame(buf) {
+                let _ = decode::<Request>(payload);
+                buf = &buf[used..];
             }
         }
     }

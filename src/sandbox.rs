@@ -87,8 +87,8 @@
 //!
 //! Threads: Landlock, `no_new_privs` and capabilities are per thread and
 //! inherited by threads created later. `run` confines itself on its only
-//! thread (the current-thread tokio runtime starts none: no blocking pool
-//! is used, stop signals come from a signalfd: `signals`); `logs` confines itself
+//! thread (its event loop, `reactor`, is that thread; stop signals and
+//! SIGIO come from a signalfd: `signals`); `logs` confines itself
 //! before its runtime and the `notify` thread exist. [`confine`] installs
 //! seccomp with `TSYNC` all the same, and warns when called with more than
 //! one thread. (Landlock's `TSYNC`, ABI 8, is not requested: on an ABI 7
@@ -585,7 +585,8 @@ pub fn build_filter(
 /// `logs -f` across rotations.
 pub fn syscalls(profile: Profile) -> Vec<i64> {
     let mut v = vec![
-        // Memory, signals, time, identity: the Rust and tokio runtime.
+        // Memory, signals, time, identity: Rust's runtime (and tokio's in
+        // `logs`).
         libc::SYS_brk,
         libc::SYS_mmap,
         libc::SYS_munmap,

@@ -21,24 +21,20 @@
 use crate::error::PathIo;
 use std::cell::Cell;
 use std::ffi::OsStr;
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
-use tokio::time::Instant;
-use tokio_util::codec::Framed;
 
 use crate::capture::SharedCapture;
 use crate::config::WriteErrorPolicy;
 use crate::dir::{self, Dir, FileId};
 use crate::protocol::{self, Request, Response, Stats, Welcome, PROTOCOL_VERSION};
+use crate::reactor::{Interest, Poller, Ready};
 use crate::sockaddr::with_short_path;
 
 /// How long a new connection may take to say `Hello`.
@@ -286,8 +282,8 @@ pub struct ServerState {
     pub started: Instant,
     /// The write-error policy, reported in stats.
     pub policy: WriteErrorPolicy,
-    /// Turned true by `Stop`.
-    pub stop: watch::Sender<bool>,
+    /// Set by `Stop`.
+    pub stop: Cell<bool>,
     /// Control-file names (lock, FIFOs, socket) found taken by something
     /// logmon did not create.
     pub foreign_names: Cell<u64>,
@@ -315,117 +311,382 @@ impl ServerState {
     }
 }
 
-/// Accepts and serves connections until `stop` turns true. Must run inside
-/// a `LocalSet` (connections are local tasks: one thread).
-pub async fn serve(
+/// The poller token of the listening socket; a connection's is
+/// [`FIRST_CONNECTION`] plus its slot.
+pub const LISTENER: u64 = 1;
+
+/// The token of the first connection slot.
+pub const FIRST_CONNECTION: u64 = 16;
+
+/// How long accepting pauses after it failed (EMFILE and friends), instead
+/// of spinning on a listener that stays readable.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The control server: the listener and its connections, each a small
+/// state machine driven by the daemon's event loop (one thread).
+///
+/// Each connection reads frames as they come ([`protocol::next_frame`],
+/// never more than one frame's worth buffered), answers each request in
+/// turn, and reads no further request while a reply waits for room in
+/// the socket: a client that does not read holds only its own
+/// connection.
+pub struct Server {
     listener: UnixListener,
-    state: Rc<ServerState>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let live = Rc::new(Cell::new(0usize));
-    let our_uid = nix::unistd::geteuid().as_raw();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.wait_for(|s| *s) => return,
+    conns: Vec<Option<Conn>>,
+    live: usize,
+    /// Accepting is paused until then after a failure.
+    paused_until: Option<Instant>,
+    our_uid: u32,
+}
+
+/// What a connection does once its pending reply is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Read the next request.
+    Serve,
+    /// Close (a refusal).
+    Close,
+    /// Stay open, reading nothing, until the process exits: a `Stop`
+    /// client waits for that close as the sign the drain is done.
+    Hold,
+}
+
+struct Conn {
+    stream: UnixStream,
+    /// Bytes read and not yet framed.
+    read: Vec<u8>,
+    /// A reply not yet fully written, from `written` on.
+    reply: Vec<u8>,
+    written: usize,
+    /// The connection is closed if it has not said `Hello` by then.
+    hello_by: Option<Instant>,
+    after: After,
+    /// What the poller watches it for.
+    watching: Interest,
+}
+
+/// Why a connection is closed; logged at debug level.
+enum Closed {
+    Io(io::Error),
+    Eof,
+    Frame(protocol::FrameError),
+    Refused,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::Io(e) => write!(f, "{e}"),
+            Closed::Eof => f.write_str("closed by the client"),
+            Closed::Frame(e) => write!(f, "{e}"),
+            Closed::Refused => f.write_str("refused"),
+        }
+    }
+}
+
+impl Server {
+    /// Serves `listener` (made non-blocking here), watched by `poller`.
+    pub fn new(listener: UnixListener, poller: &Poller) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        poller.add(&listener, LISTENER, Interest::Read)?;
+        Ok(Server {
+            listener,
+            conns: Vec::new(),
+            live: 0,
+            paused_until: None,
+            our_uid: nix::unistd::geteuid().as_raw(),
+        })
+    }
+
+    /// When the server must be called even without readiness: the first
+    /// `Hello` deadline, or the end of an accept back-off.
+    pub fn deadline(&self) -> Option<Instant> {
+        crate::reactor::earliest(
+            self.conns
+                .iter()
+                .flatten()
+                .map(|c| c.hello_by)
+                .chain([self.paused_until]),
+        )
+    }
+
+    /// Does what is due at `now`: resumes accepting, closes connections
+    /// that did not say `Hello` in time.
+    pub fn on_time(&mut self, poller: &Poller, now: Instant) {
+        if self.paused_until.is_some_and(|t| t <= now) {
+            self.paused_until = None;
+            if let Err(e) = poller.set(&self.listener, LISTENER, Interest::Read) {
+                tracing::warn!(error = %e, "cannot watch the control socket again");
+            }
+        }
+        for slot in 0..self.conns.len() {
+            if self.conns[slot]
+                .as_ref()
+                .is_some_and(|c| c.hello_by.is_some_and(|t| t <= now))
+            {
+                tracing::debug!("no Hello within {HELLO_TIMEOUT:?}; closing");
+                self.close(slot);
+            }
+        }
+    }
+
+    /// Handles one readiness report of the listener or a connection.
+    pub fn on_ready(&mut self, r: Ready, poller: &Poller, state: &ServerState, now: Instant) {
+        if r.token == LISTENER {
+            self.accept(poller, state, now);
+            return;
+        }
+        let Some(slot) = r
+            .token
+            .checked_sub(FIRST_CONNECTION)
+            .and_then(|s| usize::try_from(s).ok())
+        else {
+            return;
         };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        // A report for a slot closed earlier in the same batch, or reused
+        // since, finds nothing or reads nothing (non-blocking): harmless.
+        let Some(Some(conn)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let outcome = if conn.after == After::Hold && conn.written == conn.reply.len() {
+            // Held for the exit: only a hang-up matters.
+            if r.closed {
+                Err(Closed::Eof)
+            } else {
+                Ok(())
+            }
+        } else {
+            conn.serve(state)
+        };
+        match outcome.and_then(|()| conn.watch(poller, FIRST_CONNECTION + slot as u64)) {
+            Ok(()) => {}
+            Err(why) => {
+                tracing::debug!(error = %why, "control connection closed");
+                self.close(slot);
+            }
+        }
+    }
+
+    fn accept(&mut self, poller: &Poller, state: &ServerState, now: Instant) {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of
+                    // spinning on a listener that stays readable.
+                    tracing::warn!(error = %e, "accept failed");
+                    self.paused_until = Some(now + ACCEPT_BACKOFF);
+                    if let Err(e) = poller.set(&self.listener, LISTENER, Interest::None) {
+                        tracing::warn!(error = %e, "cannot pause the control socket");
+                    }
+                    return;
+                }
+            };
+            if self.live >= MAX_CONNECTIONS {
+                tracing::warn!("too many control connections; refusing a new one");
+                // Best effort, never blocking: the socket buffer of a fresh
+                // connection has room for this small frame.
+                let refusal = Response::Refused {
+                    reason: protocol::BUSY.into(),
+                };
+                if let Ok(frame) = protocol::frame(&refusal) {
+                    let _ = stream.set_nonblocking(true);
+                    let _ = (&stream).write(&frame);
+                }
                 continue;
             }
-        };
-        if live.get() >= MAX_CONNECTIONS {
-            tracing::warn!("too many control connections; refusing a new one");
-            // Best effort, never blocking: the socket buffer of a fresh
-            // connection has room for this small frame.
-            let refusal = Response::Refused {
-                reason: protocol::BUSY.into(),
-            };
-            if let Ok(frame) = protocol::frame(&refusal) {
-                let _ = stream.try_write(&frame);
-            }
-            continue;
-        }
-        live.set(live.get() + 1);
-        let (state, live) = (state.clone(), live.clone());
-        tokio::task::spawn_local(async move {
-            if let Err(e) = handle(stream, &state, our_uid).await {
+            if let Err(e) = self.open(stream, poller, state, now) {
                 tracing::debug!(error = %e, "control connection closed");
             }
-            live.set(live.get() - 1);
-        });
+        }
+    }
+
+    /// Takes a new connection: refuses another user's at once, else waits
+    /// for its `Hello`.
+    fn open(
+        &mut self,
+        stream: UnixStream,
+        poller: &Poller,
+        state: &ServerState,
+        now: Instant,
+    ) -> io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let uid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(io::Error::from)?
+            .uid();
+        let slot = match self.conns.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        let mut conn = Conn {
+            stream,
+            read: Vec::new(),
+            reply: Vec::new(),
+            written: 0,
+            hello_by: Some(now + HELLO_TIMEOUT),
+            after: After::Serve,
+            watching: Interest::Read,
+        };
+        let our_uid = self.our_uid;
+        if uid != our_uid && uid != 0 {
+            tracing::warn!(uid, "refused control connection from another user");
+            let reason = format!("uid {uid} may not control this logmon (owner uid {our_uid})");
+            conn.hello_by = None;
+            if conn
+                .reply(&Response::Refused { reason }, After::Close)
+                .is_err()
+            {
+                // Written (or failed): closed here.
+                return Ok(());
+            }
+        }
+        let token = FIRST_CONNECTION + slot as u64;
+        poller.add(&conn.stream, token, Interest::Read)?;
+        // Whatever came with the connection is served now.
+        let outcome = conn.serve(state);
+        self.conns[slot] = Some(conn);
+        self.live += 1;
+        if let Some(c) = self.conns[slot].as_mut() {
+            if let Err(why) = outcome.and_then(|()| c.watch(poller, token)) {
+                tracing::debug!(error = %why, "control connection closed");
+                self.close(slot);
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, slot: usize) {
+        // Closing the descriptor removes it from the epoll set.
+        if self.conns.get_mut(slot).and_then(Option::take).is_some() {
+            self.live -= 1;
+        }
     }
 }
 
-async fn send(
-    framed: &mut Framed<UnixStream, tokio_util::codec::LengthDelimitedCodec>,
-    msg: &Response,
-) -> io::Result<()> {
-    let payload = protocol::encode(msg).map_err(io::Error::other)?;
-    framed.send(bytes::Bytes::from(payload)).await
-}
+impl Conn {
+    /// Writes the pending reply, reads and answers requests, until the
+    /// socket has no more to read or no room for a reply.
+    fn serve(&mut self, state: &ServerState) -> Result<(), Closed> {
+        loop {
+            self.flush()?;
+            if self.written < self.reply.len() || self.after != After::Serve {
+                return Ok(());
+            }
+            // Answer whole frames already read before reading more.
+            if let Some((payload, used)) =
+                protocol::next_frame(&self.read).map_err(Closed::Frame)?
+            {
+                let request = protocol::decode::<Request>(payload);
+                self.read.drain(..used);
+                self.answer(request, state)?;
+                continue;
+            }
+            let mut buf = [0u8; 1024];
+            match (&self.stream).read(&mut buf) {
+                Ok(0) => return Err(Closed::Eof),
+                Ok(n) => self.read.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Closed::Io(e)),
+            }
+        }
+    }
 
-async fn handle(stream: UnixStream, state: &ServerState, our_uid: u32) -> io::Result<()> {
-    let uid = stream.peer_cred()?.uid();
-    let mut framed = Framed::new(stream, protocol::codec());
-    if uid != our_uid && uid != 0 {
-        tracing::warn!(uid, "refused control connection from another user");
-        let reason = format!("uid {uid} may not control this logmon (owner uid {our_uid})");
-        return send(&mut framed, &Response::Refused { reason }).await;
-    }
-    let first = match tokio::time::timeout(HELLO_TIMEOUT, framed.next()).await {
-        Ok(Some(frame)) => frame?,
-        Ok(None) => return Ok(()),
-        Err(_) => {
-            tracing::debug!("no Hello within {HELLO_TIMEOUT:?}; closing");
-            return Ok(());
+    /// Answers one request.
+    fn answer(
+        &mut self,
+        request: Result<Request, protocol::FrameError>,
+        state: &ServerState,
+    ) -> Result<(), Closed> {
+        let request = request.map_err(Closed::Frame)?;
+        if self.hello_by.take().is_some() {
+            let (resp, after) = match request {
+                Request::Hello { protocol } if protocol == PROTOCOL_VERSION => {
+                    (Response::Welcome(state.welcome.clone()), After::Serve)
+                }
+                Request::Hello { protocol } => {
+                    let reason = format!("protocol mismatch: client speaks {protocol}, this logmon speaks {PROTOCOL_VERSION}");
+                    (Response::Refused { reason }, After::Close)
+                }
+                _ => {
+                    let reason = "expected Hello as the first message".to_owned();
+                    (Response::Refused { reason }, After::Close)
+                }
+            };
+            return self.reply(&resp, after);
         }
-    };
-    match protocol::decode::<Request>(&first) {
-        Ok(Request::Hello { protocol }) if protocol == PROTOCOL_VERSION => {
-            send(&mut framed, &Response::Welcome(state.welcome.clone())).await?;
-        }
-        Ok(Request::Hello { protocol }) => {
-            let reason = format!("protocol mismatch: client speaks {protocol}, this logmon speaks {PROTOCOL_VERSION}");
-            return send(&mut framed, &Response::Refused { reason }).await;
-        }
-        Ok(_) => {
-            let reason = "expected Hello as the first message".to_owned();
-            return send(&mut framed, &Response::Refused { reason }).await;
-        }
-        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-    }
-    while let Some(frame) = framed.next().await {
-        let req = protocol::decode::<Request>(&frame?)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let resp = match req {
-            Request::Stats => Response::Stats(state.stats()),
-            Request::Ping => Response::Pong,
+        let (resp, after) = match request {
+            Request::Stats => (Response::Stats(state.stats()), After::Serve),
+            Request::Ping => (Response::Pong, After::Serve),
             Request::Reopen => {
                 for c in &state.captures {
                     c.borrow_mut().reopen();
                 }
                 tracing::info!("active files closed on request; reopening at the next write");
-                Response::Reopened
+                (Response::Reopened, After::Serve)
             }
             Request::Stop => {
                 tracing::info!("stop requested over the control socket");
-                send(&mut framed, &Response::Stopping).await?;
-                state.stop.send_replace(true);
+                state.stop.set(true);
                 // Keep the connection open: it closes when the process
                 // exits, which is what the client waits for.
-                std::future::pending::<()>().await;
-                return Ok(());
+                (Response::Stopping, After::Hold)
             }
-            Request::Hello { .. } => Response::Error {
-                message: "Hello already received".into(),
-            },
+            Request::Hello { .. } => (
+                Response::Error {
+                    message: "Hello already received".into(),
+                },
+                After::Serve,
+            ),
         };
-        send(&mut framed, &resp).await?;
+        self.reply(&resp, after)
     }
-    Ok(())
+
+    /// Queues `resp`, then does `after` once it is written.
+    fn reply(&mut self, resp: &Response, after: After) -> Result<(), Closed> {
+        self.reply = protocol::frame(resp).map_err(Closed::Frame)?;
+        self.written = 0;
+        self.after = after;
+        self.flush()
+    }
+
+    /// Writes what it can of the pending reply.
+    fn flush(&mut self) -> Result<(), Closed> {
+        while self.written < self.reply.len() {
+            match (&self.stream).write(&self.reply[self.written..]) {
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Closed::Io(e)),
+            }
+        }
+        if self.after == After::Close {
+            return Err(Closed::Refused);
+        }
+        Ok(())
+    }
+
+    /// Watches the socket for what the connection waits for: room for its
+    /// reply, the next request, or (held) only the hang-up.
+    fn watch(&mut self, poller: &Poller, token: u64) -> Result<(), Closed> {
+        let interest = if self.written < self.reply.len() {
+            Interest::Write
+        } else if self.after == After::Hold {
+            Interest::None
+        } else {
+            Interest::Read
+        };
+        if interest != self.watching {
+            poller
+                .set(&self.stream, token, interest)
+                .map_err(Closed::Io)?;
+            self.watching = interest;
+        }
+        Ok(())
+    }
 }

@@ -1,5 +1,6 @@
-//! Stop signals (SIGTERM, SIGINT) read from a signalfd that the runtime
-//! polls, in `run`, `logs` and `logmon-ship` (issue #16).
+//! Stop signals (SIGTERM, SIGINT) read from a signalfd: polled by the
+//! daemon's own event loop in `run` (with SIGIO, see `capture::sigio`), and
+//! by the tokio runtime in `logs` and `logmon-ship` (issue #16).
 //!
 //! Why not `tokio::signal`: with tokio's `signal` feature compiled in,
 //! every runtime with I/O builds tokio's signal driver, which makes a
@@ -69,6 +70,22 @@ impl Blocked {
         };
         let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
         Ok(Self { fd, mask })
+    }
+
+    /// The signalfd, for a poller to watch (readable while one of the
+    /// signals is pending).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
+    /// Takes one pending signal off the signalfd, `None` when none is
+    /// pending (it never blocks).
+    pub fn take(&self) -> io::Result<Option<Signal>> {
+        Ok(self.fd.read_signal()?.map(|info| {
+            // The kernel only queues signals of the set it was given.
+            let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+            Signal::try_from(signo).unwrap_or(Signal::SIGTERM)
+        }))
     }
 
     /// Registers the signalfd with the current tokio runtime (call inside
@@ -141,6 +158,22 @@ mod tests {
             });
             // Unblocked again once dropped.
             assert!(!thread_mask().contains(Signal::SIGUSR2));
+        })
+        .join()
+        .expect("the test thread ends");
+    }
+
+    #[test]
+    fn pending_signals_are_taken_without_blocking() {
+        std::thread::spawn(|| {
+            let blocked = Blocked::new(&[Signal::SIGUSR1, Signal::SIGUSR2]).expect("block");
+            assert_eq!(blocked.take().expect("take"), None);
+            nix::sys::signal::raise(Signal::SIGUSR1).expect("raise");
+            nix::sys::signal::raise(Signal::SIGUSR2).expect("raise");
+            let mut got = [blocked.take().expect("take"), blocked.take().expect("take")];
+            got.sort_by_key(|s| s.map(|s| s as i32));
+            assert_eq!(got, [Some(Signal::SIGUSR1), Some(Signal::SIGUSR2)]);
+            assert_eq!(blocked.take().expect("take"), None);
         })
         .join()
         .expect("the test thread ends");

@@ -6,7 +6,7 @@
 //! - **Inert outside systemd.** Nothing is sent unless `NOTIFY_SOCKET` is
 //!   set, no inherited descriptor is touched unless `LISTEN_PID` names this
 //!   process, and the journal is used only when `JOURNAL_STREAM` names our
-//!   stderr. Without `NOTIFY_SOCKET`, [`status_loop`] never wakes.
+//!   stderr. Without `NOTIFY_SOCKET`, [`StatusTimer`] never wakes.
 //! - **Readiness and the fd store.** Once its FIFOs are open, logmon sends
 //!   each one with `FDSTORE=1` under a stable `FDNAME` ([`fifo_fd_name`]),
 //!   then `READY=1` (with `MAINPID` and a `STATUS=` line) once it captures
@@ -38,7 +38,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use bytesize::ByteSize;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use sd_notify::NotifyState;
-use tokio::sync::Notify;
+use std::time::Instant;
 
 use crate::config::Stream;
 use crate::protocol::{Stats, StreamStats};
@@ -457,30 +457,70 @@ pub fn notify_stopping() {
     );
 }
 
-/// Keeps systemd's `STATUS=` current; never completes.
+/// Keeps systemd's `STATUS=` current.
 ///
 /// Why it is built this way: an idle logmon must make no syscalls (DESIGN
 /// §2), so a periodic timer is out. Counters change only when the pumps
-/// move bytes, and they say so through `activity`, so this waits for
-/// exactly that (not on the FIFOs themselves: polling a pipe would make
-/// every write of the task pay for a wakeup, see `capture::sigio::DataSignal`). Then
-/// it sleeps [`STATUS_INTERVAL`] and sends `STATUS=` if the text changed.
-/// So: no wakeup while idle, at most one datagram per interval while busy,
-/// and nothing at all when not under systemd (`NOTIFY_SOCKET` unset: the
-/// future just pends).
-pub async fn status_loop(stats: impl Fn() -> Stats, activity: &Notify) {
-    if !notify_socket_set() {
-        return std::future::pending().await;
+/// move bytes, and they say so ([`activity`](Self::activity)), so this
+/// waits for exactly that (not on the FIFOs themselves: polling a pipe
+/// would make every write of the task pay for a wakeup, see
+/// `capture::sigio::DataSignal`). Then it waits [`STATUS_INTERVAL`] and
+/// sends `STATUS=` if the text changed. So: no wakeup while idle, at most
+/// one datagram per interval while busy, and nothing at all when not under
+/// systemd (`NOTIFY_SOCKET` unset: it never has a deadline).
+#[derive(Debug)]
+pub struct StatusTimer {
+    enabled: bool,
+    /// When the next status is due.
+    due: Option<Instant>,
+    /// Counters changed since `due` was set: another status follows.
+    again: bool,
+}
+
+impl StatusTimer {
+    /// A timer that sends only under systemd.
+    pub fn new() -> Self {
+        StatusTimer {
+            enabled: notify_socket_set(),
+            due: None,
+            again: false,
+        }
     }
-    loop {
-        activity.notified().await;
-        tokio::time::sleep(STATUS_INTERVAL).await;
+
+    /// The counters changed at `now`.
+    pub fn activity(&mut self, now: Instant) {
+        if !self.enabled {
+            return;
+        }
+        match self.due {
+            None => self.due = Some(now + STATUS_INTERVAL),
+            Some(_) => self.again = true,
+        }
+    }
+
+    /// When [`on_time`](Self::on_time) must be called.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Sends the status if it is due at `now`.
+    pub fn on_time(&mut self, now: Instant, stats: impl FnOnce() -> Stats) {
+        if self.due.is_none_or(|d| d > now) {
+            return;
+        }
+        self.due = std::mem::take(&mut self.again).then(|| now + STATUS_INTERVAL);
         let status = status_text(&stats());
         let changed = LAST_STATUS.with(|l| *l.borrow() != status);
         if changed {
             notify("STATUS=", &[NotifyState::Status(&status)]);
             LAST_STATUS.with(|l| *l.borrow_mut() = status);
         }
+    }
+}
+
+impl Default for StatusTimer {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

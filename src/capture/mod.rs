@@ -26,16 +26,14 @@
 //!   `kill_9_mid_stream_loses_no_line`).
 //!
 //! [`StreamCapture`] is the synchronous state machine, driven by a
-//! [`Source`]; [`pump`] drives it from a FIFO on the tokio runtime.
+//! [`Source`]; [`Pump`] drives it from a FIFO in the daemon's event loop.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use std::os::unix::fs::FileExt;
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::{Stream, WriteErrorPolicy};
 use crate::rotate::{plan, Rotator, Step};
@@ -46,7 +44,7 @@ mod pump;
 #[allow(unsafe_code)] // sigaction, registering the signalfd
 pub mod sigio;
 
-pub use pump::{pump, SharedCapture, BATCH_WAIT};
+pub use pump::{Pump, SharedCapture, BATCH_WAIT};
 
 /// How long a partial line may wait in the pipe for its newline before it is
 /// written as it is (prompts and progress bars must show up).

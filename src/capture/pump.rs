@@ -1,5 +1,6 @@
-//! The async pump: drives one [`StreamCapture`] from its FIFO on the
-//! tokio runtime, waiting on SIGIO when idle and batching while busy.
+//! The pump: drives one [`StreamCapture`] from its FIFO, a state machine
+//! the daemon's event loop (`reactor`) wakes on SIGIO or when it is due;
+//! waiting on SIGIO when idle and batching while busy.
 //!
 //! Guarantees kept here: no syscalls while idle, no timers unless a
 //! partial line or a write error waits (`tests/it/capture.rs`), and a stop
@@ -10,10 +11,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::rc::Rc;
-use std::time::Duration;
-
-use tokio::sync::{watch, Notify};
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::pipe::Peeker;
 use super::sigio::DataSignal;
@@ -44,29 +42,30 @@ const STILL_BUSY: Duration = Duration::from_millis(20);
 /// What a draining phase must have moved for [`STILL_BUSY`] to apply.
 const BURST: u64 = 64 * 1024;
 
-/// Drives `capture` from the FIFO `fd` until `stop` turns true, then drains
-/// what is left (a held partial line included) and fsyncs.
+/// Drives `capture` from the FIFO `fd`: [`advance`](Pump::advance) whenever
+/// a SIGIO came or [`deadline`](Pump::deadline) is reached, and
+/// [`finish`](Pump::finish) at stop, which drains what is left (a held
+/// partial line included) and fsyncs.
 ///
 /// Two phases:
 /// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
 ///   for SIGIO ([`DataSignal`]; it is never registered with epoll,
 ///   which would make every later write of the task pay for a wakeup) and
-///   the pump sleeps until a signal, its partial-line or retry deadline, or
-///   stop.
+///   the pump has no deadline but its partial-line or retry one.
 /// - *draining*: the FIFO is disarmed, so the task's writes cost it
 ///   nothing extra, and it is drained every [`BATCH_WAIT`]: a stream of
 ///   small writes is taken in one splice per millisecond or so instead of
 ///   one wakeup per write. When bytes come so fast that the pipe would be
-///   three quarters full before the next drain (tokio's timer rounds a
-///   sleep up to the next millisecond tick, so a wait lasts up to twice
-///   `BATCH_WAIT`), or when a drain found it three quarters full already
-///   (the task is blocked on it), the pump drains again at once, only
-///   yielding to the other tasks; nor does it wait before the first drain
-///   of a phase that finds the pipe that full. A drain that finds nothing
-///   new ends the phase.
+///   three quarters full before the next drain (the loop's wait is whole
+///   milliseconds, rounded up, so a wait lasts up to twice `BATCH_WAIT`),
+///   or when a drain found it three quarters full already (the task is
+///   blocked on it), the pump is due again at once: the loop only looks
+///   at its other descriptors first; nor does it wait before the first
+///   drain of a phase that finds the pipe that full. A drain that finds
+///   nothing new ends the phase.
 ///
-/// Every drain that changed the counters notifies `activity` (the systemd
-/// status loop waits on it rather than on the FIFOs themselves).
+/// [`advance`](Pump::advance) says whether the counters changed (the
+/// systemd status waits for that rather than on the FIFOs themselves).
 ///
 /// While a write error holds bytes back under `--on-write-error block`, the
 /// FIFO is not armed: the pump waits for the retry time only.
@@ -76,65 +75,15 @@ const BURST: u64 = 64 * 1024;
 /// counts against the per-user pipe quota (`fs.pipe-user-pages-soft`),
 /// which a node with many logmons of one user exhausts, and a scratch pipe
 /// smaller than the FIFO limits how long a partial line can wait.
-pub async fn pump(
-    fd: std::os::fd::OwnedFd,
-    capacity: usize,
-    peeker: Peeker,
-    capture: SharedCapture,
-    activity: Rc<Notify>,
-    stop: watch::Receiver<bool>,
-) -> io::Result<()> {
-    let devnull = File::options().write(true).open("/dev/null")?;
-    let data = DataSignal::new(fd.as_fd())?;
-    let mut p = Pump {
-        fd,
-        capacity,
-        peeker,
-        devnull,
-        capture,
-        activity,
-        stop,
-        data,
-        last_drain: Instant::now(),
-        timer: None,
-        left: 0,
-        blocked: false,
-        phase_bytes: 0,
-    };
-    while !*p.stop.borrow() {
-        // Every way through here awaits something, so the pump can never
-        // spin without yielding to the runtime.
-        let went_idle = Instant::now();
-        let waiting = p.wait_for_bytes(went_idle).await?;
-        if waiting.is_some_and(|n| !p.most_of_the_pipe(n))
-            && p.phase_bytes >= BURST
-            && went_idle.elapsed() < STILL_BUSY
-        {
-            // Bytes flowed a moment ago: the task is still writing, only
-            // in bursts (on a loaded machine it is preempted for
-            // milliseconds at a time). Let the burst fill the pipe rather
-            // than chase it one write per wakeup; unless it is nearly full
-            // already, when the task would only wait on it.
-            p.pause().await;
-        }
-        if p.drain_phase().await? {
-            break;
-        }
-    }
-    p.finish()
-}
-
-/// One stream's pump: the FIFO, its capture, and what the phases pass on
-/// to each other.
-struct Pump {
+#[derive(Debug)]
+pub struct Pump {
     fd: std::os::fd::OwnedFd,
     capacity: usize,
     peeker: Peeker,
     devnull: File,
     capture: SharedCapture,
-    activity: Rc<Notify>,
-    stop: watch::Receiver<bool>,
     data: DataSignal,
+    phase: Phase,
     last_drain: Instant,
     /// The partial-line or retry deadline of the last drain.
     timer: Option<Instant>,
@@ -146,100 +95,173 @@ struct Pump {
     phase_bytes: u64,
 }
 
+/// Where a [`Pump`] is.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Until new bytes (more than the last drain left), the timer, or stop.
+    Waiting {
+        /// When the wait began.
+        went_idle: Instant,
+        /// The FIFO is armed for SIGIO.
+        armed: bool,
+        /// Arming failed: poll every [`BATCH_WAIT`] while it does.
+        arm_failed: bool,
+        /// The FIFO must be looked at: the wait just began (bytes written
+        /// before arming sent no signal).
+        look: bool,
+        /// The index records were written for this wait.
+        flushed: bool,
+    },
+    /// The next drain is due at this time.
+    Draining(Instant),
+}
+
 impl Pump {
+    /// The pump of `capture` from the FIFO `fd` of `capacity` bytes; it
+    /// starts waiting, and looks at the FIFO at the first
+    /// [`advance`](Self::advance). Must be made on the daemon's thread,
+    /// which blocks SIGIO and reads it from a signalfd
+    /// (`sigio::install_handler`).
+    pub fn new(
+        fd: std::os::fd::OwnedFd,
+        capacity: usize,
+        peeker: Peeker,
+        capture: SharedCapture,
+    ) -> io::Result<Self> {
+        let devnull = File::options().write(true).open("/dev/null")?;
+        let data = DataSignal::new(fd.as_fd())?;
+        let now = Instant::now();
+        let mut p = Pump {
+            fd,
+            capacity,
+            peeker,
+            devnull,
+            capture,
+            data,
+            phase: Phase::Draining(now),
+            last_drain: now,
+            timer: None,
+            left: 0,
+            blocked: false,
+            phase_bytes: 0,
+        };
+        p.wait(now);
+        Ok(p)
+    }
+
     /// Whether `n` bytes are three quarters of the pipe or more: the task is
     /// (or is about to be) blocked on it, and waiting would idle both.
     fn most_of_the_pipe(&self, n: u64) -> bool {
         u128::from(n) * 4 >= self.capacity as u128 * 3
     }
 
-    /// The waiting phase: until new bytes (more than the drain left), the
-    /// deadline, or stop. Returns how many bytes wait when new ones came
-    /// (0 when they cannot be counted), `None` otherwise.
-    async fn wait_for_bytes(&mut self, went_idle: Instant) -> io::Result<Option<u64>> {
-        // Under `block` new bytes cannot be written before the retry
-        // anyway: do not let every write wake the pump meanwhile.
+    /// Begins a wait: arms the FIFO for SIGIO unless a write error blocks
+    /// (then new bytes could not be written before the retry anyway: do
+    /// not let every write wake the pump meanwhile).
+    fn wait(&mut self, now: Instant) {
         let arm_failed = !self.blocked && !self.data.arm_or_warn(self.fd.as_fd());
-        let armed = !self.blocked && !arm_failed;
-        let mut fresh = None;
-        let mut flushed = false;
-        loop {
-            // Bytes written before the FIFO was armed sent no signal; after
-            // a signal, it may have been for the other stream's FIFO.
-            if !self.blocked {
-                match super::pipe::bytes_waiting(self.fd.as_fd()) {
-                    Ok(n) if n <= self.left => {}
-                    Ok(n) => {
-                        fresh = Some(n as u64);
-                        break;
-                    }
-                    Err(_) => {
-                        fresh = Some(0);
-                        break;
-                    }
-                }
-            }
-            // About to sleep: the batch records gathered while data flowed
-            // go into the index now (once per wait, no timer for it).
-            if !flushed {
-                self.capture.borrow_mut().flush_index();
-                flushed = true;
-            }
-            let deadline = if arm_failed {
-                // Poll instead, only until arming works again.
+        self.phase = Phase::Waiting {
+            went_idle: now,
+            armed: !self.blocked && !arm_failed,
+            arm_failed,
+            look: true,
+            flushed: false,
+        };
+    }
+
+    /// When the pump must be advanced even without a SIGIO; `None` while it
+    /// waits for the task alone.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Draining(at) => Some(at),
+            // Poll instead, only until arming works again.
+            Phase::Waiting {
+                went_idle,
+                arm_failed: true,
+                ..
+            } => {
                 let poll = went_idle + BATCH_WAIT;
                 Some(self.timer.map_or(poll, |t| t.min(poll)))
-            } else {
-                self.timer
-            };
-            tokio::select! {
-                r = self.data.wait(), if armed => {
-                    r?;
-                    continue;
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {}
-                _ = self.stop.changed() => {}
             }
-            break;
-        }
-        if armed {
-            self.data.disarm_or_warn(self.fd.as_fd());
-        }
-        Ok(fresh)
-    }
-
-    /// Sleeps [`BATCH_WAIT`], or until stop.
-    async fn pause(&mut self) {
-        tokio::select! {
-            _ = tokio::time::sleep(BATCH_WAIT) => {}
-            _ = self.stop.changed() => {}
+            Phase::Waiting { .. } => self.timer,
         }
     }
 
-    /// The draining phase: drains every [`BATCH_WAIT`] (at once when the
-    /// bytes come fast) until a drain finds nothing new. Returns whether
-    /// stop was asked.
-    async fn drain_phase(&mut self) -> io::Result<bool> {
-        self.phase_bytes = 0;
+    /// Does what is due at `now`; `sigio` says a SIGIO came since the last
+    /// call (for this FIFO or the other: a waiting pump looks at its own).
+    /// Returns whether the counters changed.
+    pub fn advance(&mut self, now: Instant, sigio: bool) -> io::Result<bool> {
+        let mut changed = false;
+        let mut sigio = sigio;
         loop {
-            if *self.stop.borrow() {
-                return Ok(true);
-            }
-            let pass = self.drain(false)?;
-            self.timer = deadline_of(pass.outcome);
-            self.blocked = matches!(pass.outcome, Drained::Blocked { .. });
-            self.left = pass.left;
-            self.phase_bytes += pass.bytes;
-            if pass.changed {
-                self.activity.notify_one();
-            }
-            if !pass.moved {
-                return Ok(false);
-            }
-            if pass.fast {
-                tokio::task::yield_now().await;
-            } else {
-                self.pause().await;
+            match self.phase {
+                Phase::Waiting {
+                    went_idle,
+                    armed,
+                    arm_failed,
+                    look,
+                    flushed,
+                } => {
+                    let mut fresh = None;
+                    if (look || std::mem::take(&mut sigio)) && !self.blocked {
+                        match super::pipe::bytes_waiting(self.fd.as_fd()) {
+                            Ok(n) if n <= self.left => {}
+                            Ok(n) => fresh = Some(n as u64),
+                            Err(_) => fresh = Some(0),
+                        }
+                    }
+                    let due = self.deadline().is_some_and(|d| d <= now);
+                    if fresh.is_none() && !due {
+                        // About to sleep: the batch records gathered while
+                        // data flowed go into the index now (once per
+                        // wait, no timer for it).
+                        if !flushed {
+                            self.capture.borrow_mut().flush_index();
+                        }
+                        self.phase = Phase::Waiting {
+                            went_idle,
+                            armed,
+                            arm_failed,
+                            look: false,
+                            flushed: true,
+                        };
+                        return Ok(changed);
+                    }
+                    if armed {
+                        self.data.disarm_or_warn(self.fd.as_fd());
+                    }
+                    // Bytes flowed a moment ago: the task is still
+                    // writing, only in bursts (on a loaded machine it is
+                    // preempted for milliseconds at a time). Let the burst
+                    // fill the pipe rather than chase it one write per
+                    // wakeup; unless it is nearly full already, when the
+                    // task would only wait on it.
+                    let pause = fresh.is_some_and(|n| !self.most_of_the_pipe(n))
+                        && self.phase_bytes >= BURST
+                        && now.duration_since(went_idle) < STILL_BUSY;
+                    self.phase_bytes = 0;
+                    self.phase = Phase::Draining(if pause { now + BATCH_WAIT } else { now });
+                }
+                Phase::Draining(at) => {
+                    if at > now {
+                        return Ok(changed);
+                    }
+                    let pass = self.drain(false)?;
+                    self.timer = deadline_of(pass.outcome);
+                    self.blocked = matches!(pass.outcome, Drained::Blocked { .. });
+                    self.left = pass.left;
+                    self.phase_bytes += pass.bytes;
+                    changed |= pass.changed;
+                    if !pass.moved {
+                        self.wait(Instant::now());
+                        continue;
+                    }
+                    // Fast: due again at once, after the loop has looked
+                    // at its other descriptors.
+                    let next = if pass.fast { now } else { now + BATCH_WAIT };
+                    self.phase = Phase::Draining(next);
+                    return Ok(changed);
+                }
             }
         }
     }
@@ -267,7 +289,7 @@ impl Pump {
         // waiting would only idle both. The rate alone misses this in bulk:
         // the previous pause counts in `elapsed`, so a full pipe every
         // other pass looked slow enough to wait again, and the task sat
-        // blocked on a full pipe for a 2 ms sleep (tokio's 1 ms tick
+        // blocked on a full pipe for a sleep of up to 2 ms (a 1 ms wait
         // rounds up) after every other pass: 64 such sleeps per 128 MiB
         // of bulk into tmpfs, 0.13 s with the pipe full (strace -T).
         let fast = self.most_of_the_pipe(moved)
@@ -284,7 +306,10 @@ impl Pump {
 
     /// Stopping: drains what is left (a held partial line included) and
     /// fsyncs.
-    fn finish(mut self) -> io::Result<()> {
+    pub fn finish(mut self) -> io::Result<()> {
+        if let Phase::Waiting { armed: true, .. } = self.phase {
+            self.data.disarm_or_warn(self.fd.as_fd());
+        }
         let last = self.drain(true)?.outcome;
         let mut c = self.capture.borrow_mut();
         if let Drained::Blocked { .. } = last {
@@ -312,12 +337,5 @@ fn deadline_of(d: Drained) -> Option<Instant> {
         Drained::Empty | Drained::More => None,
         Drained::Held { deadline } => Some(deadline),
         Drained::Blocked { retry_at } => Some(retry_at),
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }

@@ -1,15 +1,13 @@
-//! The SIGIO wakeup hub: how a waiting pump learns that its task wrote,
-//! without registering the FIFO with epoll (see [`DataSignal`]).
+//! SIGIO: how a waiting pump learns that its task wrote, without
+//! registering the FIFO with epoll (see [`DataSignal`]).
 //!
 //! Guarantee kept here: a busy task's writes carry no wakeup cost (the FIFO
 //! is armed only while its pump waits); measured by `benches/peers.sh`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::rc::Rc;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 /// Tells the pump that a task wrote into its FIFO, without polling the FIFO.
 ///
@@ -23,92 +21,51 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 /// SIGIO to logmon on a write, and nothing at all while logmon is batching,
 /// so a busy task's writes carry no wakeup cost.
 ///
-/// SIGIO is blocked in the daemon's thread and read from one signalfd
-/// shared by the pumps of that thread (`SigioHub`): a blocked signal is
+/// SIGIO is blocked in the daemon's thread and read from the daemon's one
+/// signalfd, beside the stop signals (`daemon`, [`install_handler`]): a blocked signal is
 /// pending at most once, so a burst of writes that lands before the pump
 /// disarms costs one wakeup, not one signal handler per write (measured
 /// with both cores busy: 20,000–28,000 handler runs per 100 MiB of
 /// 100-byte lines with a handler, and logmon's CPU per byte ten times
 /// higher). SIGIO does not say which FIFO: a wakeup says "some FIFO may
 /// have data", and each waiting pump checks its own (one FIONREAD) and,
-/// if nothing is new there, goes on waiting, still armed.
+/// if nothing is new there, goes on waiting, still armed
+/// ([`super::Pump::advance`]).
 /// The signal is directed at the pump's thread (`F_SETOWN_EX` with
 /// `F_OWNER_TID`), so other threads of the process (an embedding program's,
 /// or a benchmark's writer) never take it.
 #[derive(Debug)]
 pub struct DataSignal {
-    hub: Rc<SigioHub>,
-    seen: tokio::sync::watch::Receiver<u64>,
     flags: OFlag,
     warned: std::cell::Cell<bool>,
 }
 
-/// The signalfd for SIGIO of one thread, and a counter of the SIGIOs taken
-/// from it, through which the pump that took one tells the others.
-#[derive(Debug)]
-struct SigioHub {
-    fd: tokio::io::unix::AsyncFd<SignalFd>,
-    taken: tokio::sync::watch::Sender<u64>,
-}
-
-thread_local! {
-    static HUB: std::cell::RefCell<std::rc::Weak<SigioHub>> =
-        const { std::cell::RefCell::new(std::rc::Weak::new()) };
-}
-
 extern "C" fn ignore_sigio(_: nix::libc::c_int) {}
 
-impl SigioHub {
-    /// This thread's hub, created on first use: SIGIO gets a no-op handler
-    /// (its default action kills the process; and unlike SIG_IGN a handler
-    /// is not inherited across exec), is blocked in this thread and goes
-    /// to a signalfd registered with the runtime.
-    fn get() -> io::Result<Rc<SigioHub>> {
-        if let Some(h) = HUB.with(|h| h.borrow().upgrade()) {
-            return Ok(h);
-        }
-        use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-        let action = SigAction::new(
-            SigHandler::Handler(ignore_sigio),
-            SaFlags::SA_RESTART,
-            SigSet::empty(),
-        );
-        // SAFETY: the handler does nothing, so it is async-signal-safe and
-        // cannot race with anything. It replaces SIGIO's disposition for
-        // the whole process: nothing else in logmon uses SIGIO, and the
-        // daemon is a process of its own (an embedding agent's binary runs
-        // it re-executed as `run`, never inside the agent).
-        unsafe { sigaction(Signal::SIGIO, &action) }?;
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGIO);
-        set.thread_block()?;
-        let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
-        // SAFETY: the AsyncFd owns the signalfd, so it stays open exactly as
-        // long as the registration, and nothing else closes it.
-        let fd = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        }
-        .map_err(|e| e.into_parts().1)?;
-        let hub = Rc::new(SigioHub {
-            fd,
-            taken: tokio::sync::watch::Sender::new(0),
-        });
-        HUB.with(|h| *h.borrow_mut() = Rc::downgrade(&hub));
-        Ok(hub)
-    }
-
-    /// Reads every pending SIGIO off the signalfd.
-    fn take_all(&self) {
-        // Ok(None) once none is pending (the signalfd is non-blocking).
-        while let Ok(Some(_)) = self.fd.get_ref().read_signal() {}
-    }
+/// Gives SIGIO a no-op handler: its default action kills the process, and
+/// unlike SIG_IGN a handler is not inherited across exec. The caller must
+/// also block SIGIO in its thread and read it from a signalfd (the
+/// daemon's, with the stop signals), before any FIFO is armed.
+pub fn install_handler() -> io::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(ignore_sigio),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, so it is async-signal-safe and
+    // cannot race with anything. It replaces SIGIO's disposition for the
+    // whole process: nothing else in logmon uses SIGIO, and the daemon is
+    // a process of its own (an embedding agent's binary runs it
+    // re-executed as `run`, never inside the agent).
+    unsafe { sigaction(Signal::SIGIO, &action) }?;
+    Ok(())
 }
 
 impl DataSignal {
     /// Directs the SIGIO of `fifo` to this thread and leaves it disarmed.
-    /// Must run inside the tokio runtime, on the daemon's thread.
+    /// Must run on the daemon's thread, after [`install_handler`].
     pub fn new(fifo: BorrowedFd<'_>) -> io::Result<Self> {
-        let hub = SigioHub::get()?;
         // The signal goes to this thread, the one blocking it and reading
         // the signalfd, whatever other threads the process has (a
         // process-directed one could be taken by any thread not blocking
@@ -133,10 +90,7 @@ impl DataSignal {
             return Err(io::Error::last_os_error());
         }
         let flags = OFlag::from_bits_truncate(fcntl(fifo, FcntlArg::F_GETFL)?) - OFlag::O_ASYNC;
-        let seen = hub.taken.subscribe();
         let s = DataSignal {
-            hub,
-            seen,
             flags,
             warned: std::cell::Cell::new(false),
         };
@@ -181,24 +135,6 @@ impl DataSignal {
     /// Stops the SIGIO of `fifo`: writes cost the task nothing extra.
     pub fn disarm(&self, fifo: BorrowedFd<'_>) -> io::Result<()> {
         fcntl(fifo, FcntlArg::F_SETFL(self.flags))?;
-        Ok(())
-    }
-
-    /// Waits for a SIGIO, taken by this pump or by another one of this
-    /// thread. It may be left over from an earlier arming (of this FIFO or
-    /// another), so the caller must look at its FIFO.
-    pub async fn wait(&mut self) -> io::Result<()> {
-        tokio::select! {
-            r = self.hub.fd.readable() => {
-                let mut guard = r?;
-                self.hub.take_all();
-                guard.clear_ready();
-                self.hub.taken.send_modify(|n| *n += 1);
-                self.seen.borrow_and_update();
-            }
-            // The sender lives in the hub, which this holds: never closed.
-            _ = self.seen.changed() => {}
-        }
         Ok(())
     }
 }

@@ -17,15 +17,13 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::support::{wait_until, Daemon};
-use bytes::BytesMut;
 use logmon::client::{parse_state, Handle};
 use logmon::protocol::{
-    codec, decode, encode, read_frame, write_frame, FrameError, ReattachConfig, Request, Response,
-    Stats, Welcome, MAX_FRAME, PROTOCOL_VERSION,
+    decode, encode, next_frame, read_frame, write_frame, FrameError, ReattachConfig, Request,
+    Response, Stats, Welcome, MAX_FRAME, PROTOCOL_VERSION,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use tokio_util::codec::Decoder;
 
 /// A reader over `data` that counts what it hands out.
 struct Counting<'a> {
@@ -179,12 +177,11 @@ fn four_gib_length_prefix_is_refused_before_reading_or_allocating() {
 
 /// The server's framing refuses the same lengths without buffering them.
 #[test]
-fn server_codec_refuses_oversized_lengths_at_once() {
+fn server_framing_refuses_oversized_lengths_at_once() {
     for len in [u32::MAX, (MAX_FRAME + 1) as u32] {
-        let mut buf = BytesMut::from(&len.to_be_bytes()[..]);
         assert!(
-            codec().decode(&mut buf).is_err(),
-            "server codec accepted a {len}-byte frame header"
+            matches!(next_frame(&len.to_be_bytes()), Err(FrameError::TooLarge(_))),
+            "server framing accepted a {len}-byte frame header"
         );
     }
 }
@@ -237,9 +234,9 @@ proptest! {
         let _ = read_frame::<Request>(&mut &bytes[..]);
         let _ = read_frame::<Response>(&mut &bytes[..]);
         // Both framings agree on where the frame ends.
-        let mut buf = BytesMut::from(&bytes[..]);
-        let frame = codec().decode(&mut buf).unwrap().unwrap();
-        prop_assert_eq!(&frame[..], &payload[..]);
+        let (frame, used) = next_frame(&bytes).unwrap().unwrap();
+        prop_assert_eq!(frame, &payload[..]);
+        prop_assert_eq!(used, bytes.len());
     }
 
     /// `decode` of arbitrary payloads never panics.
@@ -392,11 +389,11 @@ fn bytes_of(p: &Piece) -> Vec<u8> {
 /// legitimately end the daemon): it acts on requests only after a Hello of
 /// our protocol, and closes at the first frame it cannot decode.
 fn would_stop(bytes: &[u8]) -> bool {
-    let mut buf = BytesMut::from(bytes);
-    let mut c = codec();
+    let mut buf = bytes;
     let mut first = true;
-    while let Ok(Some(frame)) = c.decode(&mut buf) {
-        match decode::<Request>(&frame) {
+    while let Ok(Some((frame, used))) = next_frame(buf) {
+        buf = &buf[used..];
+        match decode::<Request>(frame) {
             Ok(Request::Hello { protocol }) if first && protocol == PROTOCOL_VERSION => {}
             _ if first => return false,
             Ok(Request::Stop) => return true,

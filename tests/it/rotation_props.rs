@@ -21,7 +21,7 @@ use logmon::config::{Stream, TaskName, WriteErrorPolicy};
 use logmon::internals::capture::{Drained, Look, Source, StreamCapture};
 use logmon::internals::rotate::{scan_indices, Rotator};
 use proptest::prelude::*;
-use tokio::time::Instant;
+use std::time::Instant;
 
 const TASK: &str = "prop";
 

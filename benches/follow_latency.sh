@@ -20,7 +20,7 @@ samples=${1:-500}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${LOGMON_BIN:-$root/target/x86_64-unknown-linux-gnu/release/logmon}
 if [[ -z ${LOGMON_BIN:-} ]]; then
-    (cd "$root" && cargo build --release --quiet --bin logmon)
+    (cd "$root" && cargo build --release --quiet --bin logmon --bin logmon-run)
 fi
 [[ -x $bin ]] || { echo "follow_latency: no binary at $bin" >&2; exit 1; }
 

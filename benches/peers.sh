@@ -186,7 +186,7 @@ fi
 command -v cargo >/dev/null || die "cargo not found"
 
 say "building logmon (cargo build --release)"
-(cd "$ROOT" && cargo build --release --quiet --bin logmon) || die "cargo build --release failed"
+(cd "$ROOT" && cargo build --release --quiet --bin logmon --bin logmon-run) || die "cargo build --release failed"
 # The build target is pinned in .cargo/config.toml (static link).
 LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"

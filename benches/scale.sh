@@ -110,7 +110,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 say "building logmon (cargo build --release)"
-(cd "$ROOT" && cargo build --release --quiet --bin logmon) || die "cargo build --release failed"
+(cd "$ROOT" && cargo build --release --quiet --bin logmon --bin logmon-run) || die "cargo build --release failed"
 LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
 mkdir -p "$SCRATCH"

@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 use crate::config::{Stream, WriteErrorPolicy};
 use crate::rotate::{plan, Rotator, Step};
 
-#[allow(unsafe_code)] // FIONREAD
+#[allow(unsafe_code)] // FIONREAD, reading into an uninitialized buffer
 pub mod pipe;
 mod pump;
-#[allow(unsafe_code)] // sigaction, registering the signalfd
+#[allow(unsafe_code)] // sigaction, F_SETOWN_EX
 pub mod sigio;
 
 pub use pump::{Pump, SharedCapture, BATCH_WAIT};

@@ -238,18 +238,33 @@ impl Peeker {
         // On the stack, not in each Peeker: the pumps of one daemon share
         // its one thread's stack, so this is one buffer per daemon, not one
         // resident heap buffer per stream (issue #16, memory per instance).
-        let mut buf = [0u8; PEEK_CHUNK];
+        // Not zeroed: only the bytes a read writes are touched, so a daemon
+        // that has only ever peeked at short lines keeps one page of it
+        // resident, not all of them.
+        let mut buf = std::mem::MaybeUninit::<[u8; PEEK_CHUNK]>::uninit();
         let mut seen = 0usize;
         let mut last = None;
         while seen < n {
-            let want = (n - seen).min(buf.len());
-            let k = match nix::unistd::read(self.r.as_fd(), &mut buf[..want]) {
+            let want = (n - seen).min(PEEK_CHUNK);
+            // SAFETY: read(2) writes at most `want` <= PEEK_CHUNK bytes into
+            // the buffer, which outlives the call; the fd is `self.r`, open
+            // as long as `self`.
+            let r = unsafe {
+                nix::libc::read(
+                    self.r.as_fd().as_raw_fd(),
+                    buf.as_mut_ptr().cast::<nix::libc::c_void>(),
+                    want,
+                )
+            };
+            let k = match Errno::result(r) {
                 Ok(0) | Err(Errno::EAGAIN) => break,
-                Ok(k) => k,
+                Ok(k) => k as usize,
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
-            if let Some(p) = memchr::memrchr(b'\n', &buf[..k]) {
+            // SAFETY: the read above initialized the first `k` bytes.
+            let got = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), k) };
+            if let Some(p) = memchr::memrchr(b'\n', got) {
                 last = Some(seen + p);
             }
             seen += k;

@@ -1,7 +1,8 @@
 //! The daemon's own binary, `logmon-run` (issue #16): `logmon run` becomes
 //! it, `launch` starts it directly, a `logmon` without it serves in its own
 //! process, flags only clap reads go back to `logmon run`, and a
-//! `logmon-run` of another build hands over to `logmon`.
+//! `logmon-run` of another build hands over to `logmon`; whoever starts it
+//! gives it the malloc settings that let start-up's heap be returned.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,6 +22,27 @@ fn exe_name(pid: i32) -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// Whether the daemon was started with `GLIBC_TUNABLES` = `want`. Read
+/// from its /proc environ, where glibc (2.36) may have cut the value at
+/// each `:` while parsing it: a NUL there counts as the `:`.
+fn started_with_tunables(pid: i32, want: &str) -> bool {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).expect("the daemon's environment");
+    let prefix = b"GLIBC_TUNABLES=";
+    let Some(at) = env.windows(prefix.len()).position(|w| w == prefix) else {
+        return false;
+    };
+    let value = &env[at + prefix.len()..];
+    value.len() >= want.len()
+        && value[..want.len()]
+            .iter()
+            .map(|&b| if b == 0 { b':' } else { b })
+            .eq(want.bytes())
+        && value.get(want.len()).is_none_or(|&b| b == 0)
+}
+
+/// What glibc's malloc is told in every daemon (`launch::MALLOC_TUNABLES`).
+const DAEMON_MALLOC: &str = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0";
 
 /// Writes one line into the task's stdout FIFO and stops the daemon with
 /// SIGTERM; returns what is in its files then.
@@ -46,6 +68,7 @@ fn run_becomes_the_daemon_binary_and_launch_starts_it_directly() {
         d.pid() as u32,
         "same process: the pid a launcher recorded"
     );
+    assert!(started_with_tunables(d.pid(), DAEMON_MALLOC));
     assert_eq!(capture_one_line(d, tmp.path()), support::numbered(0, 1));
 
     let dir2 = tmp.path().join("launched");
@@ -55,6 +78,7 @@ fn run_becomes_the_daemon_binary_and_launch_starts_it_directly() {
     let rc: logmon::protocol::ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
     let guard = Detached(rc.clone());
     assert_eq!(exe_name(rc.pid as i32), "logmon-run");
+    assert!(started_with_tunables(rc.pid as i32, DAEMON_MALLOC));
     let out = support::cli(&["stop", "--socket", rc.socket.to_str().unwrap()]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
     drop(guard);

@@ -261,6 +261,10 @@ logmon_cmd() { # logmon_cmd BINARY DIR FIFO SIZE KEEP RUNDIR
         --socket "$5/ctl.sock" --max-file-size "$3" --max-files "$4"
 }
 
+# rrun's options for logmon: the malloc settings launch gives logmon-run
+# (launch::MALLOC_TUNABLES; `logmon run` sets them itself when it execs it).
+LOGMON_RRUN_ENV=(-E GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0)
+
 # Waits for logmon's ready line in FILE while PID lives; 0 when ready.
 wait_ready() {
     local file=$1 pid=$2 i
@@ -298,8 +302,8 @@ run_one() { # run_one REP MODE LOGGER
     mkfifo "$fifo"
     local -a rr=() cmd=() wflags=()
     case $name in
-    logmon) mapfile -t cmd < <(logmon_cmd "$LOGMON" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready"); wflags=(-R) ;;
-    logmon-base) mapfile -t cmd < <(logmon_cmd "$LOGMON_BASE" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready"); wflags=(-R) ;;
+    logmon) mapfile -t cmd < <(logmon_cmd "$LOGMON" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready" "${LOGMON_RRUN_ENV[@]}"); wflags=(-R) ;;
+    logmon-base) mapfile -t cmd < <(logmon_cmd "$LOGMON_BASE" "$dir" "$fifo" "$SIZE" "$KEEP" "$run"); rr=(-o "$run/ready" "${LOGMON_RRUN_ENV[@]}"); wflags=(-R) ;;
     cat) cmd=(cat "$fifo"); rr=(-o "$dir/out") ;;
     s6-log) cmd=(s6-log "n$KEEP" "s$SIZE" "$dir"); rr=(-i "$fifo") ;;
     rotatelogs) cmd=(rotatelogs -n "$KEEP" "$dir/log" "$((SIZE / 1024))K"); rr=(-i "$fifo") ;;
@@ -427,7 +431,7 @@ kill_check() { # kill_check MODE [LOGGER]
     local gen rpid wpid got target note=""
     start_logmon() {
         rm -f "$run/ready" "$run/stat"
-        "$BIN/rrun" -s "$run/stat" -e "$log" -o "$run/ready" -- "${cmd[@]}" &
+        "$BIN/rrun" -s "$run/stat" -e "$log" -o "$run/ready" "${LOGMON_RRUN_ENV[@]}" -- "${cmd[@]}" &
         rpid=$!
         PIDS+=("$rpid")
         wait_ready "$run/ready" "$rpid" || note+="no-ready-line;"

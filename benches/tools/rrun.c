@@ -3,12 +3,16 @@
  * Part of logmon's benches (benches/peers.sh); no shell is involved, so the
  * CPU time and peak RSS recorded are the logger's own.
  *
- *   rrun -s STATFILE [-i STDIN] [-o STDOUT] [-e STDERR] -- CMD [ARG...]
+ *   rrun -s STATFILE [-i STDIN] [-o STDOUT] [-e STDERR] [-E NAME=VALUE]...
+ *        -- CMD [ARG...]
  *
  *   -i PATH  the child's stdin is PATH opened O_RDONLY (a FIFO: the open
  *            blocks until a writer comes, as under a supervisor)
  *   -o PATH  the child's stdout (created/truncated)
  *   -e PATH  the child's stderr (appended)
+ *   -E NAME=VALUE  set in the child's environment (up to 8; set in the
+ *            forked child itself, so no env(1) process adds its pages to
+ *            the peak RSS recorded)
  * SIGTERM/SIGINT are forwarded to the child, SIGUSR1 becomes SIGKILL.  When
  * the child has exited, one line goes to STATFILE (rename()d into place, so a
  * reader never sees half of it):
@@ -45,13 +49,19 @@ static void redirect(const char *path, int flags, int target)
 int main(int argc, char **argv)
 {
     const char *stat = NULL, *in = NULL, *out = NULL, *err = NULL;
+    char *envs[8];
+    unsigned nenv = 0;
     int opt;
-    while ((opt = getopt(argc, argv, "+s:i:o:e:")) != -1) {
+    while ((opt = getopt(argc, argv, "+s:i:o:e:E:")) != -1) {
         switch (opt) {
         case 's': stat = optarg; break;
         case 'i': in = optarg; break;
         case 'o': out = optarg; break;
         case 'e': err = optarg; break;
+        case 'E':
+            if (nenv == 8 || !strchr(optarg, '=')) goto usage;
+            envs[nenv++] = optarg;
+            break;
         default: goto usage;
         }
     }
@@ -73,6 +83,7 @@ int main(int argc, char **argv)
         if (err) redirect(err, O_WRONLY | O_CREAT | O_APPEND, 2);
         if (in) redirect(in, O_RDONLY, 0);
         if (out) redirect(out, O_WRONLY | O_CREAT | O_TRUNC, 1);
+        for (unsigned i = 0; i < nenv; i++) putenv(envs[i]);
         execvp(argv[optind], argv + optind);
         fprintf(stderr, "rrun: exec %s: %s\n", argv[optind], strerror(errno));
         _exit(127);

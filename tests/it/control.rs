@@ -449,6 +449,45 @@ fn clients_without_hello_are_closed_while_others_are_served() {
     cap.finish();
 }
 
+/// A client that sends thousands of requests and reads none of the replies
+/// until later fills its own socket: the daemon waits for room before it
+/// reads that client's next request, and meanwhile goes on capturing and
+/// serving every other client; once the client reads, every reply comes,
+/// one per request, in order.
+#[test]
+fn a_client_that_does_not_read_its_replies_holds_only_its_own_connection() {
+    const N: usize = 6000;
+    let cap = Capture::start();
+    let mut s = cap.raw_welcomed();
+    let mut requests = Vec::new();
+    for i in 0..N {
+        let req = if i % 2 == 0 {
+            Request::Stats
+        } else {
+            Request::Ping
+        };
+        protocol::write_frame(&mut requests, &req).unwrap();
+    }
+    // Written from a thread: once the daemon stops reading, the write waits
+    // for room like any client's.
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&requests));
+    // Far more replies than the socket buffers hold are due by now.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        cap.assert_served();
+    }
+    for i in 0..N {
+        match protocol::read_frame::<Response>(&mut s) {
+            Ok(Response::Stats(st)) if i % 2 == 0 => assert_eq!(st.pid, cap.daemon.ready.pid),
+            Ok(Response::Pong) if i % 2 == 1 => {}
+            other => panic!("reply {i} of {N}: {other:?}"),
+        }
+    }
+    writer.join().unwrap().unwrap();
+    cap.finish();
+}
+
 /// 200 connections open at once all get Welcome and answers.
 #[test]
 fn two_hundred_simultaneous_connections_are_all_welcomed() {

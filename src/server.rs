@@ -4,8 +4,10 @@
 //! Guarantees kept here (`tests/it/control.rs`):
 //! - only peers whose uid is ours or root get past the handshake;
 //! - a bad peer (oversized or undecodable frame, no `Hello` within
-//!   [`HELLO_TIMEOUT`], a flood of connections) costs at most its own
-//!   connection: capture and the other clients go on;
+//!   [`HELLO_TIMEOUT`], a flood of connections, replies it does not read)
+//!   costs at most its own connection: capture and the other clients go
+//!   on; nothing is buffered for it beyond one frame each way
+//!   (`a_client_that_does_not_read_its_replies_holds_only_its_own_connection`);
 //! - the socket is created 0600, in a directory created 0700, and a stale
 //!   socket file is replaced only by the caller that holds the task lock;
 //! - the socket's name is resolved through its directory's [`Dir`] (bound

@@ -1184,14 +1184,19 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
         println!("SKIPPED: no per-user pipe limit (fs.pipe-user-pages-soft)");
         return;
     };
-    let child = support::logmon(&["run", "--task", "t", "--log-dir", dir_str(d.path())])
-        .uid(uid)
-        .gid(uid)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    // Copies the uid can reach, whatever the mode of the build directory.
+    let program = support::bins_for_any_user(d.path());
+    let child = support::logmon_at(
+        &program,
+        &["run", "--task", "t", "--log-dir", dir_str(d.path())],
+    )
+    .uid(uid)
+    .gid(uid)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .unwrap();
     let dm = Daemon::from_child(child, String::new);
     // The quota is used up: the FIFO logmon created itself got 8 KiB.
     let e = logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stderr)).unwrap();

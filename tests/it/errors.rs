@@ -674,9 +674,24 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Runs `r` and returns (code, stdout, stderr).
-fn execute(r: &mut Run) -> (Option<i32>, String, String) {
-    let mut cmd = logmon(&r.args.iter().map(String::as_str).collect::<Vec<_>>());
+/// Copies of the binaries uid 65534 can run, whatever the mode of the
+/// build directory; removed with the returned directory.
+fn bins_for_nobody() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = bins_for_any_user(dir.path());
+    (dir, program)
+}
+
+/// Runs `r` and returns (code, stdout, stderr); a run as uid 65534 runs
+/// `nobody_program`.
+fn execute(r: &mut Run, nobody_program: &Path) -> (Option<i32>, String, String) {
+    let args = r.args.iter().map(String::as_str).collect::<Vec<_>>();
+    let mut cmd = if r.nobody {
+        logmon_at(nobody_program, &args)
+    } else {
+        logmon(&args)
+    };
     for (k, v) in &r.env {
         cmd.env(k, v);
     }
@@ -725,6 +740,7 @@ fn error_matrix() {
         eprintln!("skipped: the matrix runs cases as uid 65534 and mounts a tmpfs; run as root");
         return;
     }
+    let (_bins, nobody_program) = bins_for_nobody();
     let mut failures = Vec::new();
     for case in cases() {
         let mut w = World::new();
@@ -735,7 +751,7 @@ fn error_matrix() {
         }
         let tree_before = w.tree();
         let before = w.daemons();
-        let (code, _stdout, stderr) = execute(&mut r);
+        let (code, _stdout, stderr) = execute(&mut r, &nobody_program);
         let mut problems = Vec::new();
         if code != Some(case.code) {
             problems.push(format!("exit code {code:?}, expected {}", case.code));
@@ -819,12 +835,13 @@ fn a_refused_client_reads_the_refusal_every_time() {
         eprintln!("skipped: needs root to run a client as uid 65534");
         return;
     }
+    let (_bins, nobody_program) = bins_for_nobody();
     let mut w = World::new();
     let rc = w.launch("web");
     std::fs::set_permissions(&rc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
     for i in 0..20 {
         let mut r = run(&["status", "--socket", rc.socket.to_str().unwrap()]).nobody();
-        let (code, _, stderr) = execute(&mut r);
+        let (code, _, stderr) = execute(&mut r, &nobody_program);
         assert_eq!(code, Some(1), "run {i}: {stderr}");
         assert!(
             stderr.contains("may not control this logmon"),

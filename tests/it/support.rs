@@ -15,9 +15,36 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_logmon"))
 }
 
+/// Copies `logmon` and `logmon-run` (one build) into a new `bin/` in
+/// `parent`, mode 0755, and returns the copied `logmon`: a test that runs
+/// them as another uid cannot count on that uid reaching the build
+/// directory (a checkout under a 0700 directory, as `mktemp -d` makes, is
+/// out of its reach). `parent` must be reachable by that uid; it removes
+/// the copies when it is removed.
+pub fn bins_for_any_user(parent: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = parent.join("bin");
+    std::fs::create_dir(&dir).unwrap();
+    for name in ["logmon", "logmon-run"] {
+        let from = bin().with_file_name(name);
+        if from.exists() {
+            let to = dir.join(name);
+            std::fs::copy(&from, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir.join("logmon")
+}
+
 /// `logmon` with `args`, environment cleaned of `LOGMON_*`.
 pub fn logmon(args: &[&str]) -> Command {
-    let mut c = Command::new(bin());
+    logmon_at(&bin(), args)
+}
+
+/// [`logmon`], run from `program` (a copy made by [`bins_for_any_user`]).
+pub fn logmon_at(program: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(program);
     c.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("LOGMON_") {

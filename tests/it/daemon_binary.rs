@@ -90,7 +90,7 @@ fn a_logmon_without_its_daemon_binary_serves_in_its_own_process() {
     let alone = tmp.path().join("bin");
     std::fs::create_dir(&alone).unwrap();
     let exe = alone.join("logmon");
-    std::fs::copy(support::bin(), &exe).unwrap();
+    support::copy_executable(&support::bin(), &exe);
     let dir = tmp.path().join("logs");
     std::fs::create_dir(&dir).unwrap();
     let child = std::process::Command::new(&exe)

@@ -29,12 +29,34 @@ pub fn bins_for_any_user(parent: &Path) -> PathBuf {
         let from = bin().with_file_name(name);
         if from.exists() {
             let to = dir.join(name);
-            std::fs::copy(&from, &to).unwrap();
+            copy_executable(&from, &to);
             std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
     }
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     dir.join("logmon")
+}
+
+/// Copies the executable `from` to `to` in a `cp` process, never through a
+/// descriptor of this one: the test threads fork all the time, and a child
+/// forked while this process held the copy open for writing keeps it open
+/// until it execs, so exec of the copy could fail with ETXTBSY ("Text file
+/// busy"; rust-lang/rust#114554). `cp`'s descriptor is closed when it exits.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let out = Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cp");
+    assert!(
+        out.status.success(),
+        "cp {} {}: {}",
+        from.display(),
+        to.display(),
+        text(&out.stderr)
+    );
 }
 
 /// `logmon` with `args`, environment cleaned of `LOGMON_*`.

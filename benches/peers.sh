@@ -47,6 +47,13 @@
 # -K to skip) a SIGKILL check: logmon is killed -9 twice mid-stream and
 # restarted; every line must still be in the files.
 #
+# Placement (-P): by default the scheduler places the writer and the logger
+# (`any`); on a small machine that alone swings a run by 2x (both on one
+# CPU, or on two, contending for the pipe's mutex). `-P one` pins both to
+# the last CPU, `-P two` the writer to CPU 0 and the logger to CPU 1
+# (taskset, before rrun: the logger's rusage is its own), so the ratios
+# measure the loggers' own costs rather than where they happened to run.
+#
 # Before/after: with LOGMON_BASE=/path/to/an/older/logmon, a logger named
 # `logmon-base` runs that binary exactly like `logmon` (same command line,
 # interleaved and rotated with the others, verified the same way, in the
@@ -77,6 +84,7 @@ KILL_RATE=${PEERS_KILL_RATE:-60}
 INSTALL=1
 OUT=
 EOF_TIMEOUT=120
+PLACE=${PEERS_PLACE:-any}
 ALL_LOGGERS=(logmon cat s6-log rotatelogs multilog svlogd limit-null limit-pipe limit-file)
 LOGMON_BASE=${LOGMON_BASE:-}
 # The baseline binary is a logger only when given (and then in the default set).
@@ -105,6 +113,9 @@ usage: $0 [options] [LOGGER...]      LOGGERs: ${ALL_LOGGERS[*]} (default: all)
   -s BYTES   rotation size (default $SIZE; <= 16 MiB for multilog)
   -k N       files kept (default $KEEP)
   -o DIR     results dir (default target/bench-results/peers-DATE)
+  -P PLACE   any (default: the scheduler places them), one (writer and logger
+             pinned to the same CPU) or two (writer on CPU 0, logger on
+             CPU 1); env PEERS_PLACE
   -K         skip the SIGKILL check
   -n         do not install missing peers (fail instead)
 limit-tee (not in the default set): limit-file by tee(2) into a private pipe,
@@ -115,11 +126,11 @@ EOF
     exit 2
 }
 
-while getopts "qr:b:l:m:d:s:k:o:Knh" o; do
+while getopts "qr:b:l:m:d:s:k:o:P:Knh" o; do
     case $o in
     q) REPS=1 BULK=64M LINE=64M KILL_BYTES=32M ;;
     r) REPS=$OPTARG ;; b) BULK=$OPTARG ;; l) LINE=$OPTARG ;; m) MODES=$OPTARG ;;
-    d) SCRATCH=$OPTARG ;; s) SIZE=$OPTARG ;; k) KEEP=$OPTARG ;; o) OUT=$OPTARG ;;
+    d) SCRATCH=$OPTARG ;; s) SIZE=$OPTARG ;; k) KEEP=$OPTARG ;; o) OUT=$OPTARG ;; P) PLACE=$OPTARG ;;
     K) KILLTEST=0 ;; n) INSTALL=0 ;; *) usage ;;
     esac
 done
@@ -145,6 +156,14 @@ for l in "${LOGGERS[@]}"; do
     case " ${ALL_LOGGERS[*]} limit-tee " in *" $l "*) ;; *) die "unknown logger '$l' (known: ${ALL_LOGGERS[*]} limit-tee)" ;; esac
 done
 ((SIZE >= 4096)) || die "rotation size must be at least 4096"
+# The prefixes that pin the logger (before rrun) and the writer.
+LPIN=() WPIN=()
+case $PLACE in
+any) ;;
+one) LPIN=(taskset -c "$(($(nproc) - 1))") WPIN=("${LPIN[@]}") ;;
+two) (($(nproc) >= 2)) || die "-P two needs 2 CPUs"; LPIN=(taskset -c 1) WPIN=(taskset -c 0) ;;
+*) die "bad placement '$PLACE' (any, one or two)" ;;
+esac
 
 # ---- cleanup: every process we start and the scratch dir ------------------
 WORK=
@@ -225,13 +244,13 @@ printf 'rep\tmode\tlogger\tbytes\twrite_MBps\tdrain_MBps\tcpu_s\tcpu_s_per_GB\tm
     if [ -n "$LOGMON_BASE" ]; then
         echo "logmon-base: $LOGMON_BASE ($(git -C "$(dirname "$LOGMON_BASE")" describe --always --dirty 2>/dev/null || echo '?'); sha256 $(sha256sum "$LOGMON_BASE" | cut -c1-16))"
     fi
-    echo "args: reps=$REPS modes='$MODES' bulk=$BULK line=$LINE line_len=$LLEN chunk=$CHUNK size=$SIZE keep=$KEEP"
+    echo "args: reps=$REPS modes='$MODES' bulk=$BULK line=$LINE line_len=$LLEN chunk=$CHUNK size=$SIZE keep=$KEEP place=$PLACE"
     echo "pipe: logmon enlarges its FIFO to $(cat /proc/sys/fs/pipe-max-size) bytes (--pipe-size default, capped by pipe-max-size); the peers read a default 64 KiB pipe"
     echo "packages: $(dpkg-query -W -f='${Package} ${Version}; ' s6 runit daemontools apache2-utils coreutils 2>/dev/null)"
 } >"$OUT/env.txt"
 
 cat >&2 <<EOF
-peers.sh: ${LOGGERS[*]} x {$MODES} x $REPS reps; bulk $BULK B, line $LINE B; rotation $SIZE B x $KEEP
+peers.sh: ${LOGGERS[*]} x {$MODES} x $REPS reps; bulk $BULK B, line $LINE B; rotation $SIZE B x $KEEP; placement $PLACE
           scratch $WORK ($FSTYPE); results $OUT
           write MB/s = writer open()->last write(); drain MB/s = writer start -> logger exit;
           CPU s/GB and peak RSS from the logger's wait4 rusage; every line verified.
@@ -323,14 +342,14 @@ run_one() { # run_one REP MODE LOGGER
         target=/dev/null
         "$BIN/rrun" -s "$run/stat" -e "$log" -- sleep 3600 &
     else
-        "$BIN/rrun" -s "$run/stat" -e "$log" "${rr[@]}" -- "${cmd[@]}" &
+        "${LPIN[@]+"${LPIN[@]}"}" "$BIN/rrun" -s "$run/stat" -e "$log" "${rr[@]}" -- "${cmd[@]}" &
     fi
     local rpid=$! wpid
     PIDS+=("$rpid")
     if is_daemonish "$name" && ! wait_ready "$run/ready" "$rpid"; then
         note+="no-ready-line;"
     fi
-    "$BIN/writer" -m "$mode" -n "$bytes" -l "$LLEN" -c "$CHUNK" "${wflags[@]+"${wflags[@]}"}" "$target" >"$run/writer.out" 2>>"$log" &
+    "${WPIN[@]+"${WPIN[@]}"}" "$BIN/writer" -m "$mode" -n "$bytes" -l "$LLEN" -c "$CHUNK" "${wflags[@]+"${wflags[@]}"}" "$target" >"$run/writer.out" 2>>"$log" &
     wpid=$!
     PIDS+=("$wpid")
     local first="" t0 i

@@ -616,6 +616,8 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
         libc::SYS_gettimeofday,
         libc::SYS_getrandom,
         libc::SYS_prlimit64,
+        // The pump's own involuntary context switches (its splice piece).
+        libc::SYS_getrusage,
         libc::SYS_uname,
         // Files and pipes: capture, rotation, purge, Reopen, the lock.
         libc::SYS_read,

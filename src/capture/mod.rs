@@ -90,8 +90,19 @@ pub trait Source {
 /// MiB files, paired runs on a shared 2-core machine): 64 KiB pieces beat
 /// 128 KiB on tmpfs in every pair (1.30–2.04×) and on ext4 in 4 of 5,
 /// likely because a shorter hold of the pipe's mutex lets the task's
-/// writes in sooner (README, "Where the gap to limit-file went").
-const SPLICE_PIECE: usize = 64 * 1024;
+/// writes in sooner (README, "Where the gap to limit-file went"). That
+/// holds while the task runs on another CPU; see [`SHARED_CPU_PIECE`].
+pub const SPLICE_PIECE: usize = 64 * 1024;
+
+/// The piece while logmon shares its CPU with the task writing to it
+/// ([`Pump`] finds out from its own involuntary context switches). Then
+/// each piece wakes the blocked task, which preempts logmon, writes, and
+/// blocks again: one switch each way per piece (15,600 per GiB at 64 KiB,
+/// 4,100 at 256 KiB, `/proc/PID/status`), and a shorter hold of the mutex
+/// lets in no write, since the task cannot run meanwhile anyway. Measured
+/// with the writer and logmon pinned to one CPU (README, "Issue 16,
+/// placement pinned").
+pub const SHARED_CPU_PIECE: usize = 256 * 1024;
 
 /// A FIFO as a [`Source`].
 #[derive(Debug)]
@@ -100,10 +111,12 @@ pub struct PipeSource<'a> {
     peeker: &'a mut pipe::Peeker,
     devnull: &'a File,
     capacity: usize,
+    piece: usize,
 }
 
 impl<'a> PipeSource<'a> {
-    /// Wraps the FIFO `fd` of `capacity` bytes.
+    /// Wraps the FIFO `fd` of `capacity` bytes; moves bytes in pieces of
+    /// [`SPLICE_PIECE`].
     pub fn new(
         fd: BorrowedFd<'a>,
         capacity: usize,
@@ -115,7 +128,14 @@ impl<'a> PipeSource<'a> {
             peeker,
             devnull,
             capacity,
+            piece: SPLICE_PIECE,
         }
+    }
+
+    /// Moves bytes in pieces of at most `piece` bytes (at least 1).
+    pub fn with_piece(mut self, piece: usize) -> Self {
+        self.piece = piece.max(1);
+        self
     }
 }
 
@@ -134,7 +154,7 @@ impl Source for PipeSource<'_> {
         // its writes in between.
         let mut done = 0;
         while done < len {
-            let piece = (len - done).min(SPLICE_PIECE);
+            let piece = (len - done).min(self.piece);
             match pipe::splice_to_file(self.fd, file.as_fd(), offset + done as u64, piece) {
                 Ok(0) => break,
                 Ok(n) => done += n,

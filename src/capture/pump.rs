@@ -5,6 +5,13 @@
 //! Guarantees kept here: no syscalls while idle, no timers unless a
 //! partial line or a write error waits (`tests/it/capture.rs`), and a stop
 //! drains everything left before it returns.
+//!
+//! It also picks the splice piece: [`SPLICE_PIECE`] while the task runs
+//! on another CPU, [`SHARED_CPU_PIECE`] while a pass finds logmon
+//! preempted, which is what sharing a CPU with the task looks like
+//! ([`shares_cpu`]; unit tests below, and
+//! `tests/it/capture.rs::a_task_on_logmons_own_cpu_gets_every_line_whole`
+//! for the bytes).
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -15,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::pipe::Peeker;
 use super::sigio::DataSignal;
-use super::{Drained, PipeSource, StreamCapture};
+use super::{Drained, PipeSource, StreamCapture, SHARED_CPU_PIECE, SPLICE_PIECE};
 
 /// A stream's capture shared between its pump and the control server
 /// (one thread: a `RefCell` is enough, and it is never held across an await).
@@ -93,6 +100,9 @@ pub struct Pump {
     blocked: bool,
     /// Bytes moved by the last draining phase.
     phase_bytes: u64,
+    /// The last pass that could tell found logmon sharing its CPU with a
+    /// runnable task ([`shares_cpu`]).
+    shared_cpu: bool,
 }
 
 /// Where a [`Pump`] is.
@@ -144,6 +154,7 @@ impl Pump {
             left: 0,
             blocked: false,
             phase_bytes: 0,
+            shared_cpu: false,
         };
         p.wait(now);
         Ok(p)
@@ -269,18 +280,40 @@ impl Pump {
     /// Drains once; returns the outcome, whether bytes moved, whether they
     /// came too fast to wait, and how many were left in the pipe.
     fn drain(&mut self, stopping: bool) -> io::Result<Pass> {
+        let piece = if self.shared_cpu {
+            SHARED_CPU_PIECE
+        } else {
+            SPLICE_PIECE
+        };
         let mut src = PipeSource::new(
             self.fd.as_fd(),
             self.capacity,
             &mut self.peeker,
             &self.devnull,
-        );
+        )
+        .with_piece(piece);
         let mut c = self.capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let errors_before = c.stats.write_errors;
         let now = Instant::now();
+        let switches = involuntary_switches();
         let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
+        // Read again only when the pass could tell (more than one piece).
+        let preempted = switches
+            .filter(|_| moved > piece as u64)
+            .zip(involuntary_switches())
+            .map(|(a, b)| b.saturating_sub(a));
+        let shared = shares_cpu(self.shared_cpu, moved, piece, preempted);
+        if shared != self.shared_cpu {
+            let now_pieces = if shared {
+                "preempted while draining (a task runs on this CPU): larger splice pieces"
+            } else {
+                "no longer preempted while draining: smaller splice pieces"
+            };
+            tracing::debug!(stream = %c.stream(), "{now_pieces}");
+            self.shared_cpu = shared;
+        }
         let elapsed = now.duration_since(self.last_drain).as_nanos().max(1);
         self.last_drain = now;
         let longest_wait = 2 * BATCH_WAIT.as_nanos();
@@ -332,10 +365,60 @@ struct Pass {
     left: usize,
 }
 
+/// Whether the next pass should splice in [`SHARED_CPU_PIECE`]s: decided
+/// by a pass that moved more than one `piece` (only between two pieces can
+/// the task, woken by the first, preempt logmon): preempted during it
+/// (`preempted` involuntary context switches) means the task, or another,
+/// runs on logmon's CPU. A pass of one piece, or an unknown count, keeps
+/// the `last` decision.
+fn shares_cpu(last: bool, moved: u64, piece: usize, preempted: Option<u64>) -> bool {
+    match preempted {
+        Some(n) if moved > piece as u64 => n > 0,
+        _ => last,
+    }
+}
+
+/// The daemon thread's involuntary context switches so far
+/// (`getrusage(RUSAGE_THREAD)`); `None` if it cannot be read.
+fn involuntary_switches() -> Option<u64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let n = getrusage(UsageWho::RUSAGE_THREAD)
+        .ok()?
+        .involuntary_context_switches();
+    u64::try_from(n).ok()
+}
+
 fn deadline_of(d: Drained) -> Option<Instant> {
     match d {
         Drained::Empty | Drained::More => None,
         Drained::Held { deadline } => Some(deadline),
         Drained::Blocked { retry_at } => Some(retry_at),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preempted_multi_piece_pass_switches_to_the_shared_cpu_piece_and_back() {
+        let p = SPLICE_PIECE;
+        let many = 2 * SHARED_CPU_PIECE as u64;
+        assert!(shares_cpu(false, many, p, Some(3)));
+        assert!(!shares_cpu(true, many, SHARED_CPU_PIECE, Some(0)));
+    }
+
+    #[test]
+    fn a_pass_of_one_piece_or_an_unknown_count_keeps_the_last_decision() {
+        for last in [false, true] {
+            // One piece: no chance for the task to run between two.
+            assert_eq!(
+                shares_cpu(last, SPLICE_PIECE as u64, SPLICE_PIECE, Some(5)),
+                last
+            );
+            assert_eq!(shares_cpu(last, 100, SPLICE_PIECE, Some(0)), last);
+            // getrusage refused (e.g. by a foreign seccomp policy).
+            assert_eq!(shares_cpu(last, 1 << 20, SPLICE_PIECE, None), last);
+        }
     }
 }

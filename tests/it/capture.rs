@@ -426,6 +426,89 @@ fn restart_completes_a_half_written_line_byte_exact() {
     assert_eq!(indices(d.path(), "t", Stream::Stdout), vec![0]);
 }
 
+/// Pins the calling thread (and what it spawns from now on) to the CPU it
+/// runs on; returns that CPU.
+fn pin_to_this_cpu() -> usize {
+    use nix::libc;
+    // SAFETY: sched_getcpu takes no arguments; the cpu_set_t is a plain
+    // bit set, zeroed, then filled by CPU_SET within its size, and
+    // sched_setaffinity only reads it.
+    unsafe {
+        let cpu = usize::try_from(libc::sched_getcpu()).expect("sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(
+            r,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        cpu
+    }
+}
+
+/// The task and logmon on one CPU, as on a busy node: every piece of a
+/// drain wakes the task, which preempts logmon, so logmon moves larger
+/// pieces (`capture::SHARED_CPU_PIECE`, which it says at debug level);
+/// every line arrives once, in order and whole, and no file passes the
+/// limit. (The fewer context switches and the rate are shown by
+/// `benches/peers.sh -P one`.)
+#[test]
+fn a_task_on_logmons_own_cpu_gets_every_line_whole() {
+    const N: u64 = 300_000; // 16.8 MB, 64 KiB writes
+    let d = tempfile::tempdir().unwrap();
+    let cpu = pin_to_this_cpu();
+    let diag = d.path().join("diag.log");
+    let child = support::logmon(&[
+        "run",
+        "--task",
+        "t",
+        "--log-dir",
+        dir_str(d.path()),
+        "--max-file-size",
+        "1MiB",
+        "--max-files",
+        "1000",
+    ])
+    .env("LOGMON_LOG", "debug")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(File::create(&diag).unwrap())
+    .spawn()
+    .unwrap();
+    let dm = Daemon::from_child(child, || std::fs::read_to_string(&diag).unwrap_or_default());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", dm.child.id())).unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(allowed, cpu.to_string(), "logmon is not on the task's CPU");
+    // Made first, so the task writes as fast as the pipe takes it, as a
+    // bulk writer does: logmon then finds the pipe full, not a line.
+    let bytes: Vec<u8> = (0..N).flat_map(|i| numbered_line(i).into_bytes()).collect();
+    let mut task =
+        logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stdout)).unwrap();
+    for chunk in bytes.chunks(64 * 1024) {
+        task.write_all(chunk).unwrap();
+    }
+    wait_for_size(d.path(), "t", Stream::Stdout, N * LINE, BULK);
+    stop(dm);
+    assert_sizes(d.path(), "t", Stream::Stdout, 1024 * 1024);
+    let got = files(d.path(), "t", Stream::Stdout);
+    for (n, b) in &got[..got.len() - 1] {
+        assert!(b.ends_with(b"\n"), "t.stdout.{n} ends mid-line");
+    }
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, N);
+    let said = std::fs::read_to_string(&diag).unwrap();
+    assert!(
+        said.contains("larger splice pieces"),
+        "logmon never noticed it shares the task's CPU; it said:\n{said}"
+    );
+}
+
 #[test]
 fn kill_9_mid_stream_loses_no_line() {
     const N: u64 = 300_000; // 16.8 MB

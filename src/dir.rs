@@ -529,6 +529,65 @@ impl Dir {
         })
     }
 
+    /// What a reader may believe about names in this directory, from an
+    /// `fstat` of its descriptor now ([`Trust`]).
+    pub fn trust(&self) -> io::Result<Trust> {
+        Ok(Trust::of(&nix::sys::stat::fstat(&self.fd)?))
+    }
+
+    /// Reads the whole of `name`, a regular file of at most `cap` bytes,
+    /// with the file's `fstat`; `Ok(None)` when nothing is there. What
+    /// sits at the name is looked at first and opened only if it is a
+    /// regular file, then opened non-blocking without following a link
+    /// and checked again: a FIFO, a device or a directory is
+    /// [`SmallReadError::NotRegular`], a file over `cap` bytes (a sparse
+    /// one included) is [`SmallReadError::TooLarge`], and at most `cap`
+    /// bytes are ever read, however the file grows meanwhile. Every small
+    /// file a reader takes from a shared directory (index headers, state,
+    /// positions, metadata, cursors) comes through here.
+    pub fn read_small(
+        &self,
+        name: impl AsRef<OsStr>,
+        cap: u64,
+    ) -> Result<Option<(Vec<u8>, FileStat)>, SmallReadError> {
+        use std::io::Read;
+        let name = name.as_ref();
+        let shown = || name.to_string_lossy().into_owned();
+        let io_err = |source: io::Error| SmallReadError::Io {
+            name: shown(),
+            source,
+        };
+        let not_regular = |st: &FileStat| SmallReadError::NotRegular {
+            name: shown(),
+            kind: kind_of(st),
+        };
+        match self.stat(name).map_err(io_err)? {
+            None => return Ok(None),
+            Some(st) if !is_type(&st, SFlag::S_IFREG) => return Err(not_regular(&st)),
+            Some(_) => {}
+        }
+        let file = match self.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(e)),
+        };
+        let st = nix::sys::stat::fstat(&file).map_err(|e| io_err(e.into()))?;
+        if !is_type(&st, SFlag::S_IFREG) {
+            return Err(not_regular(&st));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+        if size > cap {
+            return Err(SmallReadError::TooLarge {
+                name: shown(),
+                size,
+                cap,
+            });
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        file.take(cap).read_to_end(&mut bytes).map_err(io_err)?;
+        Ok(Some((bytes, st)))
+    }
+
     /// Whether the directory itself was removed (no link left).
     pub fn is_deleted(&self) -> bool {
         nix::sys::stat::fstat(&self.fd).is_ok_and(|st| st.st_nlink == 0)
@@ -580,6 +639,107 @@ impl Dir {
     }
 }
 
+/// What a reader may believe about the names in a directory a task
+/// shares (DESIGN.md §9): who owns it, and whether others can rename or
+/// remove names in it. Taken from an `fstat` of the directory's
+/// descriptor ([`Dir::trust`]), so it describes the directory opened, not
+/// whatever its path names now.
+///
+/// A file is logmon's own when it is a regular file with one link, owned
+/// by root, by the reader's euid or by the directory's owner, *and* it
+/// sits in a directory where no one else can have renamed it there: the
+/// sticky bit is set (logmon sets it), or the directory is writable only
+/// by its owner. A task's own files fail the first test; logmon's files
+/// renamed by the task (a stream of the task's own, renamed to another
+/// task's name or to a metadata name) are ruled out by the second.
+/// Tests: `trust_rules_out_foreign_files_and_renamable_directories` below;
+/// `tests/it/hostile.rs` through the readers and the shipper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trust {
+    owner: u32,
+    mode: u32,
+    euid: u32,
+}
+
+impl Trust {
+    /// The trust a directory of this `fstat` gives.
+    pub fn of(st: &FileStat) -> Trust {
+        Trust {
+            owner: st.st_uid,
+            mode: st.st_mode,
+            euid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+
+    /// The directory's owner.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Whether the sticky bit is set.
+    pub fn sticky(&self) -> bool {
+        self.mode & Mode::S_ISVTX.bits() != 0
+    }
+
+    /// Why users other than the directory's owner (and root) could rename
+    /// or remove other users' names in it, or `None` when they cannot:
+    /// the sticky bit is set, or it is writable by its owner alone.
+    pub fn renamable_by_others(&self) -> Option<&'static str> {
+        let others_write = self.mode & 0o022 != 0;
+        (others_write && !self.sticky())
+            .then_some("it is writable by others and has no sticky bit (chmod +t)")
+    }
+
+    /// Why the file of `st` (an `fstat` of what was opened, or an
+    /// `lstat` through the handle) is not one logmon made, or `None` when
+    /// it is: see the type's docs.
+    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
+        if !is_type(st, SFlag::S_IFREG) {
+            return Some(kind_of(st).to_owned());
+        }
+        if st.st_nlink != 1 {
+            return Some(format!("hard link ({} links)", st.st_nlink));
+        }
+        if st.st_uid != 0 && st.st_uid != self.euid && st.st_uid != self.owner {
+            return Some(format!("file owned by uid {}", st.st_uid));
+        }
+        None
+    }
+}
+
+/// Why a small file of a shared directory was not read
+/// ([`Dir::read_small`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SmallReadError {
+    /// Something other than a regular file sits at the name (never
+    /// opened: a FIFO would hang, a device could act).
+    #[error("{name} is a {kind}, not a regular file")]
+    NotRegular {
+        /// The name.
+        name: String,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Larger than the caller's cap (a sparse file included): not read.
+    #[error("{name} holds {size} bytes, more than the {cap} a file of its kind may")]
+    TooLarge {
+        /// The name.
+        name: String,
+        /// Its size.
+        size: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// The OS refused (permissions, I/O, a symlink at the name).
+    #[error("{name}: {source}")]
+    Io {
+        /// The name.
+        name: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
 /// Checks that `name` is one path component (no `/`, not `.`/`..`, not
 /// empty): a [`Dir`] never resolves more than one name.
 fn one_component(name: &OsStr) -> io::Result<&OsStr> {
@@ -597,10 +757,70 @@ fn one_component(name: &OsStr) -> io::Result<&OsStr> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
-    use std::os::unix::fs::{symlink, MetadataExt};
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
     fn wr() -> OFlag {
         OFlag::O_WRONLY
+    }
+
+    #[test]
+    fn trust_rules_out_foreign_files_and_renamable_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let t = dir.trust().unwrap();
+        assert!(t.renamable_by_others().is_some());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let t = dir.trust().unwrap();
+        assert!(t.sticky() && t.renamable_by_others().is_none());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(dir.trust().unwrap().renamable_by_others().is_none());
+        std::fs::write(d.path().join("own"), b"x").unwrap();
+        let st = dir.stat("own").unwrap().unwrap();
+        assert_eq!(t.foreign_file(&st), None);
+        std::fs::hard_link(d.path().join("own"), d.path().join("link")).unwrap();
+        let st = dir.stat("own").unwrap().unwrap();
+        assert!(t.foreign_file(&st).unwrap().contains("hard link"));
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        let st = dir.stat("sub").unwrap().unwrap();
+        assert_eq!(t.foreign_file(&st).as_deref(), Some("directory"));
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(d.path().join("sub"), Some(65534), None).unwrap();
+            std::fs::write(d.path().join("theirs"), b"x").unwrap();
+            std::os::unix::fs::chown(d.path().join("theirs"), Some(65534), None).unwrap();
+            let st = dir.stat("theirs").unwrap().unwrap();
+            assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+        }
+    }
+
+    #[test]
+    fn read_small_reads_only_small_regular_files_and_never_hangs() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        assert!(dir.read_small("none", 64).unwrap().is_none());
+        std::fs::write(d.path().join("small"), b"12 34\n").unwrap();
+        let (b, st) = dir.read_small("small", 64).unwrap().unwrap();
+        assert_eq!((b.as_slice(), st.st_size), (&b"12 34\n"[..], 6));
+        // Sparse and huge: refused from its size, nothing read.
+        let f = std::fs::File::create(d.path().join("sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        assert!(matches!(
+            dir.read_small("sparse", 64),
+            Err(SmallReadError::TooLarge { size, .. }) if size == 1 << 40
+        ));
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(matches!(
+            dir.read_small("fifo", 64),
+            Err(SmallReadError::NotRegular { kind: "FIFO", .. })
+        ));
+        symlink(d.path().join("small"), d.path().join("link")).unwrap();
+        assert!(matches!(
+            dir.read_small("link", 64),
+            Err(SmallReadError::NotRegular {
+                kind: "symlink",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -221,6 +221,40 @@ impl Dir {
         })
     }
 
+    /// A handle of a directory already opened by the caller (`fd`, which
+    /// must be a directory; `path` for messages only): used where a
+    /// directory was reached through another handle with `O_NOFOLLOW`, so
+    /// no path is walked again. It has no parent to [`Dir::recreate`] in.
+    pub fn from_fd(fd: OwnedFd, path: PathBuf) -> io::Result<Dir> {
+        let st = nix::sys::stat::fstat(&fd)?;
+        if !is_type(&st, SFlag::S_IFDIR) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", path.display()),
+            ));
+        }
+        Ok(Dir {
+            fd,
+            path,
+            id: FileId::of(&st),
+            parent: None,
+        })
+    }
+
+    /// Opens the existing directory `name` inside this one without
+    /// following a symlink (`ELOOP`/`ENOTDIR` for a symlink or a file)
+    /// and without creating it; it has no parent to recreate it in.
+    pub fn open_child(&self, name: impl AsRef<OsStr>) -> io::Result<Dir> {
+        let name = one_component(name.as_ref())?;
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Dir::from_fd(fd, self.path.join(name))
+    }
+
     /// The path the directory was opened by (absolute), for messages.
     pub fn path(&self) -> &Path {
         &self.path

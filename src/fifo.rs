@@ -284,7 +284,7 @@ pub fn lock_reader(fd: BorrowedFd<'_>, path: &Path) -> Result<(), FifoError> {
 /// The pid holding a `flock` on the file `dev`:`ino`, from /proc/locks
 /// (`1: FLOCK  ADVISORY  WRITE 123 00:1a:4567 0 EOF`; device numbers in
 /// hex, waiters marked `->` are skipped).
-fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+pub(crate) fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
     let text = std::fs::read_to_string("/proc/locks").ok()?;
     parse_flock_holder(&text, dev, ino)
 }

@@ -533,7 +533,7 @@ pub fn daemon_main() -> ! {
 
 /// For a clap error about a flag that was not on the command line but set
 /// through its `LOGMON_*` variable, the words naming that variable.
-fn env_context(e: &clap::Error) -> String {
+fn env_context(e: &clap::Error, var_prefix: &str) -> String {
     use clap::error::{ContextKind, ContextValue};
     let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
         return String::new();
@@ -546,7 +546,7 @@ fn env_context(e: &clap::Error) -> String {
         return String::new();
     };
     let on_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
-    let var = format!("LOGMON_{}", flag[2..].replace('-', "_").to_uppercase());
+    let var = format!("{var_prefix}{}", flag[2..].replace('-', "_").to_uppercase());
     if !on_line && std::env::var_os(&var).is_some() {
         format!(" (set by environment variable {var})")
     } else {
@@ -557,6 +557,12 @@ fn env_context(e: &clap::Error) -> String {
 /// Reports a clap error (help and version go to stdout, exit 0) and
 /// returns the exit code.
 fn clap_failure(e: &clap::Error) -> i32 {
+    clap_failure_of(e, "logmon", "LOGMON_")
+}
+
+/// [`clap_failure`] for `program`, whose flags read variables named
+/// `var_prefix` + the flag (so a bad value from a variable names it).
+pub(crate) fn clap_failure_of(e: &clap::Error, program: &str, var_prefix: &str) -> i32 {
     use clap::error::ErrorKind;
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
@@ -571,9 +577,9 @@ fn clap_failure(e: &clap::Error) -> i32 {
     }
     let _ = writeln!(
         std::io::stderr(),
-        "logmon: error: {}{} (see 'logmon --help')",
+        "{program}: error: {}{} (see '{program} --help')",
         clap_error_line(e),
-        env_context(e)
+        env_context(e, var_prefix)
     );
     EXIT_USAGE
 }
@@ -650,7 +656,11 @@ pub fn main() -> ! {
         Err(e) => std::process::exit(clap_failure(&e)),
     };
     let daemon = matches!(cli.command, Command::Run(_));
-    init_tracing(if daemon { "info" } else { "warn" });
+    // `ship` execs logmon-ship at once, which sets up its own (one
+    // warning about a bad LOGMON_LOG, not two).
+    if !matches!(cli.command, Command::Ship(_)) {
+        init_tracing(if daemon { "info" } else { "warn" });
+    }
     std::process::exit(dispatch(cli));
 }
 

@@ -1,27 +1,34 @@
 //! The command line of `logmon-ship` (`logmon ship` execs it): flags, each
-//! also a `LOGMON_SHIP_*` variable; connection and authentication; one-line
-//! errors with an exit code (2 bad configuration — including an `--nkey`
-//! that is not a user's seed, checked before connecting; 1 refused by the
-//! server or a failed TLS handshake, which async-nats reports as an I/O
-//! error; 75 server unreachable); `--status`.
+//! also a `LOGMON_SHIP_*` variable (a bad value names the variable it came
+//! from); everything checkable is checked before connecting — the pattern,
+//! the subject, the files the flags name, the state directory, its lock
+//! and its state — and fails with one line and exit 2 naming the flag;
+//! then connection and authentication (1 refused by the server or a failed
+//! TLS handshake, 75 server unreachable); `--status`.
 //!
-//! Tests: `tests/it/ship.rs` (`bad_configuration_…`, `status_…`,
-//! `nkey_authentication_…`, `tls_ships_with_the_right_ca_…`).
+//! Tests: `tests/it/ship.rs` (`bad_configuration_…`, the error matrix
+//! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
 
-use super::{scan, state, Config, Shipper};
+use super::scan::{Pattern, Template};
+use super::{state, Config, Shipper};
 
 /// Exit code: bad flags or configuration.
 pub const EXIT_USAGE: i32 = 2;
-/// Exit code: the server refused (credentials, TLS, missing stream).
+/// Exit code: the server refused (credentials, TLS, missing stream), or
+/// another shipper holds the state directory.
 pub const EXIT_FAILURE: i32 = 1;
 /// Exit code: the server could not be reached (try again later).
 pub const EXIT_TEMPFAIL: i32 = 75;
+/// The most replicas JetStream keeps of a stream.
+const MAX_REPLICAS: usize = 5;
+/// The longest `--max-delay`.
+const MAX_DELAY: Duration = Duration::from_secs(10);
 
 /// logmon ship: publish the node's task logs into a NATS JetStream stream, exactly once.
 #[derive(Debug, Parser)]
@@ -42,10 +49,12 @@ pub struct Args {
     /// A root watched (inotify) for log directories matching --pattern.
     #[arg(long, env = "LOGMON_SHIP_WATCH", requires = "pattern")]
     pub watch: Option<PathBuf>,
-    /// Glob of a log directory's path relative to --watch (e.g. */alloc/logs).
+    /// Glob of a log directory's path relative to --watch (e.g. */alloc/logs),
+    /// with the wildcards `*` and `?` within a component; each component
+    /// holding one is a capture for --subject: {1}, {2}, …
     #[arg(long, env = "LOGMON_SHIP_PATTERN", requires = "watch")]
     pub pattern: Option<String>,
-    /// Subject template: {task}, {stream}, any --meta key.
+    /// Subject template: {task}, {stream}, {1}…{9} (captures of --pattern), any --meta key.
     #[arg(
         long,
         env = "LOGMON_SHIP_SUBJECT",
@@ -55,20 +64,25 @@ pub struct Args {
     /// Create the stream if it does not exist.
     #[arg(long, env = "LOGMON_SHIP_CREATE_STREAM", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
     pub create_stream: bool,
-    /// Replicas of a stream created by --create-stream.
-    #[arg(long, env = "LOGMON_SHIP_REPLICAS", default_value_t = 1)]
+    /// Replicas of a stream created by --create-stream (1 to 5).
+    #[arg(long, env = "LOGMON_SHIP_REPLICAS", default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPLICAS as u64))]
     pub replicas: usize,
+    /// After a quiet spell, how long the first write waits for more to ship
+    /// them in one round (0 ships at once; at most 10s).
+    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "100ms", value_parser = parse_delay)]
+    pub max_delay: Duration,
     /// User name (with --password).
-    #[arg(long, env = "LOGMON_SHIP_USER", requires = "password")]
+    #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]
     pub user: Option<String>,
     /// Password (with --user).
     #[arg(long, env = "LOGMON_SHIP_PASSWORD", requires = "user")]
     pub password: Option<String>,
     /// Authentication token.
-    #[arg(long, env = "LOGMON_SHIP_TOKEN")]
+    #[arg(long, env = "LOGMON_SHIP_TOKEN", conflicts_with_all = ["creds", "nkey"])]
     pub token: Option<String>,
     /// NATS credentials file (JWT + NKEY seed).
-    #[arg(long, env = "LOGMON_SHIP_CREDS")]
+    #[arg(long, env = "LOGMON_SHIP_CREDS", conflicts_with = "nkey")]
     pub creds: Option<PathBuf>,
     /// NKEY seed (SU…).
     #[arg(long, env = "LOGMON_SHIP_NKEY")]
@@ -85,6 +99,24 @@ pub struct Args {
     /// Print the state in --state-dir as JSON and exit.
     #[arg(long, env = "LOGMON_SHIP_STATUS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
     pub status: bool,
+}
+
+/// `--max-delay`: a duration (`100ms`, `2s`, `0`) up to [`MAX_DELAY`].
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration: write it as 100ms, 2s or 0");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "" if n == 0 => Duration::ZERO,
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return Err(bad()),
+    };
+    if d > MAX_DELAY {
+        return Err(format!("at most {}s", MAX_DELAY.as_secs()));
+    }
+    Ok(d)
 }
 
 /// A one-line error and its exit code.
@@ -107,31 +139,11 @@ fn fail(code: i32, message: impl Into<String>) -> Failure {
 pub fn main() -> ! {
     let args = match Args::try_parse() {
         Ok(a) => a,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                std::process::exit(0);
-            }
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            let more: Vec<&str> = text
-                .lines()
-                .skip(1)
-                .take_while(|l| l.starts_with("  "))
-                .map(str::trim)
-                .collect();
-            let _ = writeln!(
-                std::io::stderr(),
-                "logmon ship: error: {first} {} (see 'logmon ship --help')",
-                more.join(", ")
-            );
-            std::process::exit(EXIT_USAGE);
-        }
+        Err(e) => std::process::exit(crate::cli::clap_failure_of(
+            &e,
+            "logmon ship",
+            "LOGMON_SHIP_",
+        )),
     };
     init_tracing();
     let code = match run(args) {
@@ -164,74 +176,20 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Prints the status JSON of the state in `dir`.
-fn status(dir: &std::path::Path) -> Result<(), Failure> {
-    let st = state::load(dir).map_err(|e| fail(EXIT_FAILURE, e.to_string()))?;
-    let streams: Vec<serde_json::Value> = st
-        .streams
-        .values()
-        .map(|s| {
-            serde_json::json!({
-                "dir": s.dir, "task": s.task, "stream": s.stream,
-                "file": s.file, "offset": s.offset,
-                "shipped_bytes": s.shipped_bytes, "shipped_messages": s.shipped_messages,
-                "duplicates": s.duplicates,
-                "lag_bytes": s.lag_bytes, "lag_seconds": s.lag_seconds,
-                "errors": s.errors, "last_error": s.last_error,
-                "gap_bytes": s.gap_bytes, "gaps": s.gaps,
-            })
-        })
-        .collect();
-    let j = serde_json::json!({ "streams": streams });
-    println!("{j}");
-    Ok(())
+/// What was checked before connecting.
+struct Checked {
+    urls: String,
+    addrs: Vec<async_nats::ServerAddr>,
+    stream: String,
+    cfg: Config,
 }
 
 fn run(args: Args) -> Result<(), Failure> {
     if args.status {
-        return status(&args.state_dir);
+        return super::status::print(&args.state_dir);
     }
-    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
-        return Err(fail(EXIT_USAGE, "--nats and --stream are required"));
-    };
-    if args.log_dirs.is_empty() && args.watch.is_none() {
-        return Err(fail(
-            EXIT_USAGE,
-            "nothing to ship: give --log-dir DIR (repeatable) or --watch ROOT --pattern GLOB",
-        ));
-    }
-    let mut addrs = Vec::new();
-    for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        let a: async_nats::ServerAddr = u
-            .parse()
-            .map_err(|e| fail(EXIT_USAGE, format!("bad NATS URL {u:?}: {e}")))?;
-        addrs.push(a);
-    }
-    if addrs.is_empty() {
-        return Err(fail(EXIT_USAGE, "--nats names no server"));
-    }
-    if let Some(k) = &args.nkey {
-        check_nkey(k)?;
-    }
-    for d in &args.log_dirs {
-        if !d.is_dir() {
-            return Err(fail(
-                EXIT_USAGE,
-                format!(
-                    "log directory {} does not exist or is not a directory",
-                    d.display()
-                ),
-            ));
-        }
-    }
-    std::fs::create_dir_all(&args.state_dir).map_err(|e| {
-        fail(
-            EXIT_USAGE,
-            format!("state directory {}: {e}", args.state_dir.display()),
-        )
-    })?;
-    // Fail now on a corrupt state rather than after connecting.
-    state::load(&args.state_dir).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    let checked = check(&args)?;
+    let locked = lock_state(&args.state_dir)?;
     // Before the runtime and any thread it may start: see crate::signals.
     let signals = crate::signals::Blocked::new(&crate::signals::STOP)
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
@@ -239,7 +197,149 @@ fn run(args: Args) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
-    rt.block_on(serve(args, addrs, stream, signals))
+    rt.block_on(serve(args, checked, locked, signals))
+}
+
+/// Everything about the flags that can be judged before connecting.
+fn check(args: &Args) -> Result<Checked, Failure> {
+    let usage = |m: String| fail(EXIT_USAGE, m);
+    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
+        return Err(usage("--nats and --stream are required".into()));
+    };
+    if args.log_dirs.is_empty() && args.watch.is_none() {
+        return Err(usage(
+            "nothing to ship: give --log-dir DIR (repeatable) or --watch ROOT --pattern GLOB"
+                .into(),
+        ));
+    }
+    let mut addrs = Vec::new();
+    for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let a: async_nats::ServerAddr = u
+            .parse()
+            .map_err(|e| usage(format!("bad NATS URL {u:?}: {e}")))?;
+        addrs.push(a);
+    }
+    if addrs.is_empty() {
+        return Err(usage("--nats names no server".into()));
+    }
+    if let Some(k) = &args.nkey {
+        check_nkey(k)?;
+    }
+    for (flag, file) in [
+        ("--tls-ca", &args.tls_ca),
+        ("--tls-cert", &args.tls_cert),
+        ("--tls-key", &args.tls_key),
+        ("--creds", &args.creds),
+    ] {
+        if let Some(f) = file {
+            check_readable(flag, f)?;
+        }
+    }
+    for d in &args.log_dirs {
+        check_dir("--log-dir", d)?;
+    }
+    let watch = match (&args.watch, &args.pattern) {
+        (Some(root), Some(p)) => {
+            check_dir("--watch", root)?;
+            let pattern = Pattern::parse(p).map_err(|e| usage(e.to_string()))?;
+            let root = std::path::absolute(root)
+                .map_err(|e| usage(format!("--watch {}: {e}", root.display())))?;
+            Some((root, pattern))
+        }
+        _ => None,
+    };
+    let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
+    let subject = Template::parse(&args.subject, captures).map_err(|e| usage(e.to_string()))?;
+    Ok(Checked {
+        urls,
+        addrs,
+        stream,
+        cfg: Config {
+            log_dirs: args.log_dirs.clone(),
+            watch,
+            subject,
+            state_dir: args.state_dir.clone(),
+            delay: args.max_delay,
+            fd_budget: raise_open_file_limit(),
+        },
+    })
+}
+
+/// A directory a flag names: there, and a directory.
+fn check_dir(flag: &str, d: &Path) -> Result<(), Failure> {
+    match std::fs::metadata(d) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(fail(
+            EXIT_USAGE,
+            format!("{flag} {} is not a directory", d.display()),
+        )),
+        Err(e) => Err(fail(EXIT_USAGE, format!("{flag} {}: {e}", d.display()))),
+    }
+}
+
+/// A file a flag names: a regular file this user can read.
+fn check_readable(flag: &str, f: &Path) -> Result<(), Failure> {
+    match std::fs::File::open(f).and_then(|h| h.metadata()) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(fail(
+            EXIT_USAGE,
+            format!("{flag} {} is not a regular file", f.display()),
+        )),
+        Err(e) => Err(fail(EXIT_USAGE, format!("{flag} {}: {e}", f.display()))),
+    }
+}
+
+/// The state directory: created if missing, a directory, this shipper's
+/// alone (its lock), its state readable and writable.
+fn lock_state(dir: &Path) -> Result<(state::Lock, state::Journal, state::State), Failure> {
+    use super::ShipError;
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(fail(
+            EXIT_USAGE,
+            format!(
+                "--state-dir {} is not a directory: give a directory (it is created if missing)",
+                dir.display()
+            ),
+        )),
+        Ok(_) => {}
+        Err(_) => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .create(dir)
+                .map_err(|e| fail(EXIT_USAGE, format!("--state-dir {}: {e}", dir.display())))?;
+        }
+    }
+    Shipper::lock_state(dir).map_err(|e| match e {
+        ShipError::State(s @ state::StateError::Locked { .. }) => fail(EXIT_FAILURE, s.to_string()),
+        ShipError::State(state::StateError::Io { path, source }) => fail(
+            EXIT_USAGE,
+            format!(
+                "--state-dir {}: cannot write {}: {source}: give a directory this user can write",
+                dir.display(),
+                path.display()
+            ),
+        ),
+        other => fail(EXIT_USAGE, other.to_string()),
+    })
+}
+
+/// Raises the soft limit of open files to the hard one (as most runtimes
+/// do) and returns the descriptors the shipper may keep open.
+fn raise_open_file_limit() -> usize {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024 - 64;
+    };
+    let soft = if hard > soft && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    // Keep 64 for the connection, the state, inotify and the runtime;
+    // more than 65,536 would only hold descriptors no round needs.
+    usize::try_from(soft.min(65_536))
+        .unwrap_or(1024)
+        .saturating_sub(64)
 }
 
 /// Checks an `--nkey` seed now: the client would only parse it while
@@ -267,7 +367,7 @@ async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
         o = o
             .credentials_file(c)
             .await
-            .map_err(|e| fail(EXIT_USAGE, format!("credentials file {}: {e}", c.display())))?;
+            .map_err(|e| fail(EXIT_USAGE, format!("--creds {}: {e}", c.display())))?;
     }
     if let (Some(u), Some(p)) = (&args.user, &args.password) {
         o = o.user_and_password(u.clone(), p.clone());
@@ -295,8 +395,8 @@ async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
 
 async fn serve(
     args: Args,
-    addrs: Vec<async_nats::ServerAddr>,
-    stream: String,
+    checked: Checked,
+    locked: (state::Lock, state::Journal, state::State),
     signals: crate::signals::Blocked,
 ) -> Result<(), Failure> {
     let mut signals = signals
@@ -305,20 +405,14 @@ async fn serve(
     // A stop while connecting ends the shipper at once, with nothing to
     // save (it has published nothing yet).
     let connected = tokio::select! {
-        r = connect(&args, addrs, &stream) => r?,
+        r = connect(&args, &checked) => r?,
         _ = signals.recv() => return Ok(()),
     };
     let (js, max_payload) = connected;
-    let cfg = Config {
-        log_dirs: args.log_dirs.clone(),
-        watch: args.watch.clone().zip(args.pattern.clone()),
-        subject: args.subject.clone(),
-        state_dir: args.state_dir.clone(),
-    };
-    let mut shipper =
-        Shipper::new(cfg, js, max_payload).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    let mut shipper = Shipper::new(checked.cfg, js, max_payload, locked)
+        .map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    tracing::info!(stream = %stream, "shipping");
+    tracing::info!(stream = %checked.stream, "shipping");
     let stop = async move {
         // An unreadable signalfd: keep shipping rather than stop.
         if signals.recv().await.is_err() {
@@ -334,17 +428,16 @@ async fn serve(
 /// Connects, checks the server and the stream: everything before shipping.
 async fn connect(
     args: &Args,
-    addrs: Vec<async_nats::ServerAddr>,
-    stream: &str,
+    checked: &Checked,
 ) -> Result<(async_nats::jetstream::Context, u64), Failure> {
     use async_nats::ConnectErrorKind as K;
     let opts = options(args).await?;
-    let shown = args.nats.clone().unwrap_or_default();
-    let client = opts.connect(addrs).await.map_err(|e| {
+    let shown = &checked.urls;
+    let client = opts.connect(checked.addrs.clone()).await.map_err(|e| {
         // A failed handshake comes back as an io error: it is the
         // configuration, not the network, so exit 1, not "try again later".
         if let Some(t) = tls_error(&e) {
-            return fail(EXIT_FAILURE, tls_failure(&shown, t));
+            return fail(EXIT_FAILURE, tls_failure(shown, t));
         }
         match e.kind() {
             K::AuthorizationViolation | K::Authentication => fail(
@@ -365,7 +458,7 @@ async fn connect(
         .max(4096);
     let mut js = async_nats::jetstream::new(client);
     js.set_timeout(Duration::from_secs(5));
-    ensure_stream(&js, stream, args).await?;
+    ensure_stream(&js, &checked.stream, args, &checked.cfg.subject).await?;
     Ok((js, max_payload))
 }
 
@@ -408,6 +501,7 @@ async fn ensure_stream(
     js: &async_nats::jetstream::Context,
     name: &str,
     args: &Args,
+    subject: &Template,
 ) -> Result<(), Failure> {
     use async_nats::jetstream::context::GetStreamErrorKind as G;
     use async_nats::jetstream::ErrorCode;
@@ -420,13 +514,13 @@ async fn ensure_stream(
                         EXIT_FAILURE,
                         format!(
                             "JetStream stream {name:?} does not exist: run again with --create-stream [--replicas N] (it binds subjects {:?}), or create it yourself",
-                            scan::subject_filter(&args.subject)
+                            subject.filter()
                         ),
                     ));
                 }
                 let cfg = async_nats::jetstream::stream::Config {
                     name: name.to_owned(),
-                    subjects: vec![scan::subject_filter(&args.subject)],
+                    subjects: vec![subject.filter()],
                     num_replicas: args.replicas,
                     duplicate_window: Duration::from_secs(120),
                     ..Default::default()

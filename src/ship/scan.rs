@@ -1,84 +1,353 @@
-//! Finding what to ship: the log directories under a watched root whose
-//! path relative to it matches `--pattern`, the task streams in a log
-//! directory (from the names `<task>.<stream>.<N>`, listed through its
-//! [`Dir`]), and the subject and header values made from task metadata.
+//! What the shipper's names mean, as pure functions: the `--pattern` glob
+//! and its captures, the `--subject` template, the task stream names
+//! `<task>.<stream>.<N>`, and header values. Everything an operator writes
+//! is validated here before the shipper connects (exit 2 naming the flag).
 //!
-//! Tests: the unit tests below; `tests/ship.rs` (`--watch`).
+//! - **`--pattern`** is a relative path of components separated by `/`,
+//!   each literal or holding the wildcards `*` (any run of bytes) and `?`
+//!   (one byte) within that component. Refused: an empty pattern, an
+//!   absolute one, `.`/`..` or empty components, and glob syntax it does
+//!   not support (`[`, `]`, `{`, `}`, `\`) — never silently a pattern
+//!   that matches nothing. Each component holding a wildcard is a
+//!   *capture*, numbered from 1: the name it matched is an identity the
+//!   directory tree gives, which no task can forge.
+//! - **`--subject`** is a NATS subject with placeholders: `{task}`,
+//!   `{stream}`, `{1}`…`{9}` (the captures of `--pattern`), and any other
+//!   `{key}` (the task's `--meta` value of that key; `_` when it has none).
+//!   Each value is made one subject token (`.`, `*`, `>`, whitespace and
+//!   controls become `_`). Refused: an empty template or token (`a..b`),
+//!   whitespace, the wildcards `*` and `>`, an unclosed `{`, a stray `}`, a
+//!   placeholder that is not a valid key, a capture the pattern does not
+//!   have, and subjects starting with `$` (reserved by the server: `$JS`,
+//!   `$SYS`, …).
+//!
+//! Tests: the unit tests below; `tests/it/ship.rs` (the error matrix,
+//! `--watch` with captures in the subject).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{Stream, TaskName};
-use crate::dir::Dir;
+
+/// Why a `--pattern` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--pattern {pattern:?} {why}")]
+pub struct PatternError {
+    /// The pattern given.
+    pub pattern: String,
+    /// What is wrong, and how to write it.
+    pub why: String,
+}
+
+/// A validated `--pattern`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    comps: Vec<String>,
+}
+
+impl Pattern {
+    /// Validates `pattern` (see the module docs).
+    pub fn parse(pattern: &str) -> Result<Pattern, PatternError> {
+        let bad = |why: &str| PatternError {
+            pattern: pattern.to_owned(),
+            why: why.to_owned(),
+        };
+        if pattern.is_empty() {
+            return Err(bad(
+                "is empty: give a path relative to --watch, such as */alloc/logs",
+            ));
+        }
+        if pattern.starts_with('/') {
+            return Err(bad(
+                "is absolute: give a path relative to --watch, such as */alloc/logs",
+            ));
+        }
+        let trimmed = pattern.strip_suffix('/').unwrap_or(pattern);
+        let mut comps = Vec::new();
+        for c in trimmed.split('/') {
+            match c {
+                "" => {
+                    return Err(bad(
+                        "has an empty component (//): write one / between names",
+                    ))
+                }
+                "." | ".." => {
+                    return Err(bad(
+                        "has a . or .. component: it matches directories below --watch only",
+                    ))
+                }
+                _ => {}
+            }
+            if let Some(ch) = c
+                .chars()
+                .find(|ch| matches!(ch, '[' | ']' | '{' | '}' | '\\'))
+            {
+                return Err(bad(&format!(
+                    "uses {ch:?}, which is not supported: use * (any run of characters) and ? (one character) within a component"
+                )));
+            }
+            comps.push(c.to_owned());
+        }
+        Ok(Pattern { comps })
+    }
+
+    /// The components.
+    pub fn components(&self) -> &[String] {
+        &self.comps
+    }
+
+    /// How many components hold a wildcard (the captures `{1}`…).
+    pub fn captures(&self) -> usize {
+        self.comps.iter().filter(|c| is_wild(c)).count()
+    }
+
+    /// Whether component `i` is a capture.
+    pub fn is_capture(&self, i: usize) -> bool {
+        self.comps.get(i).is_some_and(|c| is_wild(c))
+    }
+}
+
+fn is_wild(c: &str) -> bool {
+    c.contains(['*', '?'])
+}
 
 /// Whether `name` matches the glob `pat` (`*` any run of bytes, `?` one
 /// byte, anything else literal), within one path component.
 pub fn glob_component(pat: &[u8], name: &[u8]) -> bool {
-    match (pat.first(), name.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            glob_component(&pat[1..], name) || (!name.is_empty() && glob_component(pat, &name[1..]))
-        }
-        (Some(b'?'), Some(_)) => glob_component(&pat[1..], &name[1..]),
-        (Some(p), Some(n)) if p == n => glob_component(&pat[1..], &name[1..]),
-        _ => false,
-    }
-}
-
-/// The directories under `root` whose relative path matches `pattern`
-/// component by component (`*/alloc/logs`). Symlinks are never followed.
-pub fn find_dirs(root: &Path, pattern: &str) -> Vec<PathBuf> {
-    let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-    let mut out = Vec::new();
-    walk(root, &comps, &mut out);
-    out
-}
-
-fn walk(dir: &Path, comps: &[&str], out: &mut Vec<PathBuf>) {
-    let Some((first, rest)) = comps.split_first() else {
-        out.push(dir.to_path_buf());
-        return;
-    };
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        use std::os::unix::ffi::OsStrExt;
-        let name = e.file_name();
-        if !glob_component(first.as_bytes(), name.as_bytes()) {
-            continue;
-        }
-        // file_type() is lstat's: a symlink is not a directory here.
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            walk(&dir.join(&name), rest, out);
+    // Iterative, with one backtrack point: linear in practice, never
+    // exponential on a hostile name.
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pat.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    p = sp + 1;
+                    n = sn + 1;
+                    star = Some((sp, sn + 1));
+                }
+                None => return false,
+            },
         }
     }
+    pat[p..].iter().all(|&c| c == b'*')
 }
 
-/// The task streams present in `dir` and the sizes of their files:
-/// `(task, stream) -> {index -> size}`.
-pub fn streams_in(dir: &Dir) -> std::io::Result<HashMap<(TaskName, Stream), BTreeMap<u64, u64>>> {
-    let mut out: HashMap<(TaskName, Stream), BTreeMap<u64, u64>> = HashMap::new();
-    for name in dir.list()? {
-        let Some(name) = name.to_str() else { continue };
-        let Some((task, stream, n)) = parse_log_name(name) else {
-            continue;
+/// Why a `--subject` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--subject {template:?} {why}")]
+pub struct SubjectError {
+    /// The template given.
+    pub template: String,
+    /// What is wrong, and how to write it.
+    pub why: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Task,
+    Stream,
+    Capture(usize),
+    Meta(String),
+}
+
+/// A validated `--subject` template: tokens of pieces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    tokens: Vec<Vec<Piece>>,
+}
+
+/// What a stream's subject is made of.
+pub struct SubjectValues<'a> {
+    /// The task.
+    pub task: &'a str,
+    /// The stream.
+    pub stream: &'a str,
+    /// The `--pattern` captures of its directory (`{1}` is `captures[0]`).
+    pub captures: &'a [String],
+    /// The task's metadata.
+    pub meta: &'a BTreeMap<String, String>,
+}
+
+impl Template {
+    /// Validates `template` for a pattern with `captures` captures (0
+    /// without `--pattern`); see the module docs.
+    pub fn parse(template: &str, captures: usize) -> Result<Template, SubjectError> {
+        let bad = |why: String| SubjectError {
+            template: template.to_owned(),
+            why,
         };
-        // Only regular files, never followed (lstat through the handle).
-        let Ok(Some(st)) = dir.stat(name) else {
-            continue;
-        };
-        if !crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG) {
-            continue;
+        if template.is_empty() {
+            return Err(bad("is empty: the default is logmon.{task}.{stream}".into()));
         }
-        out.entry((task, stream))
-            .or_default()
-            .insert(n, u64::try_from(st.st_size).unwrap_or(0));
+        if template.starts_with('$') {
+            return Err(bad(
+                "starts with $, which the server reserves ($JS, $SYS, …): start with your own prefix".into(),
+            ));
+        }
+        let mut tokens = vec![Vec::new()];
+        let mut rest = template;
+        while let Some(c) = rest.chars().next() {
+            match c {
+                '{' => {
+                    let end = rest
+                        .find('}')
+                        .ok_or_else(|| bad("has a { that is never closed".into()))?;
+                    let key = &rest[1..end];
+                    let piece = placeholder(key, captures).map_err(bad)?;
+                    push(&mut tokens, piece);
+                    rest = &rest[end + 1..];
+                    continue;
+                }
+                '}' => return Err(bad("has a } without its {".into())),
+                '.' => tokens.push(Vec::new()),
+                '*' | '>' => {
+                    return Err(bad(format!(
+                        "holds the wildcard {c:?}: a subject to publish to must be literal"
+                    )))
+                }
+                c if c.is_whitespace() || c.is_control() => {
+                    return Err(bad("holds whitespace or a control character".into()))
+                }
+                c => push(&mut tokens, Piece::Text(c.to_string())),
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        if tokens.iter().any(Vec::is_empty) {
+            return Err(bad(
+                "has an empty token (a leading, trailing or doubled .)".into()
+            ));
+        }
+        Ok(Template { tokens })
     }
-    Ok(out)
+
+    /// The subject of a stream.
+    pub fn render(&self, v: &SubjectValues<'_>) -> String {
+        let mut out = String::with_capacity(64);
+        for (i, tok) in self.tokens.iter().enumerate() {
+            if i > 0 {
+                out.push('.');
+            }
+            let start = out.len();
+            for p in tok {
+                match p {
+                    Piece::Text(t) => out.push_str(t),
+                    Piece::Task => push_token(&mut out, v.task),
+                    Piece::Stream => push_token(&mut out, v.stream),
+                    Piece::Capture(n) => {
+                        push_token(&mut out, v.captures.get(n - 1).map_or("", String::as_str))
+                    }
+                    Piece::Meta(k) => {
+                        push_token(&mut out, v.meta.get(k).map_or("", String::as_str))
+                    }
+                }
+            }
+            if out.len() == start {
+                out.push('_');
+            }
+        }
+        out
+    }
+
+    /// The subjects a stream created by `--create-stream` binds: every
+    /// token holding a placeholder becomes `*`.
+    pub fn filter(&self) -> String {
+        self.tokens
+            .iter()
+            .map(|tok| {
+                if tok.iter().all(|p| matches!(p, Piece::Text(_))) {
+                    tok.iter()
+                        .map(|p| match p {
+                            Piece::Text(t) => t.as_str(),
+                            _ => "",
+                        })
+                        .collect::<String>()
+                } else {
+                    "*".to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// The metadata keys the template uses.
+    pub fn meta_keys(&self) -> BTreeSet<&str> {
+        self.tokens
+            .iter()
+            .flatten()
+            .filter_map(|p| match p {
+                Piece::Meta(k) => Some(k.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
-/// Splits `<task>.<stream>.<N>` (N canonical decimal).
+fn push(tokens: &mut [Vec<Piece>], p: Piece) {
+    let Some(tok) = tokens.last_mut() else { return };
+    match (tok.last_mut(), p) {
+        (Some(Piece::Text(t)), Piece::Text(u)) => t.push_str(&u),
+        (_, p) => tok.push(p),
+    }
+}
+
+fn placeholder(key: &str, captures: usize) -> Result<Piece, String> {
+    match key {
+        "task" => return Ok(Piece::Task),
+        "stream" => return Ok(Piece::Stream),
+        _ => {}
+    }
+    if let Ok(n) = key.parse::<usize>() {
+        if !(1..=9).contains(&n) || key.starts_with('0') {
+            return Err(format!("has {{{key}}}: captures are {{1}} to {{9}}"));
+        }
+        if captures == 0 {
+            return Err(format!(
+                "has {{{key}}}, a capture of --pattern, but there is no --pattern with a wildcard"
+            ));
+        }
+        if n > captures {
+            return Err(format!(
+                "has {{{key}}}, but --pattern has only {captures} component(s) with a wildcard"
+            ));
+        }
+        return Ok(Piece::Capture(n));
+    }
+    let valid = !key.is_empty()
+        && key.len() <= crate::meta::MAX_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !valid {
+        return Err(format!(
+            "has {{{key}}}, which is not a placeholder: use {{task}}, {{stream}}, {{1}}…{{9}} or a --meta key (letters, digits, _ - .)"
+        ));
+    }
+    Ok(Piece::Meta(key.to_owned()))
+}
+
+/// Appends `value` as (part of) one subject token: bytes NATS subjects
+/// reserve (`.`, `*`, `>`, whitespace, controls) become `_`.
+fn push_token(out: &mut String, value: &str) {
+    out.extend(value.chars().map(|c| {
+        if c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() {
+            '_'
+        } else {
+            c
+        }
+    }));
+}
+
+/// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
+/// [`crate::rotate::MAX_INDEX`]).
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     let (rest, _) = name.rsplit_once('.')?;
     let (task, stream) = rest.rsplit_once('.')?;
@@ -92,80 +361,10 @@ pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     Some((task, stream, n))
 }
 
-/// A subject token made of `value`: bytes NATS subjects reserve (`.`,
-/// `*`, `>`, whitespace, controls) become `_`; an empty value is `_`.
-pub fn subject_token(value: &str) -> String {
-    let t: String = value
-        .chars()
-        .map(|c| {
-            if c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
-    if t.is_empty() {
-        "_".into()
-    } else {
-        t
-    }
-}
-
-/// Renders the subject template: `{task}`, `{stream}` and `{<meta key>}`
-/// (a key the task lacks renders as `_`), each value made a single token.
-pub fn render_subject(
-    template: &str,
-    task: &str,
-    stream: &str,
-    meta: &BTreeMap<String, String>,
-) -> String {
-    let mut out = String::with_capacity(template.len() + 32);
-    let mut rest = template;
-    while let Some(i) = rest.find('{') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let Some(j) = after.find('}') else {
-            out.push_str(&rest[i..]);
-            return out;
-        };
-        let key = &after[..j];
-        let v = match key {
-            "task" => task,
-            "stream" => stream,
-            k => meta.get(k).map_or("", String::as_str),
-        };
-        out.push_str(&subject_token(v));
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The subjects a stream created by `--create-stream` binds for the
-/// template: every token holding a placeholder becomes `*`.
-pub fn subject_filter(template: &str) -> String {
-    template
-        .split('.')
-        .map(|t| if t.contains('{') { "*" } else { t })
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-/// The placeholders of a template other than `task` and `stream`.
-pub fn template_keys(template: &str) -> BTreeSet<String> {
-    let mut keys = BTreeSet::new();
-    let mut rest = template;
-    while let Some(i) = rest.find('{') {
-        let after = &rest[i + 1..];
-        let Some(j) = after.find('}') else { break };
-        let k = &after[..j];
-        if k != "task" && k != "stream" {
-            keys.insert(k.to_owned());
-        }
-        rest = &after[j + 1..];
-    }
-    keys
+/// The task whose metadata file `name` is (`.<task>.logmon.meta`).
+pub fn parse_meta_name(name: &str) -> Option<TaskName> {
+    let task = name.strip_prefix('.')?.strip_suffix(".logmon.meta")?;
+    TaskName::new(task).ok()
 }
 
 /// A header value: bytes a header cannot hold (CR, LF, other controls,
@@ -196,6 +395,32 @@ mod tests {
         assert!(glob_component(b"a?c", b"abc"));
         assert!(!glob_component(b"a?c", b"ac"));
         assert!(!glob_component(b"logs", b"log"));
+        assert!(glob_component(b"*a*b*c*", b"xxaxxbxxcxx"));
+        // A hostile name is still linear.
+        let name = vec![b'a'; 10_000];
+        assert!(!glob_component(b"*a*a*a*a*a*b", &name));
+    }
+
+    #[test]
+    fn patterns_are_validated_and_count_their_captures() {
+        let p = Pattern::parse("*/alloc/logs").unwrap();
+        assert_eq!(p.captures(), 1);
+        assert!(p.is_capture(0) && !p.is_capture(1));
+        assert_eq!(Pattern::parse("ns-*/?eb/logs/").unwrap().captures(), 2);
+        for bad in [
+            "",
+            "[",
+            "/abs/*",
+            "../*",
+            "a/./b",
+            "a//b",
+            "*/alloc/[a-z]ogs",
+            "{a,b}",
+            "a\\*",
+        ] {
+            let e = Pattern::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("--pattern"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -205,23 +430,57 @@ mod tests {
         assert!(parse_log_name(".web.stdout.0.idx").is_none());
         assert!(parse_log_name("web.stdout.01").is_none());
         assert!(parse_log_name("web.stdlog.1").is_none());
+        assert!(parse_log_name("web.stdout.9223372036854775808").is_none());
+        assert_eq!(
+            parse_meta_name(".web.v2.logmon.meta").unwrap().as_str(),
+            "web.v2"
+        );
+        assert!(parse_meta_name("web.logmon.meta").is_none());
     }
 
     #[test]
-    fn subjects_render_from_metadata_as_single_tokens() {
+    fn subjects_render_from_metadata_and_captures_as_single_tokens() {
         let mut m = BTreeMap::new();
         m.insert("job".to_string(), "api.v2".to_string());
+        let caps = vec!["alloc-9".to_string()];
+        let v = SubjectValues {
+            task: "a b",
+            stream: "stdout",
+            captures: &caps,
+            meta: &m,
+        };
+        let t = Template::parse("logs.{job}.{ns}.{task}.{stream}", 0).unwrap();
+        assert_eq!(t.render(&v), "logs.api_v2._.a_b.stdout");
+        assert_eq!(t.filter(), "logs.*.*.*.*");
         assert_eq!(
-            render_subject("logs.{job}.{ns}.{task}.{stream}", "a b", "stdout", &m),
-            "logs.api_v2._.a_b.stdout"
+            t.meta_keys().into_iter().collect::<Vec<_>>(),
+            vec!["job", "ns"]
         );
-        assert_eq!(subject_filter("logs.{job}.x.{task}"), "logs.*.x.*");
-        assert_eq!(
-            template_keys("logs.{job}.{task}")
-                .into_iter()
-                .collect::<Vec<_>>(),
-            vec!["job"]
-        );
+        let t = Template::parse("u.{1}.x-{task}", 1).unwrap();
+        assert_eq!(t.render(&v), "u.alloc-9.x-a_b");
+        assert_eq!(t.filter(), "u.*.*");
+    }
+
+    #[test]
+    fn bad_subjects_are_refused_naming_why() {
+        for (bad, caps, why) in [
+            ("logs {task}", 0, "whitespace"),
+            ("logs.{task", 0, "never closed"),
+            ("u.*.{task}", 0, "wildcard"),
+            ("logs.>.{task}", 0, "wildcard"),
+            ("{bad key}", 0, "not a placeholder"),
+            ("logs..{task}", 0, "empty token"),
+            ("logs.{task}.", 0, "empty token"),
+            ("", 0, "empty"),
+            ("$JS.API.{task}", 0, "reserves"),
+            ("a}.{task}", 0, "without its"),
+            ("a.{1}", 0, "no --pattern"),
+            ("a.{2}", 1, "only 1"),
+            ("a.{0}", 1, "{1} to {9}"),
+        ] {
+            let e = Template::parse(bad, caps).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     #[test]

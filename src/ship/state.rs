@@ -1,11 +1,22 @@
-//! The shipper's persisted state (`<state-dir>/ship.json`): per stream the
-//! cursor (file index and offset of the first byte not yet acknowledged by
+//! The shipper's persisted state in `--state-dir`: per stream the cursor
+//! (file index and offset of the first byte not yet acknowledged by
 //! JetStream), the window planned but not yet acknowledged, and the
-//! counters `--status` prints.
+//! counters `--status` prints; and the lock that makes the shipper the only
+//! one on its state directory.
 //!
-//! Written atomically: a temp file in the state directory, fsynced, renamed
-//! over `ship.json`, then the directory fsynced — a kill -9 or a power loss
-//! leaves the old state or the new one, never a mix.
+//! **A journal, not a snapshot.** `ship.state` is JSON lines: a header
+//! (`{"format":"logmon-ship-state","version":2}`), then one record per
+//! change of a stream (`{"key":…,"stream":{…}}`, or `{"key":…,"gone":true}`
+//! when its directory went away); the last record of a key wins. A save
+//! appends only the streams that changed, in one `write` and one
+//! `fdatasync`, so its cost follows what changed, not how many streams the
+//! node has (20,000 streams cost nothing while idle). When the journal
+//! grows past twice the live records (and 1 MiB), it is compacted: the live
+//! records are written to a temp file, fsynced and renamed over it, and the
+//! directory fsynced — a kill -9 or a power loss leaves the old journal or
+//! the new one. A torn last record (a kill mid-append: it was never
+//! fsynced, so nothing was published on its strength) is cut off when the
+//! shipper starts; damage anywhere else is [`StateError::Corrupt`].
 //!
 //! Why the planned window is stored *before* it is published: a message's
 //! `Nats-Msg-Id` names where it starts, so after a crash the re-sent
@@ -14,16 +25,42 @@
 //! published. Replaying the stored window (same start, end and message size
 //! limit over the same immutable file bytes) reproduces them.
 //!
-//! Tests: the unit tests below; `tests/ship.rs` (kill -9 of the shipper).
+//! **Upgrades.** A `ship.json` of format 1 (the previous release's
+//! snapshot) is read and carried into the journal on the first start;
+//! a state of a version this build does not know is refused by name, never
+//! rewritten.
+//!
+//! **One shipper per state directory.** [`Lock::take`] holds an exclusive
+//! `flock` on `ship.lock` for the shipper's life and writes its pid there;
+//! a second shipper fails at once naming that pid (two shippers on one
+//! state would publish the same windows out of order).
+//!
+//! Tests: the unit tests below; `tests/it/ship.rs` (kill -9 of the
+//! shipper, `a_second_shipper_on_one_state_dir_is_refused_naming_the_first`,
+//! the error matrix).
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The state file's name inside `--state-dir`.
-pub const STATE_FILE: &str = "ship.json";
+/// The journal's name inside `--state-dir`.
+pub const STATE_FILE: &str = "ship.state";
+/// The previous release's snapshot (format 1), carried over once.
+pub const LEGACY_FILE: &str = "ship.json";
+/// The lock's name inside `--state-dir`.
+pub const LOCK_FILE: &str = "ship.lock";
+/// The journal format written.
+pub const VERSION: u32 = 2;
+/// The journal's header `format` field.
+const FORMAT: &str = "logmon-ship-state";
+/// The longest record read back (a stream's record is well under 4 KiB).
+const MAX_LINE: u64 = 1 << 20;
+/// Below this size the journal is never compacted.
+const COMPACT_MIN: u64 = 1 << 20;
 
 /// A window of one stream planned for publishing, not yet acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,11 +109,7 @@ pub struct StreamState {
     pub shipped_messages: u64,
     /// Acknowledged as duplicates (re-sent after a crash or a lost ack).
     pub duplicates: u64,
-    /// Unshipped bytes known in the stream's files.
-    pub lag_bytes: u64,
-    /// Age of the oldest unshipped byte, in seconds.
-    pub lag_seconds: f64,
-    /// Failed publish attempts.
+    /// Failed attempts (reading the files or publishing).
     pub errors: u64,
     /// The last error, if the last attempt failed.
     pub last_error: Option<String>,
@@ -84,18 +117,42 @@ pub struct StreamState {
     pub gap_bytes: u64,
     /// Gap records published.
     pub gaps: u64,
+    /// Files at this stream's names that logmon did not make (the task's,
+    /// hard links, not regular files): skipped, never shipped.
+    #[serde(default)]
+    pub foreign_files: u64,
 }
 
-/// The whole state file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The whole state.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
-    /// Format version (1).
-    pub version: u32,
     /// Keyed by `<dev>:<ino>/<task>/<stream>` of the log directory.
     pub streams: BTreeMap<String, StreamState>,
 }
 
-/// Errors of the state file.
+/// The previous release's `ship.json`.
+#[derive(Deserialize)]
+struct Legacy {
+    version: u32,
+    streams: BTreeMap<String, StreamState>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    format: String,
+    version: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stream: Option<StreamState>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    gone: bool,
+}
+
+/// Errors of the state directory.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// It could not be read or written.
@@ -106,88 +163,451 @@ pub enum StateError {
         /// Why.
         source: std::io::Error,
     },
-    /// It is not a state this version wrote.
-    #[error("state file {path} is not a logmon-ship state: {why}")]
+    /// It is not a state this build can read.
+    #[error("state file {path} is not a logmon-ship state ({why}): move it aside to start over (the stream's duplicate window drops what is re-sent)")]
     Corrupt {
         /// The file.
         path: PathBuf,
         /// Why.
         why: String,
     },
+    /// Written by a build of another format.
+    #[error("state file {path} has format version {version}; this logmon ship reads 1 and 2: run the logmon ship that wrote it, or move the file aside to start over")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        version: u64,
+    },
+    /// Another shipper holds the state directory.
+    #[error("another logmon ship (pid {pid}) uses the state directory {dir}: stop it first, or give this one its own --state-dir")]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's pid, as it wrote it (`unknown` if unreadable).
+        pid: String,
+    },
 }
 
-/// Loads the state in `dir`; an absent file is an empty state.
-pub fn load(dir: &Path) -> Result<State, StateError> {
-    let path = dir.join(STATE_FILE);
-    match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| StateError::Corrupt {
-            path,
-            why: e.to_string(),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State {
-            version: 1,
-            streams: BTreeMap::new(),
-        }),
-        Err(source) => Err(StateError::Io { path, source }),
+impl StateError {
+    /// Whether the state itself is at fault (corrupt, unknown version),
+    /// rather than the OS or another shipper.
+    pub fn is_bad_state(&self) -> bool {
+        matches!(
+            self,
+            StateError::Corrupt { .. } | StateError::Version { .. }
+        )
     }
 }
 
-/// Saves `st` in `dir` atomically (temp + fsync + rename + fsync dir).
-pub fn save(dir: &Path, st: &State) -> Result<(), StateError> {
-    let path = dir.join(STATE_FILE);
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-    let io = |source| StateError::Io {
-        path: path.clone(),
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
         source,
+    }
+}
+
+/// The shipper's hold on its state directory (see the module docs): the
+/// `flock` lasts as long as this value.
+#[derive(Debug)]
+pub struct Lock {
+    _held: nix::fcntl::Flock<File>,
+}
+
+impl Lock {
+    /// Takes the lock in `dir` (created if missing), or says who holds it.
+    pub fn take(dir: &Path) -> Result<Lock, StateError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc_nofollow())
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let held = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => l,
+            Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+                let mut pid = String::new();
+                let _ = (&mut file).take(32).read_to_string(&mut pid);
+                let pid = match pid.trim() {
+                    "" => "unknown".to_owned(),
+                    p => p.to_owned(),
+                };
+                return Err(StateError::Locked {
+                    dir: dir.to_path_buf(),
+                    pid,
+                });
+            }
+            Err((_, e)) => return Err(io_err(&path)(e.into())),
+        };
+        held.set_len(0).map_err(io_err(&path))?;
+        held.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)
+            .map_err(io_err(&path))?;
+        Ok(Lock { _held: held })
+    }
+}
+
+fn libc_nofollow() -> i32 {
+    nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_CLOEXEC.bits()
+}
+
+/// The state as a reader sees it (`--status`, `logmon ls`): no lock, no
+/// repair. A missing directory is an error; a directory without state is
+/// an empty state.
+pub fn read(dir: &Path) -> Result<State, StateError> {
+    let meta = std::fs::metadata(dir).map_err(io_err(dir))?;
+    if !meta.is_dir() {
+        return Err(io_err(dir)(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "not a directory",
+        )));
+    }
+    let path = dir.join(STATE_FILE);
+    match File::open(&path) {
+        Ok(f) => Ok(parse_journal(&path, f)?.0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => read_legacy(dir),
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+fn read_legacy(dir: &Path) -> Result<State, StateError> {
+    let path = dir.join(LEGACY_FILE);
+    let bytes = match File::open(&path) {
+        Ok(f) => {
+            let mut b = Vec::new();
+            f.take(256 << 20)
+                .read_to_end(&mut b)
+                .map_err(io_err(&path))?;
+            b
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+        Err(e) => return Err(io_err(&path)(e)),
     };
-    let json = serde_json::to_vec_pretty(st).map_err(|e| io(std::io::Error::other(e)))?;
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&json).map_err(io)?;
-    f.sync_data().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)?;
-    Ok(())
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    match v.get("version").and_then(serde_json::Value::as_u64) {
+        Some(1) => {}
+        Some(version) => return Err(StateError::Version { path, version }),
+        None => {
+            return Err(StateError::Corrupt {
+                path,
+                why: "no version".into(),
+            })
+        }
+    }
+    let l: Legacy = serde_json::from_value(v).map_err(|e| StateError::Corrupt {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    debug_assert_eq!(l.version, 1);
+    Ok(State { streams: l.streams })
+}
+
+/// Parses a journal: the state and the length of its good part (a torn
+/// last record is left out).
+fn parse_journal(path: &Path, f: File) -> Result<(State, u64), StateError> {
+    let corrupt = |why: String| StateError::Corrupt {
+        path: path.to_path_buf(),
+        why,
+    };
+    let mut r = BufReader::new(f);
+    let mut state = State::default();
+    let mut good = 0u64;
+    let mut line = Vec::new();
+    let mut n = 0usize;
+    loop {
+        line.clear();
+        let got = (&mut r)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .map_err(io_err(path))?;
+        if got == 0 {
+            break;
+        }
+        n += 1;
+        let whole = line.last() == Some(&b'\n');
+        if n == 1 {
+            let h: Header =
+                serde_json::from_slice(&line).map_err(|e| corrupt(format!("header: {e}")))?;
+            if h.format != FORMAT {
+                return Err(corrupt(format!("format {:?}", h.format)));
+            }
+            if h.version != VERSION {
+                return Err(StateError::Version {
+                    path: path.to_path_buf(),
+                    version: u64::from(h.version),
+                });
+            }
+        } else {
+            match serde_json::from_slice::<Record>(&line) {
+                Ok(rec) if whole => apply(&mut state, rec),
+                // The last record, torn by a kill mid-append.
+                Ok(_) | Err(_) if !whole => break,
+                Err(e) => {
+                    // Torn only if nothing follows it.
+                    let mut rest = [0u8; 1];
+                    if r.read(&mut rest).map_err(io_err(path))? == 0 {
+                        break;
+                    }
+                    return Err(corrupt(format!("record {n}: {e}")));
+                }
+                Ok(_) => unreachable!("guarded above"),
+            }
+        }
+        if !whole {
+            break;
+        }
+        good += got as u64;
+    }
+    if n == 0 {
+        return Err(corrupt("empty".into()));
+    }
+    Ok((state, good))
+}
+
+fn apply(state: &mut State, rec: Record) {
+    match rec.stream {
+        Some(s) if !rec.gone => {
+            state.streams.insert(rec.key, s);
+        }
+        _ => {
+            state.streams.remove(&rec.key);
+        }
+    }
+}
+
+/// The journal, open for appending by the one shipper holding the [`Lock`].
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    /// Bytes of the live records at the last compaction.
+    live: u64,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir`, carrying a legacy
+    /// `ship.json` over, cutting off a torn last record, and compacting.
+    pub fn open(dir: &Path) -> Result<(Journal, State), StateError> {
+        let path = dir.join(STATE_FILE);
+        let state = match File::open(&path) {
+            Ok(f) => parse_journal(&path, f)?.0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => read_legacy(dir)?,
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let mut j = Journal {
+            dir: dir.to_path_buf(),
+            file: File::open(dir).map_err(io_err(dir))?,
+            path,
+            len: 0,
+            live: 0,
+        };
+        j.compact(&state)?;
+        // The legacy snapshot is in the journal now.
+        match std::fs::remove_file(dir.join(LEGACY_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&dir.join(LEGACY_FILE))(e)),
+        }
+        Ok((j, state))
+    }
+
+    /// Appends the records of `changed` (a stream absent from `state` is
+    /// written as gone) in one write, then makes them durable.
+    pub fn append<'a>(
+        &mut self,
+        state: &State,
+        changed: impl IntoIterator<Item = &'a String>,
+    ) -> Result<(), StateError> {
+        let mut buf = Vec::new();
+        for key in changed {
+            let rec = Record {
+                key: key.clone(),
+                stream: state.streams.get(key).cloned(),
+                gone: !state.streams.contains_key(key),
+            };
+            write_record(&mut buf, &rec);
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.len > COMPACT_MIN.max(2 * self.live) {
+            return self.compact(state);
+        }
+        let io = io_err(&self.path);
+        self.file.write_all(&buf).map_err(&io)?;
+        self.file.sync_data().map_err(&io)?;
+        self.len += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Writes every live record to a new journal and renames it over the
+    /// old one (see the module docs).
+    pub fn compact(&mut self, state: &State) -> Result<(), StateError> {
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let io = io_err(&tmp);
+        let mut buf = serde_json::to_vec(&Header {
+            format: FORMAT.into(),
+            version: VERSION,
+        })
+        .map_err(|e| io(std::io::Error::other(e)))?;
+        buf.push(b'\n');
+        for (k, s) in &state.streams {
+            write_record(
+                &mut buf,
+                &Record {
+                    key: k.clone(),
+                    stream: Some(s.clone()),
+                    gone: false,
+                },
+            );
+        }
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc_nofollow())
+            .open(&tmp)
+            .map_err(&io)?;
+        f.write_all(&buf).map_err(&io)?;
+        f.sync_data().map_err(&io)?;
+        std::fs::rename(&tmp, &self.path).map_err(io_err(&self.path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))?;
+        let mut f = OpenOptions::new()
+            .append(true)
+            .custom_flags(libc_nofollow())
+            .open(&self.path)
+            .map_err(io_err(&self.path))?;
+        let len = f.stream_position().map_err(io_err(&self.path))?;
+        self.file = f;
+        self.len = len;
+        self.live = len;
+        Ok(())
+    }
+}
+
+fn write_record(buf: &mut Vec<u8>, rec: &Record) {
+    // A record of plain fields always serializes.
+    if serde_json::to_writer(&mut *buf, rec).is_ok() {
+        buf.push(b'\n');
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn state_round_trips_and_a_missing_file_is_empty() {
-        let d = tempfile::tempdir().unwrap();
-        assert!(load(d.path()).unwrap().streams.is_empty());
-        let mut st = State {
-            version: 1,
+    fn stream(file: u64, offset: u64) -> StreamState {
+        StreamState {
+            task: "t".into(),
+            stream: "stdout".into(),
+            file,
+            offset,
+            pending: Some(Pending {
+                file,
+                start: offset,
+                end: offset + 50,
+                max_msg: 1000,
+                gap: None,
+            }),
             ..Default::default()
-        };
-        st.streams.insert(
-            "1:2/t/stdout".into(),
-            StreamState {
-                file: 3,
-                offset: 40,
-                pending: Some(Pending {
-                    file: 3,
-                    start: 40,
-                    end: 90,
-                    max_msg: 1000,
-                    gap: None,
-                }),
-                ..Default::default()
-            },
-        );
-        save(d.path(), &st).unwrap();
-        assert_eq!(load(d.path()).unwrap(), st);
-        assert!(!d.path().join("ship.json.tmp").exists());
+        }
     }
 
     #[test]
-    fn a_corrupt_state_is_an_error_not_a_fresh_start() {
+    fn the_journal_keeps_the_last_record_of_each_key_and_survives_a_torn_tail() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join(STATE_FILE), b"{not json").unwrap();
-        assert!(matches!(load(d.path()), Err(StateError::Corrupt { .. })));
+        assert!(read(d.path()).unwrap().streams.is_empty());
+        let (mut j, mut st) = Journal::open(d.path()).unwrap();
+        assert!(st.streams.is_empty());
+        let (a, b) = ("1:2/a/stdout".to_string(), "1:2/b/stdout".to_string());
+        st.streams.insert(a.clone(), stream(0, 10));
+        st.streams.insert(b.clone(), stream(3, 0));
+        j.append(&st, [&a, &b]).unwrap();
+        st.streams.insert(a.clone(), stream(1, 40));
+        j.append(&st, [&a]).unwrap();
+        st.streams.remove(&b);
+        j.append(&st, [&b]).unwrap();
+        assert_eq!(read(d.path()).unwrap(), st);
+        drop(j);
+        // A kill mid-append leaves half a record: it is cut off.
+        let path = d.path().join(STATE_FILE);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"key":"1:2/a/stdout","stream":{"fi"#)
+            .unwrap();
+        assert_eq!(read(d.path()).unwrap(), st);
+        let (_, again) = Journal::open(d.path()).unwrap();
+        assert_eq!(again, st);
+        // Damage in the middle is corruption, not a fresh start.
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen("\"key\"", "\"ke", 1) + &text).unwrap();
+        assert!(matches!(read(d.path()), Err(StateError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_legacy_snapshot_is_carried_over_and_unknown_versions_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = BTreeMap::new();
+        m.insert("1:2/t/stdout".to_string(), stream(3, 40));
+        let legacy = serde_json::json!({"version": 1, "streams": m});
+        std::fs::write(d.path().join(LEGACY_FILE), legacy.to_string()).unwrap();
+        assert_eq!(read(d.path()).unwrap().streams, m);
+        let (_, st) = Journal::open(d.path()).unwrap();
+        assert_eq!(st.streams, m);
+        assert!(!d.path().join(LEGACY_FILE).exists());
+        assert_eq!(read(d.path()).unwrap().streams, m);
+        let e = tempfile::tempdir().unwrap();
+        std::fs::write(e.path().join(LEGACY_FILE), r#"{"version":7,"streams":{}}"#).unwrap();
+        assert!(matches!(
+            Journal::open(e.path()),
+            Err(StateError::Version { version: 7, .. })
+        ));
+        assert!(e.path().join(LEGACY_FILE).exists(), "never rewritten");
+        std::fs::write(
+            e.path().join(STATE_FILE),
+            "{\"format\":\"logmon-ship-state\",\"version\":3}\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            read(e.path()),
+            Err(StateError::Version { version: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn a_second_lock_names_the_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let _held = Lock::take(d.path()).unwrap();
+        match Lock::take(d.path()) {
+            Err(StateError::Locked { pid, .. }) => {
+                assert_eq!(pid, std::process::id().to_string())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_journal_compacts_once_it_outgrows_its_live_records() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, mut st) = Journal::open(d.path()).unwrap();
+        let k = "1:2/t/stdout".to_string();
+        for i in 0..6_000 {
+            st.streams.insert(k.clone(), stream(i, i));
+            j.append(&st, [&k]).unwrap();
+        }
+        let len = std::fs::metadata(d.path().join(STATE_FILE)).unwrap().len();
+        assert!(len <= 2 * COMPACT_MIN, "{len}");
+        assert_eq!(read(d.path()).unwrap(), st);
     }
 }

@@ -155,6 +155,66 @@ fn cluster(base: &Path) -> Vec<Server> {
         .collect()
 }
 
+/// A TCP link to a server that delays everything the server sends (its
+/// acks above all) by a fixed time: a slow network, so a test's kill -9
+/// lands while windows are published and unacknowledged. Its threads end
+/// when their connections close.
+struct SlowLink {
+    port: u16,
+}
+
+impl SlowLink {
+    fn to(server: &Server, delay: Duration) -> SlowLink {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let up = server.port;
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(client) = c else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", up)) else {
+                    continue;
+                };
+                SlowLink::pipe(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    None,
+                );
+                SlowLink::pipe(server, client, Some(delay));
+            }
+        });
+        SlowLink { port }
+    }
+
+    /// Copies `from` into `to`, each piece `delay` after it arrived.
+    fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream, delay: Option<Duration>) {
+        use std::io::{Read, Write};
+        let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n) = from.read(&mut buf) {
+                if n == 0 || tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for (at, b) in rx {
+                if let Some(d) = delay {
+                    std::thread::sleep((at + d).saturating_duration_since(Instant::now()));
+                }
+                if to.write_all(&b).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(std::net::Shutdown::Both);
+        });
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
 /// A `logmon ship` process (through `logmon ship`, so the exec of the
 /// sibling binary is exercised); SIGKILLed on drop.
 struct Shipper {
@@ -548,22 +608,20 @@ fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing()
         "t",
         &["--max-file-size", "8MiB", "--max-files", "1000"],
     );
-    // Acks are awaited 200 ms after each window is published, so most
-    // kills land between the publish and the cursor's move.
-    let mut ship = Shipper::start_env(
-        &[
-            "--nats",
-            &srv.url(),
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ],
-        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
-    );
+    // Acks come back 200 ms after each window is published (a slow
+    // link), so most kills land between the publish and the cursor's move.
+    let slow = SlowLink::to(&srv, Duration::from_millis(200));
+    let mut ship = Shipper::start(&[
+        "--nats",
+        &slow.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
     const N: u64 = 300_000;
     let f = fifo(&logs, "t", Stream::Stdout);
     let writer = std::thread::spawn(move || {
@@ -623,22 +681,20 @@ fn kill_9_of_the_shipper_mid_batch_of_several_streams_loses_and_duplicates_nothi
             )
         })
         .collect();
-    // Each batch waits 200 ms between publishing its windows and awaiting
-    // their acks: most kills land there.
-    let mut ship = Shipper::start_env(
-        &[
-            "--nats",
-            &srv.url(),
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ],
-        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
-    );
+    // Each round's acks come back 200 ms after its windows were published
+    // (a slow link): most kills land there.
+    let slow = SlowLink::to(&srv, Duration::from_millis(200));
+    let mut ship = Shipper::start(&[
+        "--nats",
+        &slow.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
     const N: u64 = 60_000;
     let writers: Vec<_> = TASKS
         .iter()
@@ -654,16 +710,12 @@ fn kill_9_of_the_shipper_mid_batch_of_several_streams_loses_and_duplicates_nothi
         })
         .collect();
     let mut r = Reader::new(&srv.url(), "LOGS");
-    // Right after each kill, the state file tells how many streams had a
-    // window planned, saved and not yet acknowledged: the batch in flight.
+    // Right after each kill, the status tells how many streams had a
+    // window planned, saved and not yet acknowledged: the round in flight.
     let in_flight = || -> usize {
-        let Ok(b) = std::fs::read(state.join("ship.json")) else {
-            return 0;
-        };
-        let st: serde_json::Value = serde_json::from_slice(&b).unwrap();
-        st["streams"].as_object().map_or(0, |m| {
-            m.values().filter(|s| !s["pending"].is_null()).count()
-        })
+        status(&state)["streams"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|s| !s["pending"].is_null()).count())
     };
     let mut mid_batch = Vec::new();
     for i in 0..10 {
@@ -1575,22 +1627,20 @@ fn status_shows_the_lag_while_a_slowed_shipper_works_through_a_steady_backlog() 
     std::fs::create_dir_all(&logs).unwrap();
     let srv = Server::single(&tmp.path().join("js"));
     let _d = Daemon::start(&logs, "t", &[]);
-    // Each window waits 700 ms for its acks while the task keeps writing:
-    // the shipper is never caught up, always a window behind.
-    let mut ship = Shipper::start_env(
-        &[
-            "--nats",
-            &srv.url(),
-            "--stream",
-            "LOGS",
-            "--create-stream",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--log-dir",
-            logs.to_str().unwrap(),
-        ],
-        &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "700")],
-    );
+    // Each window's acks come back 700 ms late (a slow link) while the
+    // task keeps writing: the shipper is never caught up, always behind.
+    let slow = SlowLink::to(&srv, Duration::from_millis(700));
+    let mut ship = Shipper::start(&[
+        "--nats",
+        &slow.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
     let f = fifo(&logs, "t", Stream::Stdout);
     let t0 = Instant::now();
     let (mut n, mut lagging, mut max_secs) = (0u64, 0, 0f64);
@@ -1673,22 +1723,21 @@ impl Race {
         let mut run_args = vec!["--max-file-size", "4KiB", "--max-files", "3"];
         run_args.extend_from_slice(run_extra);
         let d = Daemon::start(&logs, "t", &run_args);
-        // Each window (one file here) waits 200 ms for its acks: the shipper
-        // runs, but slower than the task fills and purges files.
-        let ship = Shipper::start_env(
-            &[
-                "--nats",
-                &srv.url(),
-                "--stream",
-                "LOGS",
-                "--create-stream",
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--log-dir",
-                logs.to_str().unwrap(),
-            ],
-            &[("LOGMON_SHIP_TEST_ACK_DELAY_MS", "200")],
-        );
+        // Each window's (one file here) acks come back 200 ms late (a slow
+        // link): the shipper runs, but slower than the task fills and
+        // purges files.
+        let slow = SlowLink::to(&srv, Duration::from_millis(200));
+        let ship = Shipper::start(&[
+            "--nats",
+            &slow.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ]);
         let f = fifo(&logs, "t", Stream::Stdout);
         write_numbered(&f, 0, 10);
         let mut r = Reader::new(&srv.url(), "LOGS");

@@ -1,0 +1,452 @@
+//! One round of the shipper: the streams that may have new bytes each
+//! plan one window (up to [`BATCH`] bytes in all, taking streams in turn
+//! so none is starved), the windows are saved in one journal append, then
+//! published with at most [`MAX_INFLIGHT`] messages awaiting their acks,
+//! which are taken as they come. A window whose every message was
+//! acknowledged moves its stream's cursor; a window that failed (a read,
+//! a publish, an ack) backs its stream off alone and stays saved, to be
+//! replayed with the same message ids.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::state::Pending;
+use super::stream::{Planned, WindowError};
+use super::{scan, Shipper};
+use crate::config::{Stream, TaskName};
+use crate::dir::Dir;
+
+/// Bytes of windows (of different streams) planned, saved in one write
+/// and published in one round.
+pub const BATCH: u64 = 16 * 1024 * 1024;
+/// Windows in one round (many small streams).
+const MAX_WINDOWS: usize = 4096;
+/// Messages published and not yet acknowledged, at most.
+pub const MAX_INFLIGHT: usize = 512;
+/// Largest message payload used, below the server's max_payload.
+const MAX_MSG: u64 = 1024 * 1024;
+/// At most one warning about failing streams in this long.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+type AckFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = (
+                    String,
+                    Result<async_nats::jetstream::publish::PublishAck, String>,
+                ),
+            > + Send,
+    >,
+>;
+
+/// A window being shipped.
+struct Progress {
+    pending: Pending,
+    /// Messages not yet acknowledged.
+    left: usize,
+    messages: u64,
+    duplicates: u64,
+    failed: Option<String>,
+}
+
+impl Shipper {
+    /// Plans this round's windows (see the module docs); each is stored
+    /// as its stream's pending window.
+    pub(super) fn plan_round(&mut self, now: Instant) -> Vec<(String, Pending)> {
+        let max_msg = self.max_payload.min(MAX_MSG);
+        let mut ready: Vec<String> = self
+            .streams
+            .map
+            .values()
+            .filter(|t| t.ready(now))
+            .map(|t| t.key.clone())
+            .collect();
+        ready.sort();
+        let start = self.turn % ready.len().max(1);
+        ready.rotate_left(start);
+        let mut windows = Vec::new();
+        let mut bytes = 0;
+        let mut taken = 0;
+        for key in &ready {
+            if bytes >= BATCH || windows.len() >= MAX_WINDOWS {
+                break;
+            }
+            taken += 1;
+            match self.plan_stream(key, max_msg, now) {
+                Ok(Some(p)) => {
+                    bytes += p.end - p.start;
+                    windows.push((key.clone(), p));
+                }
+                Ok(None) => {}
+                Err(e) => self.stream_failed(key, &e.to_string(), now),
+            }
+        }
+        self.turn = self.turn.wrapping_add(taken);
+        windows
+    }
+
+    /// Plans stream `key`'s next window, if it has one now.
+    fn plan_stream(
+        &mut self,
+        key: &str,
+        max_msg: u64,
+        now: Instant,
+    ) -> Result<Option<Pending>, WindowError> {
+        let Some(dir_id) = self.streams.map.get(key).map(|t| t.dir) else {
+            return Ok(None);
+        };
+        if self.tree.get(&dir_id).is_none_or(|d| d.untrusted.is_some()) {
+            if let Some(t) = self.streams.map.get_mut(key) {
+                t.dirty = false;
+            }
+            return Ok(None);
+        }
+        let dir = self
+            .tree
+            .handle(&dir_id)
+            .map_err(|source| WindowError::Read {
+                name: self
+                    .tree
+                    .get(&dir_id)
+                    .map(|d| d.path.display().to_string())
+                    .unwrap_or_default(),
+                source,
+            })?;
+        self.streams.open(key, dir);
+        let (Some(t), Some(st)) = (
+            self.streams.map.get_mut(key),
+            self.state.streams.get_mut(key),
+        ) else {
+            return Ok(None);
+        };
+        let foreign = st.foreign_files;
+        let planned = t.plan(st, max_msg, now);
+        if st.foreign_files != foreign {
+            self.changed.insert(key.to_owned());
+        }
+        match planned? {
+            Planned::Window(p) => {
+                if st.pending.as_ref() != Some(&p) {
+                    st.pending = Some(p.clone());
+                    self.changed.insert(key.to_owned());
+                }
+                Ok(Some(p))
+            }
+            Planned::Idle => {
+                t.dirty = false;
+                Ok(None)
+            }
+            Planned::Partial(at) => {
+                t.retry_at = Some(at);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Saves the round's plans, publishes its windows and takes their
+    /// acks; then moves the cursors of the windows that went through.
+    pub(super) async fn ship_round(&mut self, windows: Vec<(String, Pending)>) {
+        if let Err(e) = self.save() {
+            // Nothing is published on the strength of an unsaved plan.
+            self.hold(&e.to_string());
+            return;
+        }
+        if !matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        ) {
+            self.hold("not connected to the NATS server");
+            return;
+        }
+        let mut inflight: FuturesUnordered<AckFuture> = FuturesUnordered::new();
+        let mut progress: HashMap<String, Progress> = HashMap::new();
+        let mut broken: Option<String> = None;
+        for (key, p) in windows {
+            if let Some(why) = &broken {
+                progress.insert(key, failed_progress(p, why.clone()));
+                continue;
+            }
+            let msgs = match self.messages(&key, &p) {
+                Ok(m) => m,
+                Err(e) => {
+                    progress.insert(key, failed_progress(p, e.to_string()));
+                    continue;
+                }
+            };
+            let mut prog = Progress {
+                pending: p,
+                left: msgs.len(),
+                messages: msgs.len() as u64,
+                duplicates: 0,
+                failed: None,
+            };
+            for (subject, headers, payload) in msgs {
+                while inflight.len() >= MAX_INFLIGHT {
+                    if let Some((k, r)) = inflight.next().await {
+                        acked(&mut progress, &mut prog, &key, k, r);
+                    }
+                }
+                match self
+                    .js
+                    .publish_with_headers(subject.clone(), headers, payload)
+                    .await
+                {
+                    Ok(ack) => {
+                        let k = key.clone();
+                        inflight.push(Box::pin(async move {
+                            (k, ack.await.map_err(|e| e.to_string()))
+                        }));
+                    }
+                    Err(e) => {
+                        // The connection is in trouble: the rest of the
+                        // round waits for the next.
+                        let why = format!("publishing to {subject}: {e}");
+                        prog.failed = Some(why.clone());
+                        broken = Some(why);
+                        break;
+                    }
+                }
+            }
+            progress.insert(key, prog);
+        }
+        while let Some((k, r)) = inflight.next().await {
+            if let Some(p) = progress.get_mut(&k) {
+                record_ack(p, r);
+            }
+        }
+        let now = Instant::now();
+        for (key, p) in progress {
+            match p.failed {
+                None if p.left == 0 => self.finish(&key, &p),
+                None => self.stream_failed(&key, "acknowledgements missing", now),
+                Some(why) => self.stream_failed(&key, &why, now),
+            }
+        }
+    }
+
+    /// The messages of window `p` of stream `key`: subject, headers and
+    /// payload each.
+    #[allow(clippy::type_complexity)]
+    fn messages(
+        &mut self,
+        key: &str,
+        p: &Pending,
+    ) -> Result<Vec<(String, HeaderMap, Bytes)>, WindowError> {
+        let Some(t) = self.streams.map.get_mut(key) else {
+            return Ok(Vec::new());
+        };
+        let id = t.dir;
+        let id_base = format!(
+            "{}.{}/{}/{}",
+            id.dev,
+            id.ino,
+            scan::header_value(t.task.as_str()),
+            t.stream.as_str()
+        );
+        let base = base_headers(&t.task, t.stream, &t.meta);
+        if let Some(g) = &p.gap {
+            let mut h = base;
+            h.insert(
+                "Nats-Msg-Id",
+                format!("{id_base}/{}/{}/gap", p.file, p.start),
+            );
+            h.insert("Logmon-File", p.file.to_string());
+            h.insert("Logmon-Offset", p.start.to_string());
+            h.insert("Logmon-Gap-Bytes", g.bytes.to_string());
+            h.insert("Logmon-Gap-Files", g.files.to_string());
+            return Ok(vec![(t.subject.clone(), h, Bytes::new())]);
+        }
+        let buf = Bytes::from(t.read(p.file, p.start, p.end)?);
+        let mut out = Vec::new();
+        let mut at = 0usize;
+        for piece in split_lines(&buf, usize::try_from(p.max_msg).unwrap_or(usize::MAX)) {
+            let off = p.start + at as u64;
+            let mut h = base.clone();
+            h.insert("Nats-Msg-Id", format!("{id_base}/{}/{off}", p.file));
+            h.insert("Logmon-File", p.file.to_string());
+            h.insert("Logmon-Offset", off.to_string());
+            if let Some(ns) = t.stamp(p.file, off) {
+                h.insert("Logmon-Time", crate::timeline::format_rfc3339(ns));
+            }
+            out.push((t.subject.clone(), h, buf.slice(at..at + piece)));
+            at += piece;
+        }
+        Ok(out)
+    }
+
+    /// Every message of window `p` of stream `key` was acknowledged: the
+    /// cursor moves (saved with the next round's plans, when idle, or at
+    /// exit; a crash before that only re-sends the window).
+    fn finish(&mut self, key: &str, p: &Progress) {
+        let (Some(t), Some(st)) = (
+            self.streams.map.get_mut(key),
+            self.state.streams.get_mut(key),
+        ) else {
+            return;
+        };
+        st.pending = None;
+        st.shipped_messages += p.messages;
+        st.duplicates += p.duplicates;
+        st.last_error = None;
+        match &p.pending.gap {
+            Some(g) => {
+                st.file = g.to_file;
+                st.offset = 0;
+                st.gap_bytes += g.bytes;
+                st.gaps += 1;
+                tracing::warn!(task = ?t.task.as_str(), stream = %t.stream, bytes = g.bytes, files = g.files,
+                    "log files were purged before they were shipped; published a gap record");
+            }
+            None => {
+                st.offset = p.pending.end;
+                st.shipped_bytes += p.pending.end - p.pending.start;
+            }
+        }
+        t.moved(st);
+        t.succeeded();
+        t.dirty = true;
+        self.changed.insert(key.to_owned());
+        self.hold_backoff = super::stream::BACKOFF_MIN;
+    }
+
+    /// Stream `key` failed: it backs off alone; the failure is counted,
+    /// kept in the state, and logged (at most once per [`WARN_EVERY`]
+    /// for all streams, with the count of the others).
+    pub(super) fn stream_failed(&mut self, key: &str, why: &str, now: Instant) {
+        let Some(t) = self.streams.map.get_mut(key) else {
+            return;
+        };
+        t.failed(now);
+        let retry = t.backoff;
+        if let Some(s) = self.state.streams.get_mut(key) {
+            s.errors += 1;
+            s.last_error = Some(why.to_owned());
+            self.changed.insert(key.to_owned());
+        }
+        tracing::debug!(task = ?t.task.as_str(), stream = %t.stream, error = why, "a stream's window failed");
+        if self
+            .warned
+            .is_some_and(|w| now.duration_since(w) < WARN_EVERY)
+        {
+            self.unwarned += 1;
+            return;
+        }
+        tracing::warn!(task = ?t.task.as_str(), stream = %t.stream, error = why, retry_in = ?retry,
+            others = self.unwarned, "cannot ship a stream; it backs off alone, the others go on");
+        self.warned = Some(now);
+        self.unwarned = 0;
+    }
+}
+
+fn failed_progress(pending: Pending, why: String) -> Progress {
+    Progress {
+        pending,
+        left: 0,
+        messages: 0,
+        duplicates: 0,
+        failed: Some(why),
+    }
+}
+
+/// An ack came while `current` (of `key`) was being published.
+fn acked(
+    progress: &mut HashMap<String, Progress>,
+    current: &mut Progress,
+    key: &str,
+    k: String,
+    r: Result<async_nats::jetstream::publish::PublishAck, String>,
+) {
+    if k == key {
+        record_ack(current, r);
+    } else if let Some(p) = progress.get_mut(&k) {
+        record_ack(p, r);
+    }
+}
+
+fn record_ack(p: &mut Progress, r: Result<async_nats::jetstream::publish::PublishAck, String>) {
+    p.left = p.left.saturating_sub(1);
+    match r {
+        Ok(a) => p.duplicates += u64::from(a.duplicate),
+        Err(e) => {
+            p.failed.get_or_insert(e);
+        }
+    }
+}
+
+/// The headers every message of a stream carries.
+fn base_headers(task: &TaskName, stream: Stream, meta: &crate::meta::Meta) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Logmon-Task", scan::header_value(task.as_str()));
+    h.insert("Logmon-Stream", stream.as_str());
+    for (k, v) in meta.iter() {
+        h.insert(format!("Logmon-Meta-{k}").as_str(), scan::header_value(v));
+    }
+    h
+}
+
+/// The task streams present in `dir` and the sizes of their files that
+/// are logmon's own: `(task, stream) -> {index -> size}` (a file of the
+/// task's, a hard link, a FIFO… at a stream's name is left out).
+#[allow(clippy::type_complexity)]
+pub fn streams_in(dir: &Dir) -> std::io::Result<HashMap<(TaskName, Stream), BTreeMap<u64, u64>>> {
+    let trust = dir.trust()?;
+    let mut out: HashMap<(TaskName, Stream), BTreeMap<u64, u64>> = HashMap::new();
+    for name in dir.list()? {
+        let Some(name) = name.to_str() else { continue };
+        let Some((task, stream, n)) = scan::parse_log_name(name) else {
+            continue;
+        };
+        // lstat through the handle: never followed.
+        let Ok(Some(st)) = dir.stat(name) else {
+            continue;
+        };
+        if trust.foreign_file(&st).is_some() {
+            continue;
+        }
+        out.entry((task, stream))
+            .or_default()
+            .insert(n, u64::try_from(st.st_size).unwrap_or(0));
+    }
+    Ok(out)
+}
+
+/// Splits `buf` into message payload lengths: whole lines packed up to
+/// `max` bytes; a line longer than `max` is cut into `max`-byte pieces.
+/// Deterministic: the same bytes and limit give the same pieces.
+pub fn split_lines(buf: &[u8], max: usize) -> Vec<usize> {
+    let max = max.max(1);
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < buf.len() {
+        let rest = &buf[start..];
+        let piece = if rest.len() <= max {
+            rest.len()
+        } else {
+            match memchr::memrchr(b'\n', &rest[..max]) {
+                Some(i) => i + 1,
+                None => max,
+            }
+        };
+        out.push(piece);
+        start += piece;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_lines_whole_and_cuts_only_overlong_ones() {
+        let buf = b"aaa\nbb\ncccccccc\nd\n";
+        let p = split_lines(buf, 8);
+        assert_eq!(p, vec![7, 8, 3]);
+        assert_eq!(p.iter().sum::<usize>(), buf.len());
+        assert_eq!(split_lines(b"", 8), Vec::<usize>::new());
+    }
+}

@@ -1,0 +1,136 @@
+//! `logmon ship --status`: the state in `--state-dir` as one JSON object,
+//! with each stream's lag measured now from its files (bytes past the
+//! cursor in logmon's own files, and the age of the oldest unshipped byte
+//! from its capture-time index), not from what the shipper last saw.
+//! Whether a shipper holds the state directory, and its pid, come from
+//! the kernel's lock table, without taking the lock.
+//!
+//! Read-only: it creates nothing and never blocks a running shipper.
+//! Tests: `tests/it/ship.rs` (`status_shows_the_lag_…`, the error matrix).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::cli::{Failure, EXIT_FAILURE, EXIT_USAGE};
+use super::state::{self, StreamState};
+use crate::config::{Stream, TaskName};
+use crate::dir::Dir;
+
+/// Prints the status of the state in `dir`.
+pub fn print(dir: &Path) -> Result<(), Failure> {
+    let st = state::read(dir).map_err(|e| Failure {
+        code: if matches!(e, state::StateError::Io { .. }) || e.is_bad_state() {
+            EXIT_USAGE
+        } else {
+            EXIT_FAILURE
+        },
+        message: match e {
+            state::StateError::Io { path, source } if path == dir => {
+                format!("--state-dir {}: {source}", dir.display())
+            }
+            other => other.to_string(),
+        },
+    })?;
+    let mut dirs: HashMap<String, Option<Arc<Dir>>> = HashMap::new();
+    let streams: Vec<serde_json::Value> = st
+        .streams
+        .iter()
+        .map(|(key, s)| {
+            let d = dirs
+                .entry(dir_key(key).to_owned())
+                .or_insert_with(|| open_same(&s.dir, dir_key(key)))
+                .clone();
+            let (lag_bytes, lag_seconds) = d.map_or((None, None), |d| lag(&d, s));
+            serde_json::json!({
+                "dir": s.dir, "task": s.task, "stream": s.stream,
+                "file": s.file, "offset": s.offset,
+                "pending": s.pending.as_ref().map(|p| serde_json::json!({
+                    "file": p.file, "start": p.start, "end": p.end, "gap": p.gap.is_some(),
+                })),
+                "shipped_bytes": s.shipped_bytes, "shipped_messages": s.shipped_messages,
+                "duplicates": s.duplicates,
+                "lag_bytes": lag_bytes, "lag_seconds": lag_seconds,
+                "errors": s.errors, "last_error": s.last_error,
+                "gap_bytes": s.gap_bytes, "gaps": s.gaps,
+                "foreign_files": s.foreign_files,
+            })
+        })
+        .collect();
+    let pid = holder(dir);
+    let j = serde_json::json!({
+        "shipper": { "running": pid.is_some(), "pid": pid },
+        "streams": streams,
+    });
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{j}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        // A reader that went away (`| head`) is not a failure.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure {
+            code: EXIT_FAILURE,
+            message: format!("cannot write the status to stdout: {e}"),
+        }),
+    }
+}
+
+/// `<dev>:<ino>` of a stream's key.
+fn dir_key(key: &str) -> &str {
+    key.split('/').next().unwrap_or("")
+}
+
+/// The log directory at `path`, if it is still the one of the key.
+fn open_same(path: &Path, id: &str) -> Option<Arc<Dir>> {
+    let d = Dir::open(path).ok()?;
+    (d.id().to_string() == id).then(|| Arc::new(d))
+}
+
+/// The stream's lag now: bytes of logmon's own files past the cursor, and
+/// the age in seconds of the first of them.
+fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
+    let stream = Stream::ALL.into_iter().find(|x| x.as_str() == s.stream);
+    let (Ok(task), Some(stream)) = (TaskName::new(&s.task), stream) else {
+        return (None, None);
+    };
+    let (Ok(trust), Ok(files)) = (
+        dir.trust(),
+        crate::rotate::scan_indices_in(dir, &task, stream),
+    ) else {
+        return (None, None);
+    };
+    let mut bytes = 0u64;
+    let mut first: Option<(u64, u64)> = None;
+    for n in files.into_iter().filter(|&n| n >= s.file) {
+        let name = crate::rotate::file_name(&task, stream, n);
+        let Ok(Some(st)) = dir.stat(&name) else {
+            continue;
+        };
+        if trust.foreign_file(&st).is_some() {
+            continue;
+        }
+        let len = u64::try_from(st.st_size).unwrap_or(0);
+        let from = if n == s.file { s.offset.min(len) } else { 0 };
+        if len > from {
+            bytes += len - from;
+            first.get_or_insert((n, from));
+        }
+    }
+    let secs = match first {
+        Some((n, off)) => {
+            let mut stamper = crate::timeline::Stamper::new(dir.clone(), &task, stream, false);
+            let at = stamper.stamp(n, off).ns();
+            let now = crate::index::now_ns();
+            now.saturating_sub(at).max(0) as f64 / 1e9
+        }
+        None => 0.0,
+    };
+    (Some(bytes), Some(secs))
+}
+
+/// The pid of the shipper holding the state directory's lock, if any.
+fn holder(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir.join(state::LOCK_FILE)).ok()?;
+    crate::fifo::flock_holder(m.dev(), m.ino())
+}

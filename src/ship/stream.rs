@@ -1,0 +1,511 @@
+//! One followed stream of one task, and how its next window is planned:
+//! from the files themselves (the cursor file's `fstat`, the next file's
+//! `fstatat`), not from a listing that may be stale, so a caught-up
+//! shipper never sleeps on a stream with unshipped bytes (DESIGN.md §12;
+//! `tests/it/ship.rs::a_caught_up_shipper_never_sleeps_on_unshipped_bytes`).
+//!
+//! A stream file is read only if it is logmon's own ([`crate::dir::Trust`]:
+//! a regular one-link file of root, the shipper's uid or the directory's
+//! owner), looked at before it is opened (a FIFO or a device is never
+//! opened) and checked again on the descriptor opened (non-blocking, so a
+//! file under a lease fails at once instead of hanging). Anything else at
+//! a stream's name is counted in `foreign_files` and never shipped.
+//!
+//! Descriptors are bounded: each stream's open file, position writer and
+//! capture-time stamper live in an entry that [`Streams`] lets go when more
+//! than its cap are open (the least recently used first); the next window
+//! opens them again. The cursor's file is held open while it is in use,
+//! so a purge mid-read loses nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::state::{Gap, Pending, StreamState};
+use crate::config::{Stream, TaskName};
+use crate::dir::{Dir, FileId};
+use crate::timeline::Stamper;
+
+/// Bytes read per window (one persisted plan, many messages).
+pub const WINDOW: u64 = 8 * 1024 * 1024;
+/// How long a partial last line waits for its newline before it is
+/// shipped as it is (capture itself writes one after 1 s).
+pub const PARTIAL_WAIT: Duration = Duration::from_millis(1500);
+/// Backoff bounds after a stream's window failed.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest backoff.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Why a stream's window could not be made or shipped (retried after the
+/// stream's own backoff; other streams go on).
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    /// A file of the stream could not be read.
+    #[error("reading {name}: {source}")]
+    Read {
+        /// The file.
+        name: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the next step of a stream is.
+#[derive(Debug)]
+pub enum Planned {
+    /// Publish this window.
+    Window(Pending),
+    /// Nothing to ship.
+    Idle,
+    /// A partial last line waits for its newline until then.
+    Partial(Instant),
+}
+
+/// The descriptors of a stream in use.
+struct Open {
+    dir: Arc<Dir>,
+    file: Option<(u64, File)>,
+    stamper: Stamper,
+    shipped: crate::shipped::Writer,
+}
+
+/// One followed stream.
+pub struct Tracked {
+    /// Its key in the state.
+    pub key: String,
+    /// Its log directory.
+    pub dir: FileId,
+    /// The task.
+    pub task: TaskName,
+    /// The stream.
+    pub stream: Stream,
+    /// Where its messages go.
+    pub subject: String,
+    /// Its metadata (headers).
+    pub meta: crate::meta::Meta,
+    /// Sizes of its files as last seen (listings, events, the cursor
+    /// file's `fstat`).
+    pub sizes: BTreeMap<u64, u64>,
+    /// The largest size ever learnt of each file at or past the cursor,
+    /// including files purged since: what a gap record counts.
+    pub learnt: BTreeMap<u64, u64>,
+    /// A partial last line has waited since then.
+    partial_since: Option<Instant>,
+    /// Not to be tried again before then (its own backoff).
+    pub retry_at: Option<Instant>,
+    /// Its next backoff.
+    pub backoff: Duration,
+    /// Something may have changed since it was last caught up.
+    pub dirty: bool,
+    open: Option<Open>,
+    used: u64,
+}
+
+impl Tracked {
+    /// A stream first seen.
+    pub fn new(key: String, dir: FileId, task: TaskName, stream: Stream) -> Tracked {
+        Tracked {
+            key,
+            dir,
+            task,
+            stream,
+            subject: String::new(),
+            meta: crate::meta::Meta::default(),
+            sizes: BTreeMap::new(),
+            learnt: BTreeMap::new(),
+            partial_since: None,
+            retry_at: None,
+            backoff: BACKOFF_MIN,
+            dirty: true,
+            open: None,
+            used: 0,
+        }
+    }
+
+    /// Records that file `n` held at least `len` bytes (files only grow).
+    pub fn learn(&mut self, n: u64, len: u64) {
+        let e = self.learnt.entry(n).or_insert(len);
+        *e = (*e).max(len);
+    }
+
+    /// A failed window: back off (this stream only).
+    pub fn failed(&mut self, now: Instant) {
+        self.retry_at = Some(now + self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.dirty = true;
+    }
+
+    /// A window went through: no backoff.
+    pub fn succeeded(&mut self) {
+        self.retry_at = None;
+        self.backoff = BACKOFF_MIN;
+    }
+
+    /// Whether it may be tried now.
+    pub fn ready(&self, now: Instant) -> bool {
+        self.dirty && self.retry_at.is_none_or(|t| t <= now)
+    }
+
+    fn name(&self, n: u64) -> String {
+        crate::rotate::file_name(&self.task, self.stream, n)
+    }
+
+    /// The file `n` of the stream, open, if it is there and logmon's own
+    /// (counted in `foreign` otherwise).
+    fn open_file(&self, dir: &Dir, n: u64, foreign: &mut u64) -> Result<Option<File>, WindowError> {
+        let name = self.name(n);
+        let read = |source| WindowError::Read {
+            name: dir.display(&name).display().to_string(),
+            source,
+        };
+        let trust = dir.trust().map_err(read)?;
+        // A look first: a FIFO or device at the name is never opened.
+        match dir.stat(&name).map_err(read)? {
+            None => return Ok(None),
+            Some(st) if trust.foreign_file(&st).is_some() => {
+                *foreign += 1;
+                return Ok(None);
+            }
+            Some(_) => {}
+        }
+        let f = match dir.open_at(&name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(read(e)),
+        };
+        let st = nix::sys::stat::fstat(&f).map_err(|e| read(e.into()))?;
+        if trust.foreign_file(&st).is_some() {
+            *foreign += 1;
+            return Ok(None);
+        }
+        Ok(Some(f))
+    }
+
+    /// Whether file `n` is there and logmon's own (a look, no open).
+    fn present(&self, dir: &Dir, n: u64) -> bool {
+        let Ok(trust) = dir.trust() else { return false };
+        matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.foreign_file(&st).is_none())
+    }
+
+    /// The capture time (ns) of byte `offset` of file `n`.
+    pub fn stamp(&mut self, n: u64, offset: u64) -> Option<i64> {
+        self.open.as_mut().map(|o| o.stamper.stamp(n, offset).ns())
+    }
+
+    /// Reads bytes `[start, end)` of the cursor's open file `n`.
+    pub fn read(&self, n: u64, start: u64, end: u64) -> Result<Vec<u8>, WindowError> {
+        let (dir, file) = match &self.open {
+            Some(Open {
+                dir,
+                file: Some((m, f)),
+                ..
+            }) if *m == n => (dir, f),
+            _ => {
+                return Err(WindowError::Read {
+                    name: self.name(n),
+                    source: std::io::Error::other("file not open"),
+                })
+            }
+        };
+        let mut buf = vec![0u8; usize::try_from(end - start).unwrap_or(0)];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|source| WindowError::Read {
+                name: dir.display(self.name(n)).display().to_string(),
+                source,
+            })?;
+        Ok(buf)
+    }
+
+    /// After an acknowledged window: forget what lies before the cursor,
+    /// and leave the position beside the files for `run --keep-unshipped`
+    /// (after the ack: it may only ever be behind the stream).
+    pub fn moved(&mut self, st: &StreamState) {
+        self.learnt = self.learnt.split_off(&st.file);
+        self.sizes = self.sizes.split_off(&st.file);
+        let Some(o) = self.open.as_mut() else { return };
+        o.stamper.forget_before(st.file);
+        let at = crate::shipped::Position {
+            file: st.file,
+            offset: st.offset,
+        };
+        if let Err(e) = o.shipped.store(&o.dir, &self.task, self.stream, at) {
+            tracing::debug!(task = ?self.task.as_str(), stream = %self.stream, error = %e,
+                "cannot leave the shipped position in the log directory");
+        }
+    }
+
+    /// Plans the next window (see the module docs): a stored one first
+    /// (replayed exactly), else lines from the cursor, or a gap record.
+    pub fn plan(
+        &mut self,
+        st: &mut StreamState,
+        max_msg: u64,
+        now: Instant,
+    ) -> Result<Planned, WindowError> {
+        let Some(dir) = self.open.as_ref().map(|o| o.dir.clone()) else {
+            return Err(WindowError::Read {
+                name: self.name(st.file),
+                source: std::io::Error::other("directory not open"),
+            });
+        };
+        loop {
+            let n = st.file;
+            self.open_cursor(&dir, n, &mut st.foreign_files)?;
+            let cursor_open = self.cursor_open(n);
+            if let Some(p) = &st.pending {
+                if p.gap.is_some() || cursor_open {
+                    return Ok(Planned::Window(p.clone()));
+                }
+                // The planned bytes were purged before they were re-sent:
+                // plan afresh (a gap record).
+                st.pending = None;
+            }
+            if !cursor_open {
+                return Ok(self.gap_from_missing(&dir, st, max_msg));
+            }
+            let len = self.cursor_len(n)?;
+            self.sizes.insert(n, len);
+            self.learn(n, len);
+            if st.offset < len {
+                return self.lines(st, n, len, max_msg, now, &dir);
+            }
+            // Caught up in file n: the next file, looked up on disk. Once
+            // it exists, file n is final: its length is looked at again,
+            // as it may have grown since the first look.
+            if self.present(&dir, n + 1) {
+                if self.cursor_len(n)? > len {
+                    continue;
+                }
+                st.file = n + 1;
+                st.offset = 0;
+                continue;
+            }
+            let later = self.next_known(&dir, n + 1);
+            let Some(next) = later else {
+                self.partial_since = None;
+                return Ok(Planned::Idle);
+            };
+            // Files between were purged before they were opened.
+            let bytes = self.learnt.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
+            return Ok(Planned::Window(Pending {
+                file: n + 1,
+                start: 0,
+                end: 0,
+                max_msg,
+                gap: Some(Gap {
+                    to_file: next,
+                    bytes,
+                    files: next - n - 1,
+                }),
+            }));
+        }
+    }
+
+    /// Opens the cursor's file `n` unless it is open already.
+    fn open_cursor(&mut self, dir: &Dir, n: u64, foreign: &mut u64) -> Result<(), WindowError> {
+        if self.cursor_open(n) {
+            return Ok(());
+        }
+        let f = self.open_file(dir, n, foreign)?;
+        if let Some(o) = self.open.as_mut() {
+            o.file = f.map(|f| (n, f));
+        }
+        Ok(())
+    }
+
+    fn cursor_open(&self, n: u64) -> bool {
+        matches!(&self.open, Some(Open { file: Some((m, _)), .. }) if *m == n)
+    }
+
+    fn cursor_len(&self, n: u64) -> Result<u64, WindowError> {
+        match &self.open {
+            Some(Open {
+                file: Some((_, f)), ..
+            }) => f
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|source| WindowError::Read {
+                    name: self.name(n),
+                    source,
+                }),
+            _ => Ok(0),
+        }
+    }
+
+    /// The first trusted file past `from` (inclusive), from the files
+    /// known, confirmed on disk; the directory is listed again when what
+    /// was known is gone.
+    fn next_known(&mut self, dir: &Dir, from: u64) -> Option<u64> {
+        let known: Vec<u64> = self.sizes.range(from..).map(|(&n, _)| n).collect();
+        for n in known {
+            if self.present(dir, n) {
+                return Some(n);
+            }
+            self.sizes.remove(&n);
+        }
+        let listed = crate::rotate::scan_indices_in(dir, &self.task, self.stream).ok()?;
+        let trust = dir.trust().ok()?;
+        listed.into_iter().filter(|&n| n >= from).find(|&n| {
+            matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.foreign_file(&st).is_none())
+        })
+    }
+
+    /// The cursor's file is gone: a gap record up to the next file there
+    /// is, or idle if there is none.
+    fn gap_from_missing(&mut self, dir: &Dir, st: &StreamState, max_msg: u64) -> Planned {
+        let n = st.file;
+        let Some(next) = self.next_known(dir, n + 1) else {
+            return Planned::Idle;
+        };
+        let bytes = self
+            .learnt
+            .get(&n)
+            .map_or(0, |l| l.saturating_sub(st.offset))
+            + self.learnt.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
+        Planned::Window(Pending {
+            file: n,
+            start: st.offset,
+            end: st.offset,
+            max_msg,
+            gap: Some(Gap {
+                to_file: next,
+                bytes,
+                files: next - n,
+            }),
+        })
+    }
+
+    /// A window of whole lines from the cursor in file `n` of `len` bytes.
+    fn lines(
+        &mut self,
+        st: &StreamState,
+        n: u64,
+        len: u64,
+        max_msg: u64,
+        now: Instant,
+        dir: &Dir,
+    ) -> Result<Planned, WindowError> {
+        let o = st.offset;
+        let want = (len - o).min(WINDOW);
+        let buf = self.read(n, o, o + want)?;
+        let last_nl = memchr::memrchr(b'\n', &buf).map(|i| i as u64 + 1);
+        // The file is final when a later one exists (and then it has not
+        // grown since its length was taken).
+        let final_file =
+            || self.present(dir, n + 1) && self.cursor_len(n).is_ok_and(|now| now == len);
+        let take = match last_nl {
+            _ if o + want < len => last_nl.unwrap_or(want.min(max_msg).max(1)),
+            Some(c) => c,
+            None if want >= max_msg => max_msg,
+            None if final_file() => want,
+            None => {
+                // A partial line in the active file: give it its newline
+                // time, then ship it as it is.
+                let since = *self.partial_since.get_or_insert(now);
+                if now.duration_since(since) < PARTIAL_WAIT {
+                    return Ok(Planned::Partial(since + PARTIAL_WAIT));
+                }
+                want
+            }
+        };
+        self.partial_since = None;
+        Ok(Planned::Window(Pending {
+            file: n,
+            start: o,
+            end: o + take,
+            max_msg,
+            gap: None,
+        }))
+    }
+}
+
+/// Every followed stream, and the cap on their open descriptors.
+pub struct Streams {
+    /// By state key.
+    pub map: HashMap<String, Tracked>,
+    cap: usize,
+    open: usize,
+    clock: u64,
+}
+
+impl Streams {
+    /// No streams; at most `cap` with descriptors open at once.
+    pub fn new(cap: usize) -> Streams {
+        Streams {
+            map: HashMap::new(),
+            cap: cap.max(1),
+            open: 0,
+            clock: 0,
+        }
+    }
+
+    /// Gives stream `key` its descriptors (in `dir`), letting the least
+    /// recently used other streams' go beyond the cap.
+    pub fn open(&mut self, key: &str, dir: Arc<Dir>) {
+        self.clock += 1;
+        let clock = self.clock;
+        let Some(t) = self.map.get_mut(key) else {
+            return;
+        };
+        t.used = clock;
+        if t.open.is_some() {
+            return;
+        }
+        t.open = Some(Open {
+            stamper: Stamper::new(dir.clone(), &t.task, t.stream, true),
+            dir,
+            file: None,
+            shipped: crate::shipped::Writer::default(),
+        });
+        self.open += 1;
+        while self.open > self.cap {
+            let victim = self
+                .map
+                .values_mut()
+                .filter(|t| t.open.is_some() && t.used != clock)
+                .min_by_key(|t| t.used);
+            match victim {
+                Some(v) => {
+                    v.open = None;
+                    self.open -= 1;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Stops following the streams of directory `dir`.
+    pub fn drop_dir(&mut self, dir: &FileId) -> Vec<String> {
+        let gone: Vec<String> = self
+            .map
+            .values()
+            .filter(|t| t.dir == *dir)
+            .map(|t| t.key.clone())
+            .collect();
+        for k in &gone {
+            if let Some(t) = self.map.remove(k) {
+                if t.open.is_some() {
+                    self.open -= 1;
+                }
+            }
+        }
+        gone
+    }
+}
+
+/// The key of a stream in the state: log directory identity, task, stream.
+pub fn key(dir: FileId, task: &TaskName, stream: Stream) -> String {
+    format!(
+        "{}:{}/{}/{}",
+        dir.dev,
+        dir.ino,
+        task.as_str(),
+        stream.as_str()
+    )
+}

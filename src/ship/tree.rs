@@ -1,0 +1,696 @@
+//! Where the shipper's streams live: the log directories given with
+//! `--log-dir` or found under `--watch ROOT` by `--pattern`, the inotify
+//! watches that say what changed in them, and a bounded set of open
+//! directory handles.
+//!
+//! Guarantees, and the tests that prove them (`tests/it/ship.rs` unless
+//! named otherwise):
+//! - **nothing outside the tree is followed** — the root is opened once;
+//!   every directory below it is reached with `openat(O_NOFOLLOW |
+//!   O_DIRECTORY)` from its parent's descriptor, so a symlink anywhere
+//!   under `--watch` is never followed, and a watch is added on the very
+//!   inode opened (through `/proc/self/fd/N`), never by walking a path
+//!   (`a_symlink_under_watch_is_never_followed`);
+//! - **only the pattern's directories are watched** — the root and the
+//!   directories matching the pattern's leading components (for child
+//!   directories coming and going), and the log directories themselves
+//!   (for their files), not whole trees;
+//! - **an unreadable directory is skipped with a warning**, never a
+//!   refusal to start (`an_unreadable_directory_under_watch_is_skipped`);
+//! - **bounded descriptors** — a found log directory's handle is kept in a
+//!   small cache and reopened on demand from the root, component by
+//!   component with `O_NOFOLLOW`, and used only if it is the same
+//!   directory (device and inode) as the one found: a task that swaps a
+//!   path cannot redirect the shipper to another directory
+//!   (`twenty_thousand_streams_ship_within_the_default_open_file_limit`);
+//! - **events are coalesced** — the watch mask has no `IN_OPEN` or
+//!   `IN_ACCESS` (the shipper's own reads never wake it); the kernel
+//!   merges repeated events while the shipper waits out its delay, and one
+//!   read takes up to 64 KiB of them; a queue overflow means "look at
+//!   everything again", never a missed change;
+//! - **trust** — a directory that others could rename names in (writable
+//!   by others without the sticky bit, [`crate::dir::Trust`]) is not
+//!   shipped from: a task there could have renamed another task's files or
+//!   logmon's into any stream's name. It is reported, and looked at again
+//!   when its mode changes (`forged_by_rename_…`).
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::OFlag;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use nix::sys::stat::Mode;
+
+use super::scan::{glob_component, Pattern};
+use crate::dir::{Dir, FileId};
+
+/// What a log directory's watch reports.
+fn log_mask() -> AddWatchFlags {
+    AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+        | AddWatchFlags::from_bits_retain(nix::libc::IN_EXCL_UNLINK)
+}
+
+/// What a directory above the log directories reports: children coming
+/// and going.
+fn tree_mask() -> AddWatchFlags {
+    AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+}
+
+/// Why the tree could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    /// inotify itself.
+    #[error("cannot start inotify: {0} (check fs.inotify.max_user_instances)")]
+    Inotify(#[source] std::io::Error),
+    /// A given directory.
+    #[error("log directory {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Where a log directory was found, to reopen it.
+#[derive(Debug, Clone)]
+enum Origin {
+    /// `--log-dir`: its handle is kept open for the shipper's life.
+    Given,
+    /// Under the root, by these components.
+    Found(Vec<OsString>),
+}
+
+/// One log directory.
+#[derive(Debug)]
+pub struct LogDir {
+    /// Its identity (the streams' keys hold it).
+    pub id: FileId,
+    /// Its path, for messages and the status.
+    pub path: PathBuf,
+    /// The `--pattern` captures of its path (`{1}` first).
+    pub captures: Vec<String>,
+    /// Why its names cannot be trusted, if they cannot.
+    pub untrusted: Option<&'static str>,
+    origin: Origin,
+    wd: Option<WatchDescriptor>,
+    handle: Option<Arc<Dir>>,
+    used: u64,
+}
+
+/// A change inotify reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Something happened to `name` in log directory `dir`.
+    File {
+        /// The directory.
+        dir: FileId,
+        /// The name.
+        name: OsString,
+        /// It was closed after writing (a rotated file's final size).
+        closed: bool,
+    },
+    /// The log directory itself changed mode (trust may have changed).
+    Attrib(FileId),
+    /// The log directory was removed (`deleted`) or moved away.
+    Gone {
+        /// The directory.
+        dir: FileId,
+        /// Removed, not moved.
+        deleted: bool,
+    },
+    /// Everything may have changed (the event queue overflowed).
+    Overflow,
+}
+
+struct Root {
+    dir: Dir,
+    pattern: Pattern,
+}
+
+/// A watched directory above the log directories.
+struct Node {
+    rel: Vec<OsString>,
+}
+
+/// The log directories and their watches (see the module docs).
+pub struct Tree {
+    inotify: Inotify,
+    root: Option<Root>,
+    nodes: HashMap<i32, Node>,
+    by_wd: HashMap<i32, FileId>,
+    logs: HashMap<FileId, LogDir>,
+    /// Handles of found directories kept open at most.
+    cap: usize,
+    open: usize,
+    clock: u64,
+    /// Tree nodes to look at again: a child directory of that name came
+    /// (or any, for `None`).
+    rescan: Vec<(i32, Option<OsString>)>,
+    /// A watch could not be added (the inotify limit): the shipper then
+    /// looks at everything again now and then instead.
+    pub degraded: bool,
+    buf: Vec<u8>,
+}
+
+impl Tree {
+    /// Sets up inotify, the given directories and the root; `cap` bounds
+    /// the found directories' handles kept open.
+    pub fn new(
+        given: &[PathBuf],
+        watch: Option<(&Path, Pattern)>,
+        cap: usize,
+    ) -> Result<Tree, TreeError> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| TreeError::Inotify(e.into()))?;
+        let mut t = Tree {
+            inotify,
+            root: None,
+            nodes: HashMap::new(),
+            by_wd: HashMap::new(),
+            logs: HashMap::new(),
+            cap: cap.max(1),
+            open: 0,
+            clock: 0,
+            rescan: Vec::new(),
+            degraded: false,
+            buf: vec![0; 64 * 1024],
+        };
+        for p in given {
+            let dir = Dir::open(p).map_err(|source| TreeError::Dir {
+                path: p.clone(),
+                source,
+            })?;
+            t.add_log_dir(dir, Origin::Given, Vec::new());
+        }
+        if let Some((root, pattern)) = watch {
+            let dir = Dir::open(root).map_err(|source| TreeError::Dir {
+                path: root.to_path_buf(),
+                source,
+            })?;
+            t.root = Some(Root { dir, pattern });
+            t.rediscover(true);
+        }
+        Ok(t)
+    }
+
+    /// The inotify descriptor, to wait on.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inotify.as_fd()
+    }
+
+    /// The log directories.
+    pub fn dirs(&self) -> impl Iterator<Item = &LogDir> {
+        self.logs.values()
+    }
+
+    /// One log directory.
+    pub fn get(&self, id: &FileId) -> Option<&LogDir> {
+        self.logs.get(id)
+    }
+
+    /// Adds a watch on the very directory `dir` opened.
+    fn watch(&mut self, dir: &Dir, mask: AddWatchFlags) -> Option<WatchDescriptor> {
+        let path = format!("/proc/self/fd/{}", dir.fd().as_raw_fd());
+        match self.inotify.add_watch(path.as_str(), mask) {
+            Ok(wd) => Some(wd),
+            Err(e) => {
+                self.degraded = true;
+                tracing::warn!(dir = %dir.path().display(), error = %e,
+                    "cannot watch a directory (raise fs.inotify.max_user_watches): it is looked at again every few seconds instead");
+                None
+            }
+        }
+    }
+
+    fn add_log_dir(&mut self, dir: Dir, origin: Origin, captures: Vec<String>) -> Option<FileId> {
+        let id = dir.id();
+        if self.logs.contains_key(&id) {
+            return None;
+        }
+        let wd = self.watch(&dir, log_mask());
+        let untrusted = untrusted(&dir);
+        if let Some(why) = untrusted {
+            tracing::warn!(dir = %dir.path().display(), why,
+                "not shipping from a log directory whose names others could rename: a task there could pass its lines off as another task's");
+        }
+        if let Some(wd) = wd {
+            self.by_wd.insert(wd.as_raw(), id);
+        }
+        let keep = matches!(origin, Origin::Given);
+        self.open += 1;
+        self.clock += 1;
+        self.logs.insert(
+            id,
+            LogDir {
+                id,
+                path: dir.path().to_path_buf(),
+                captures,
+                untrusted,
+                origin,
+                wd,
+                handle: Some(Arc::new(dir)),
+                used: if keep { u64::MAX } else { self.clock },
+            },
+        );
+        self.trim();
+        Some(id)
+    }
+
+    /// Walks down from `at` (the directory at `rel` below the root) to
+    /// the log directories, `left` pattern components below.
+    fn walk(&mut self, root: &Root, at: &Dir, rel: &mut Vec<OsString>, left: usize) {
+        let names = match at.list() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(dir = %at.path().display(), error = %e,
+                    "skipping a directory under --watch that cannot be listed");
+                return;
+            }
+        };
+        for name in names {
+            self.visit(root, at, rel, &name, left);
+        }
+    }
+
+    /// Looks at `name` in `at` (the directory at `rel`): a log directory
+    /// if it matches the last component, else a node to watch and walk
+    /// (once: a node already watched was walked already).
+    fn visit(&mut self, root: &Root, at: &Dir, rel: &mut Vec<OsString>, name: &OsStr, left: usize) {
+        let Some(pat) = root.pattern.components().get(rel.len()) else {
+            return;
+        };
+        if left == 0 || !glob_component(pat.as_bytes(), name.as_bytes()) {
+            return;
+        }
+        let child = match at.open_child(name) {
+            Ok(c) => c,
+            // A symlink (ELOOP) or not a directory: never followed.
+            Err(e)
+                if matches!(e.raw_os_error(),
+                    Some(c) if c == nix::libc::ELOOP || c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
+            {
+                return
+            }
+            Err(e) => {
+                tracing::warn!(dir = ?at.path().join(name), error = %e,
+                    "skipping a directory under --watch that cannot be opened");
+                return;
+            }
+        };
+        rel.push(name.to_owned());
+        if left == 1 {
+            let captures = captures(&root.pattern, rel);
+            self.add_log_dir(child, Origin::Found(rel.clone()), captures);
+        } else {
+            match self.watch(&child, tree_mask()) {
+                Some(wd) if self.nodes.contains_key(&wd.as_raw()) => {}
+                Some(wd) => {
+                    self.nodes.insert(wd.as_raw(), Node { rel: rel.clone() });
+                    self.walk(root, &child, rel, left - 1);
+                }
+                None => self.walk(root, &child, rel, left - 1),
+            }
+        }
+        rel.pop();
+    }
+
+    /// Looks again where directories came or went (every node after an
+    /// overflow, or in degraded mode): finds new log directories.
+    pub fn rediscover(&mut self, everything: bool) {
+        let Some(root) = self.root.take() else {
+            return;
+        };
+        let levels = root.pattern.components().len();
+        let mut todo: Vec<(Vec<OsString>, Option<OsString>)> = std::mem::take(&mut self.rescan)
+            .into_iter()
+            .filter_map(|(wd, name)| self.nodes.get(&wd).map(|n| (n.rel.clone(), name)))
+            .collect();
+        if everything {
+            // Nodes already walked are skipped by `visit`; forget them so
+            // the whole tree is looked at.
+            self.nodes.clear();
+            todo = vec![(Vec::new(), None)];
+            if let Some(wd) = self.watch(&root.dir, tree_mask()) {
+                self.nodes.insert(wd.as_raw(), Node { rel: Vec::new() });
+            }
+        }
+        todo.sort();
+        todo.dedup();
+        for (mut rel, name) in todo {
+            let Ok(dir) = reopen(&root.dir, &rel) else {
+                continue;
+            };
+            let left = levels - rel.len();
+            match name {
+                Some(n) => self.visit(&root, &dir, &mut rel, &n, left),
+                None => self.walk(&root, &dir, &mut rel, left),
+            }
+        }
+        self.root = Some(root);
+    }
+
+    /// The handle of log directory `id`, reopened if it was let go.
+    pub fn handle(&mut self, id: &FileId) -> std::io::Result<Arc<Dir>> {
+        self.clock += 1;
+        let clock = self.clock;
+        let root = self.root.as_ref().map(|r| &r.dir);
+        let Some(d) = self.logs.get_mut(id) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "log directory no longer followed",
+            ));
+        };
+        if d.used != u64::MAX {
+            d.used = clock;
+        }
+        if let Some(h) = &d.handle {
+            return Ok(h.clone());
+        }
+        let Origin::Found(rel) = &d.origin else {
+            return Err(std::io::Error::other("a given directory lost its handle"));
+        };
+        let Some(root) = root else {
+            return Err(std::io::Error::other("no root"));
+        };
+        let dir = reopen(root, rel)?;
+        if dir.id() != d.id {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{} is now another directory (it was replaced)",
+                    d.path.display()
+                ),
+            ));
+        }
+        let dir = Arc::new(dir);
+        d.handle = Some(dir.clone());
+        self.open += 1;
+        self.trim();
+        Ok(dir)
+    }
+
+    /// Lets the least recently used found directories' handles go, down
+    /// to the cap (given directories are kept).
+    fn trim(&mut self) {
+        while self.open > self.cap {
+            let lru = self
+                .logs
+                .values_mut()
+                .filter(|d| d.handle.is_some() && d.used != u64::MAX)
+                .min_by_key(|d| d.used);
+            match lru {
+                Some(d) => {
+                    d.handle = None;
+                    self.open -= 1;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Stops following log directory `id` (gone, or replaced).
+    pub fn remove(&mut self, id: &FileId) {
+        if let Some(d) = self.logs.remove(id) {
+            if let Some(wd) = d.wd {
+                self.by_wd.remove(&wd.as_raw());
+                let _ = self.inotify.rm_watch(wd);
+            }
+            if d.handle.is_some() {
+                self.open -= 1;
+            }
+        }
+    }
+
+    /// Looks again at whether log directory `id` can be trusted; returns
+    /// whether that changed.
+    pub fn recheck_trust(&mut self, id: &FileId) -> bool {
+        let Ok(h) = self.handle(id) else { return false };
+        let now = untrusted(&h);
+        let Some(d) = self.logs.get_mut(id) else {
+            return false;
+        };
+        if d.untrusted == now {
+            return false;
+        }
+        match now {
+            Some(why) => tracing::warn!(dir = %d.path.display(), why,
+                "no longer shipping from this log directory: others could now rename names in it"),
+            None => {
+                tracing::info!(dir = %d.path.display(), "shipping from this log directory again: its names are safe from renames")
+            }
+        }
+        d.untrusted = now;
+        true
+    }
+
+    /// Reads every event queued (up to 64 KiB at a time) into changes.
+    pub fn read_events(&mut self) -> Vec<Change> {
+        let mut out = Vec::new();
+        loop {
+            let n = match nix::unistd::read(&self.inotify, &mut self.buf) {
+                Ok(0) | Err(nix::errno::Errno::EAGAIN) => break,
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read inotify events; looking at everything again");
+                    out.push(Change::Overflow);
+                    break;
+                }
+            };
+            let buf = std::mem::take(&mut self.buf);
+            for ev in parse_events(&buf[..n]) {
+                self.decode(ev, &mut out);
+            }
+            self.buf = buf;
+        }
+        out
+    }
+
+    fn decode(&mut self, ev: RawEvent<'_>, out: &mut Vec<Change>) {
+        let mask = AddWatchFlags::from_bits_truncate(ev.mask);
+        if mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+            out.push(Change::Overflow);
+            return;
+        }
+        if let Some(&id) = self.by_wd.get(&ev.wd) {
+            if mask.intersects(
+                AddWatchFlags::IN_DELETE_SELF
+                    | AddWatchFlags::IN_MOVE_SELF
+                    | AddWatchFlags::IN_IGNORED,
+            ) {
+                out.push(Change::Gone {
+                    dir: id,
+                    deleted: !mask.contains(AddWatchFlags::IN_MOVE_SELF),
+                });
+            } else if ev.name.is_empty() {
+                if mask.contains(AddWatchFlags::IN_ATTRIB) {
+                    out.push(Change::Attrib(id));
+                }
+            } else {
+                out.push(Change::File {
+                    dir: id,
+                    name: OsStr::from_bytes(ev.name).to_owned(),
+                    closed: mask.contains(AddWatchFlags::IN_CLOSE_WRITE),
+                });
+            }
+            return;
+        }
+        if self.nodes.contains_key(&ev.wd) {
+            if mask.contains(AddWatchFlags::IN_IGNORED) {
+                self.nodes.remove(&ev.wd);
+            } else if mask.contains(AddWatchFlags::IN_ISDIR)
+                && mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+            {
+                let name = (!ev.name.is_empty()).then(|| OsStr::from_bytes(ev.name).to_owned());
+                self.rescan.push((ev.wd, name));
+            }
+        }
+    }
+
+    /// Whether tree nodes wait to be listed again.
+    pub fn wants_rescan(&self) -> bool {
+        !self.rescan.is_empty()
+    }
+}
+
+/// Why names in `dir` cannot be trusted, if they cannot.
+fn untrusted(dir: &Dir) -> Option<&'static str> {
+    match dir.trust() {
+        Ok(t) => t.renamable_by_others(),
+        Err(_) => Some("its mode cannot be read"),
+    }
+}
+
+/// Opens the directory `rel` below `root`, component by component, never
+/// following a symlink.
+fn reopen(root: &Dir, rel: &[OsString]) -> std::io::Result<Dir> {
+    let mut cur: Option<Dir> = None;
+    for c in rel {
+        let next = cur.as_ref().unwrap_or(root).open_child(c)?;
+        cur = Some(next);
+    }
+    match cur {
+        Some(d) => Ok(d),
+        None => Dir::from_fd(dup_dir(root)?, root.path().to_path_buf()),
+    }
+}
+
+fn dup_dir(d: &Dir) -> std::io::Result<OwnedFd> {
+    Ok(nix::fcntl::openat(
+        d.fd(),
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// The names at the pattern's wildcard components of `rel`.
+fn captures(p: &Pattern, rel: &[OsString]) -> Vec<String> {
+    rel.iter()
+        .enumerate()
+        .filter(|(i, _)| p.is_capture(*i))
+        .map(|(_, c)| c.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// One `struct inotify_event` in a read buffer.
+#[derive(Debug, PartialEq, Eq)]
+struct RawEvent<'a> {
+    wd: i32,
+    mask: u32,
+    /// The name, without its NUL padding (empty for the watched
+    /// directory itself).
+    name: &'a [u8],
+}
+
+/// Splits a buffer `read` from inotify into events (`wd`, `mask`,
+/// `cookie`, `len`, then `len` bytes of NUL-padded name); stops at a
+/// truncated one.
+fn parse_events(mut b: &[u8]) -> Vec<RawEvent<'_>> {
+    let mut out = Vec::new();
+    while b.len() >= 16 {
+        let word = |i: usize| [b[i], b[i + 1], b[i + 2], b[i + 3]];
+        let wd = i32::from_ne_bytes(word(0));
+        let mask = u32::from_ne_bytes(word(4));
+        let len = u32::from_ne_bytes(word(12)) as usize;
+        let Some(name) = b.get(16..16 + len) else {
+            break;
+        };
+        let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
+        out.push(RawEvent {
+            wd,
+            mask,
+            name: &name[..end],
+        });
+        b = &b[16 + len..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(wd: i32, mask: u32, name: &[u8]) -> Vec<u8> {
+        let len = if name.is_empty() {
+            0
+        } else {
+            (name.len() + 1).next_multiple_of(16)
+        };
+        let mut v = Vec::new();
+        v.extend_from_slice(&wd.to_ne_bytes());
+        v.extend_from_slice(&mask.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(&(len as u32).to_ne_bytes());
+        let mut n = name.to_vec();
+        n.resize(len, 0);
+        v.extend_from_slice(&n);
+        v
+    }
+
+    #[test]
+    fn events_are_cut_from_the_buffer_and_a_truncated_one_is_left() {
+        let mut b = event(3, 2, b"web.stdout.4");
+        b.extend(event(5, 0x400, b""));
+        let whole = b.len();
+        b.extend(&event(7, 2, b"cut")[..20]);
+        let evs = parse_events(&b);
+        assert_eq!(
+            evs,
+            vec![
+                RawEvent {
+                    wd: 3,
+                    mask: 2,
+                    name: b"web.stdout.4"
+                },
+                RawEvent {
+                    wd: 5,
+                    mask: 0x400,
+                    name: b""
+                },
+            ]
+        );
+        assert_eq!(parse_events(&b[..whole]).len(), 2);
+    }
+
+    #[test]
+    fn found_directories_are_reopened_without_following_symlinks_and_within_the_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        for i in 0..5 {
+            std::fs::create_dir_all(root.join(format!("a{i}/alloc/logs"))).unwrap();
+        }
+        std::fs::create_dir_all(d.path().join("outside/alloc/logs")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("outside"), root.join("evil")).unwrap();
+        let p = Pattern::parse("*/alloc/logs").unwrap();
+        let mut t = Tree::new(&[], Some((&root, p)), 2).unwrap();
+        let mut caps: Vec<String> = t.dirs().map(|l| l.captures[0].clone()).collect();
+        caps.sort();
+        assert_eq!(
+            caps,
+            vec!["a0", "a1", "a2", "a3", "a4"],
+            "the symlink is not followed"
+        );
+        assert!(t.open <= 2);
+        let ids: Vec<FileId> = t.dirs().map(|l| l.id).collect();
+        for id in &ids {
+            assert_eq!(t.handle(id).unwrap().id(), *id);
+            assert!(t.open <= 2);
+        }
+        // Replaced by another directory at the same path: refused.
+        let victim = t.dirs().find(|l| l.captures[0] == "a1").unwrap().id;
+        for id in &ids {
+            let _ = t.handle(id);
+        }
+        if t.logs[&victim].handle.is_none() {
+            std::fs::rename(root.join("a1"), d.path().join("a1-moved")).unwrap();
+            std::fs::create_dir_all(root.join("a1/alloc/logs")).unwrap();
+            assert!(t.handle(&victim).is_err());
+        }
+        // A new directory is found once its parent's event is read.
+        std::fs::create_dir_all(root.join("a9/alloc/logs")).unwrap();
+        t.read_events();
+        t.rediscover(false);
+        assert!(t.dirs().any(|l| l.captures[0] == "a9"));
+    }
+}

@@ -294,13 +294,15 @@ fn check_readable(flag: &str, f: &Path) -> Result<(), Failure> {
 fn lock_state(dir: &Path) -> Result<(state::Lock, state::Journal, state::State), Failure> {
     use super::ShipError;
     match std::fs::metadata(dir) {
-        Ok(m) if !m.is_dir() => return Err(fail(
-            EXIT_USAGE,
-            format!(
+        Ok(m) if !m.is_dir() => {
+            return Err(fail(
+                EXIT_USAGE,
+                format!(
                 "--state-dir {} is not a directory: give a directory (it is created if missing)",
                 dir.display()
             ),
-        )),
+            ))
+        }
         Ok(_) => {}
         Err(_) => {
             std::fs::DirBuilder::new()

@@ -4,8 +4,8 @@
 //! forge, stall or starve another (§9).
 //!
 //! The pieces: [`tree`] finds the log directories and watches them
-//! (inotify); [`stream`] follows one stream and plans its next window from
-//! the files; [`round`] plans a round of windows across streams, saves
+//! (inotify); `stream` follows one stream and plans its next window from
+//! the files; `round` plans a round of windows across streams, saves
 //! them, publishes them and awaits their acks; [`state`] is the journal in
 //! `--state-dir` and its lock; [`scan`] validates and renders names,
 //! patterns and subjects; [`cli`] is the command line and `--status`.

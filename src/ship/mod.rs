@@ -367,7 +367,7 @@ impl Shipper {
         };
         let mut metas: std::collections::HashMap<TaskName, crate::meta::Meta> =
             std::collections::HashMap::new();
-        for ((task, stream), sizes) in found {
+        for ((task, stream), sizes) in found.streams {
             let key = stream::key(id, &task, stream);
             if !self.streams.map.contains_key(&key) {
                 let meta = metas
@@ -384,6 +384,40 @@ impl Shipper {
                 t.sizes = sizes;
                 t.dirty = true;
             }
+        }
+        self.note_foreign(id, &path, found.foreign);
+    }
+
+    /// Files at stream names that logmon did not make: counted in their
+    /// stream's `foreign_files` (once per name), or in the directory's
+    /// when no such stream of logmon's exists; a warning names one.
+    fn note_foreign(
+        &mut self,
+        id: FileId,
+        path: &std::path::Path,
+        foreign: Vec<(TaskName, Stream, String, String)>,
+    ) {
+        let mut new = 0u64;
+        let mut example = None;
+        for (task, stream, name, why) in foreign {
+            let key = stream::key(id, &task, stream);
+            let first = match self.streams.map.get_mut(&key) {
+                Some(t) => t.note_foreign(&name),
+                None => self.tree.note_foreign(&id, &name),
+            };
+            if !first {
+                continue;
+            }
+            new += 1;
+            if let Some(s) = self.state.streams.get_mut(&key) {
+                s.foreign_files += 1;
+                self.changed.insert(key);
+            }
+            example.get_or_insert((name, why));
+        }
+        if let Some((name, why)) = example {
+            tracing::warn!(dir = %path.display(), count = new, example = ?name, found = %why,
+                "skipping files at stream names that logmon did not make: never shipped");
         }
     }
 

@@ -72,7 +72,7 @@ impl Shipper {
         let mut bytes = 0;
         let mut taken = 0;
         for key in &ready {
-            if bytes >= BATCH || windows.len() >= MAX_WINDOWS {
+            if bytes >= BATCH || windows.len() >= MAX_WINDOWS.min(self.streams.cap()) {
                 break;
             }
             taken += 1;
@@ -388,13 +388,21 @@ fn base_headers(task: &TaskName, stream: Stream, meta: &crate::meta::Meta) -> He
     h
 }
 
-/// The task streams present in `dir` and the sizes of their files that
-/// are logmon's own: `(task, stream) -> {index -> size}` (a file of the
-/// task's, a hard link, a FIFO… at a stream's name is left out).
-#[allow(clippy::type_complexity)]
-pub fn streams_in(dir: &Dir) -> std::io::Result<HashMap<(TaskName, Stream), BTreeMap<u64, u64>>> {
+/// What a listing of a log directory found.
+#[derive(Default)]
+pub struct Listing {
+    /// The streams present and the sizes of their files that are
+    /// logmon's own: `(task, stream) -> {index -> size}`.
+    pub streams: HashMap<(TaskName, Stream), BTreeMap<u64, u64>>,
+    /// Names of stream files logmon did not make (the task's, hard links,
+    /// FIFOs…), with why: never shipped.
+    pub foreign: Vec<(TaskName, Stream, String, String)>,
+}
+
+/// Lists the task streams in `dir` (see [`Listing`]).
+pub fn streams_in(dir: &Dir) -> std::io::Result<Listing> {
     let trust = dir.trust()?;
-    let mut out: HashMap<(TaskName, Stream), BTreeMap<u64, u64>> = HashMap::new();
+    let mut out = Listing::default();
     for name in dir.list()? {
         let Some(name) = name.to_str() else { continue };
         let Some((task, stream, n)) = scan::parse_log_name(name) else {
@@ -404,10 +412,12 @@ pub fn streams_in(dir: &Dir) -> std::io::Result<HashMap<(TaskName, Stream), BTre
         let Ok(Some(st)) = dir.stat(name) else {
             continue;
         };
-        if trust.foreign_file(&st).is_some() {
+        if let Some(why) = trust.foreign_file(&st) {
+            out.foreign.push((task, stream, name.to_owned(), why));
             continue;
         }
-        out.entry((task, stream))
+        out.streams
+            .entry((task, stream))
             .or_default()
             .insert(n, u64::try_from(st.st_size).unwrap_or(0));
     }

@@ -105,9 +105,32 @@ pub struct Tracked {
     pub dirty: bool,
     open: Option<Open>,
     used: u64,
+    /// Names at this stream's that logmon did not make, seen so far.
+    foreign: std::collections::HashSet<String>,
+}
+
+/// Foreign names remembered per stream or directory, at most (a task
+/// planting more only costs it the counting).
+pub const FOREIGN_NAMES: usize = 1024;
+
+/// Remembers `name` in `seen` (up to [`FOREIGN_NAMES`]); whether it is new.
+pub fn first_sight(seen: &mut std::collections::HashSet<String>, name: &str) -> bool {
+    if seen.contains(name) {
+        return false;
+    }
+    if seen.len() < FOREIGN_NAMES {
+        seen.insert(name.to_owned());
+    }
+    true
 }
 
 impl Tracked {
+    /// A file at this stream's name that logmon did not make; whether it
+    /// was not seen before.
+    pub fn note_foreign(&mut self, name: &str) -> bool {
+        first_sight(&mut self.foreign, name)
+    }
+
     /// A stream first seen.
     pub fn new(key: String, dir: FileId, task: TaskName, stream: Stream) -> Tracked {
         Tracked {
@@ -125,6 +148,7 @@ impl Tracked {
             dirty: true,
             open: None,
             used: 0,
+            foreign: Default::default(),
         }
     }
 
@@ -435,6 +459,12 @@ pub struct Streams {
 }
 
 impl Streams {
+    /// How many may have descriptors open at once (a round takes at
+    /// most this many windows, so none is let go mid-round).
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     /// No streams; at most `cap` with descriptors open at once.
     pub fn new(cap: usize) -> Streams {
         Streams {
@@ -458,7 +488,10 @@ impl Streams {
             return;
         }
         t.open = Some(Open {
-            stamper: Stamper::new(dir.clone(), &t.task, t.stream, true),
+            // Not live: the shipper reads a batch after its --max-delay,
+            // by when the batch's record is written (a missing one only
+            // makes the time an estimate, never a wait of the round).
+            stamper: Stamper::new(dir.clone(), &t.task, t.stream, false),
             dir,
             file: None,
             shipped: crate::shipped::Writer::default(),

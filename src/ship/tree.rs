@@ -111,6 +111,9 @@ pub struct LogDir {
     pub captures: Vec<String>,
     /// Why its names cannot be trusted, if they cannot.
     pub untrusted: Option<&'static str>,
+    /// Files at stream names of no stream of logmon's here (a task's
+    /// made-up streams), by name: never shipped.
+    pub foreign: std::collections::HashSet<String>,
     origin: Origin,
     wd: Option<WatchDescriptor>,
     handle: Option<Arc<Dir>>,
@@ -266,6 +269,7 @@ impl Tree {
                 path: dir.path().to_path_buf(),
                 captures,
                 untrusted,
+                foreign: Default::default(),
                 origin,
                 wd,
                 handle: Some(Arc::new(dir)),
@@ -439,6 +443,14 @@ impl Tree {
                 self.open -= 1;
             }
         }
+    }
+
+    /// A file at a stream name in `id` of no stream of logmon's; whether
+    /// it was not seen before.
+    pub fn note_foreign(&mut self, id: &FileId, name: &str) -> bool {
+        self.logs
+            .get_mut(id)
+            .is_some_and(|d| super::stream::first_sight(&mut d.foreign, name))
     }
 
     /// Looks again at whether log directory `id` can be trusted; returns

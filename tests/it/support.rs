@@ -15,7 +15,7 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_logmon"))
 }
 
-/// Copies `logmon` and `logmon-run` (one build) into a new `bin/` in
+/// Copies `logmon`, `logmon-run` and `logmon-ship` (one build) into a new `bin/` in
 /// `parent`, mode 0755, and returns the copied `logmon`: a test that runs
 /// them as another uid cannot count on that uid reaching the build
 /// directory (a checkout under a 0700 directory, as `mktemp -d` makes, is
@@ -25,7 +25,7 @@ pub fn bins_for_any_user(parent: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let dir = parent.join("bin");
     std::fs::create_dir(&dir).unwrap();
-    for name in ["logmon", "logmon-run"] {
+    for name in ["logmon", "logmon-run", "logmon-ship"] {
         let from = bin().with_file_name(name);
         if from.exists() {
             let to = dir.join(name);
@@ -358,5 +358,66 @@ pub fn kill_mentioning(needle: &str) {
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
+    }
+}
+
+/// Makes `cmd` run as `uid` (group `uid`, no supplementary groups), as a
+/// task or an unprivileged service would.
+pub fn run_as(cmd: &mut Command, uid: u32) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setgroups/setresgid/setresuid are async-signal-safe
+    // syscalls; nothing is allocated between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if nix::libc::setgroups(0, std::ptr::null()) != 0
+                || nix::libc::setresgid(uid, uid, uid) != 0
+                || nix::libc::setresuid(uid, uid, uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Makes `cmd` run as root without any capability (an empty bounding set,
+/// as the units run their services): root's files stay its own, other
+/// files' permission bits apply to it.
+pub fn without_capabilities(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is an async-signal-safe syscall; nothing is allocated
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for cap in 0..=63 {
+                let r = nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                if r != 0
+                    && std::io::Error::last_os_error().raw_os_error() != Some(nix::libc::EINVAL)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Limits `cmd`'s open files to `n` (soft and hard), as a default
+/// `ulimit -n` does.
+pub fn with_open_file_limit(cmd: &mut Command, n: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is an async-signal-safe syscall; nothing is
+    // allocated between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = nix::libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
     }
 }

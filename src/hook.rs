@@ -23,6 +23,15 @@
 //! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
 //! taken by `run` is the last line of defence.
 //!
+//! A logmon is never stopped or killed for its version (DESIGN.md §5,
+//! "Upgrades"): one of the previous release is reattached to, as any
+//! other, in its protocol (`tests/it/upgrade.rs`); one that speaks no
+//! protocol this build speaks (two releases apart) fails the prestart, and
+//! [`Hook::stop`], with `ProtocolMismatch` naming both versions, and is
+//! left running for the operator to stop with its own release or SIGTERM
+//! (`tests/it/reattach.rs`:
+//! `ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running`).
+//!
 //! The state file is written through its directory's descriptor
 //! ([`StateFile`]), prepared before anything is launched. It also keeps the
 //! task's metadata (`ReattachConfig::meta`): a relaunch without metadata of
@@ -240,6 +249,11 @@ impl Hook {
                 Err(e) if self.policy == Policy::Conservative => {
                     return Err(HookError::Recoverable(e))
                 }
+                Err(
+                    e @ ReattachError::ProtocolMismatch {
+                        logmon: Some(_), ..
+                    },
+                ) => return Err(version_gap(prev.pid, &e)),
                 Err(ReattachError::Refused { pid, .. }) => {
                     return Err(HookError::NotOwner {
                         task: task.to_owned(),
@@ -382,6 +396,18 @@ impl Hook {
                 what: format!("socket {}", self.config.socket.display()),
                 uid: nix::sys::stat::lstat(&self.config.socket).map_or(0, |s| s.st_uid),
             }),
+            Err(ClientError::ProtocolMismatch {
+                pid: Some(pid),
+                logmon,
+                ..
+            }) => Err(HookError::OldStillRunning {
+                pid,
+                why: format!(
+                    "ProtocolMismatch: it serves this task's socket {}, and {}",
+                    self.config.socket.display(),
+                    client::version_gap(Some(pid), logmon)
+                ),
+            }),
             Err(e @ ClientError::WrongSocket { .. }) => {
                 tracing::warn!(error = %e, "not stopping a logmon that is not this task's");
                 notes.push(format!("{e}: left alone"));
@@ -437,6 +463,11 @@ impl Hook {
                 kill_if_logmon(state)
             }),
             Err(ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }) => Ok(()),
+            Err(
+                e @ ReattachError::ProtocolMismatch {
+                    logmon: Some(_), ..
+                },
+            ) => Err(version_gap(state.pid, &e)),
             Err(ReattachError::Refused { pid, .. }) => Err(HookError::NotOwner {
                 task: "?".into(),
                 what: format!("pid {pid}"),
@@ -444,6 +475,15 @@ impl Hook {
             }),
             Err(_) => kill_if_logmon(state),
         }
+    }
+}
+
+/// A logmon `pid` that speaks no protocol this build speaks (`e`): never
+/// stopped for that, and said so.
+fn version_gap(pid: u32, e: &ReattachError) -> HookError {
+    HookError::OldStillRunning {
+        pid,
+        why: format!("{}: {e}", e.name()),
     }
 }
 

@@ -201,8 +201,9 @@ pub fn status(a: &TargetArgs) -> CliResult {
             return Err(CliError::new(code, why));
         }
     };
-    let stats = h.stats()?;
-    print_json(&stats)
+    // As the logmon reported it: one of the previous release shows the
+    // fields it has.
+    print_json(&h.report()?)
 }
 
 /// `logmon stop`. A logmon that already stopped is success, said on stderr.

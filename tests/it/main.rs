@@ -39,3 +39,4 @@ mod soak;
 mod systemd;
 mod timeline;
 mod timeline_props;
+mod upgrade;

@@ -47,7 +47,7 @@ use crate::client::{self, ClientError, Expect, Handle, LaunchError, Program, Rea
 use crate::config::CaptureConfig;
 use crate::dir::{Dir, FileId};
 use crate::process;
-use crate::protocol::ReattachConfig;
+use crate::protocol::{ReattachConfig, PROTOCOL_VERSION};
 
 // The state file's readers and writer, where an agent's hook looks for them.
 pub use crate::state::{load_state, persist_state, StateFile};
@@ -216,6 +216,14 @@ impl Hook {
             Some(prev) => match client::reattach_with_timeout(prev, self.timeout) {
                 Ok(mut h) if h.welcome().task == task && h.welcome().log_dir_id == dir.id() => {
                     notes.extend(self.flag_differences(prev.pid));
+                    if h.protocol() < PROTOCOL_VERSION {
+                        notes.push(format!(
+                            "logmon pid {} runs logmon {} (protocol {}): kept, not restarted for its version; it runs that release until it is stopped (`logmon stop --state …`, then ensure again, starts this one)",
+                            prev.pid,
+                            h.welcome().version,
+                            h.protocol()
+                        ));
+                    }
                     let mut config = prev.clone();
                     // The running logmon's own word (a state written before
                     // metadata was kept may lack it); else the state's.

@@ -253,8 +253,8 @@ impl Node {
     }
 
     /// `ensure` of task `i` with the installed binary; returns the action
-    /// it reports and the state it left.
-    fn ensure(&self, i: usize) -> (String, ReattachConfig) {
+    /// it reports, the state it left and its stderr.
+    fn ensure(&self, i: usize) -> (String, ReattachConfig, String) {
         let t = &self.tasks[i];
         let logs = self.logs();
         let out = self.logmon(&[
@@ -266,16 +266,16 @@ impl Node {
             "--log-dir",
             logs.to_str().unwrap(),
         ]);
-        assert_exit(&out, 0);
+        let err = assert_exit(&out, 0);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let state = serde_json::from_slice(&std::fs::read(&t.state).unwrap()).unwrap();
-        (v["action"].as_str().unwrap().to_owned(), state)
+        (v["action"].as_str().unwrap().to_owned(), state, err)
     }
 
     /// `ensure` launches every task's logmon; each task opens its FIFO.
     fn launch_all(&mut self) {
         for i in 0..self.tasks.len() {
-            let (action, rc) = self.ensure(i);
+            let (action, rc, _) = self.ensure(i);
             assert_eq!(action, "launched");
             let fifo = crate::support::fifo(&self.logs(), &self.tasks[i].name, Stream::Stdout);
             let t = &mut self.tasks[i];
@@ -307,11 +307,15 @@ impl Node {
         }
     }
 
-    /// `ensure` reattaches every task's logmon: same process, same state.
-    fn reattach_all(&self, when: &str) {
+    /// `ensure` reattaches every task's logmon: same process, same state;
+    /// its stderr names `note`, if given.
+    fn reattach_all(&self, when: &str, note: Option<&str>) {
         for (i, t) in self.tasks.iter().enumerate() {
-            let (action, rc) = self.ensure(i);
+            let (action, rc, err) = self.ensure(i);
             assert_eq!(action, "reattached", "{when}: {}", t.name);
+            if let Some(n) = note {
+                assert!(err.contains(n), "{when}: {err}");
+            }
             let first = t.launched.as_ref().unwrap();
             assert_eq!(
                 (rc.pid, rc.start_time, &rc.instance),
@@ -392,8 +396,15 @@ fn upgrading_the_package_restarts_no_logmon() {
 
     install(&this_release(), &node.root.path().join("bin"));
     node.assert_all_alive("after the package upgrade");
-    node.reattach_all("ensure after the upgrade");
+    node.reattach_all(
+        "ensure after the upgrade",
+        Some("runs logmon 0.1.0 (protocol 1): kept, not restarted for its version"),
+    );
     node.status_all("status after the upgrade");
+    // A bare socket too (no state: the socket file's identity is checked).
+    let rc = node.tasks[0].launched.clone().unwrap();
+    let out = node.logmon(&["status", "--socket", rc.socket.to_str().unwrap()]);
+    assert_exit(&out, 0);
     node.write(1000);
     node.assert_all_alive("after more lines");
     node.stop_all_and_check("stop after the upgrade");
@@ -414,7 +425,7 @@ fn downgrading_the_package_restarts_no_logmon() {
 
     install(&previous, &node.root.path().join("bin"));
     node.assert_all_alive("after the package downgrade");
-    node.reattach_all("the previous release's ensure");
+    node.reattach_all("the previous release's ensure", None);
     for t in &node.tasks {
         let out = node.logmon(&["reattach", "--state", t.state.to_str().unwrap()]);
         assert_exit(&out, 0);

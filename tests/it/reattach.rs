@@ -867,6 +867,7 @@ fn ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running() {
     let server = RefusingLogmon::start(&sock, newer);
     let state = dir.path().join("state.json");
     write_state(&state, &cfg);
+    let _launched = KillNamedBy(state.clone());
     let before = std::fs::read(&state).unwrap();
     let d = dir.path().to_str().unwrap();
     let ensure = |extra: &[&str]| {
@@ -899,6 +900,21 @@ fn ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running() {
     let e = logmon::hook::Hook::stop(&cfg, client::STOP_TIMEOUT).unwrap_err();
     assert!(e.to_string().contains("ProtocolMismatch"), "{e}");
     assert!(server.hellos() >= 4, "the logmon was not asked");
+}
+
+/// Kills, on drop, the logmon the state file names, unless it is this
+/// test process (one an `ensure` launched when the test fails).
+struct KillNamedBy(PathBuf);
+
+impl Drop for KillNamedBy {
+    fn drop(&mut self) {
+        let rc = std::fs::read(&self.0)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ReattachConfig>(&b).ok());
+        if let Some(rc) = rc.filter(|rc| rc.pid != std::process::id()) {
+            kill_checked(&rc);
+        }
+    }
 }
 
 /// A fake logmon of protocol `speaks` in this test process: refuses every

@@ -371,9 +371,16 @@ impl Node {
 }
 
 impl Drop for Node {
+    /// Kills every logmon first launched, and any the state files name now
+    /// (one launched in its place when a test fails).
     fn drop(&mut self) {
-        for rc in self.tasks.iter().filter_map(|t| t.launched.as_ref()) {
-            crate::support::kill_checked(rc);
+        for t in &self.tasks {
+            let now = std::fs::read(&t.state)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ReattachConfig>(&b).ok());
+            for rc in t.launched.iter().chain(now.as_ref()) {
+                crate::support::kill_checked(rc);
+            }
         }
     }
 }

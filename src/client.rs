@@ -13,6 +13,20 @@
 //! incompatible version (or an answer that is no logmon frame) is
 //! `ProtocolMismatch` (`tests/it/handshake.rs`).
 //!
+//! Versions (DESIGN.md §5, "Upgrades"; [`crate::protocol`]): the client
+//! says `Hello` in this build's protocol; a logmon of the previous release
+//! refuses it naming its own, and the client connects again and speaks
+//! that one ([`protocol::v1`]) — every check above is made again on the
+//! new connection, so reattaching stays exactly as strict. An upgraded
+//! `ensure`, `status` or `stop` thus reattaches to, reports on (with the
+//! fields that logmon has: [`Report`]) or gracefully stops a logmon of the
+//! previous release, and never kills one for its version
+//! (`tests/it/upgrade.rs`). A logmon that speaks no protocol this build
+//! speaks (two releases apart) is `ProtocolMismatch` naming both versions
+//! and what to do ([`ReattachError::ProtocolMismatch`] with the logmon's
+//! version), and is left running (`tests/it/reattach.rs`,
+//! `other_protocol_is_protocol_mismatch`).
+//!
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
 //!
@@ -42,9 +56,12 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::io::Write;
+
 use crate::process;
 use crate::protocol::{
-    self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION,
+    self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, OLDEST_PROTOCOL,
+    PROTOCOL_VERSION,
 };
 use crate::sockaddr::with_short_path;
 
@@ -126,9 +143,18 @@ pub enum ReattachError {
         /// What was found (pid:instance).
         found: String,
     },
-    /// The daemon speaks another protocol.
-    #[error("protocol mismatch: {0}")]
-    ProtocolMismatch(String),
+    /// The daemon speaks no protocol this build speaks, or answered in
+    /// none.
+    #[error("protocol mismatch: {detail}")]
+    ProtocolMismatch {
+        /// The protocol the logmon speaks, when it said so (a logmon of a
+        /// release two or more apart from this one): it is never stopped
+        /// or killed for that. `None` when its answer was no logmon
+        /// message this build can read.
+        logmon: Option<u32>,
+        /// What happened, with what to do.
+        detail: String,
+    },
     /// The daemon refused this client (another uid, …).
     #[error("logmon pid {pid} refused this client: {}", refusal_hint(reason))]
     Refused {
@@ -153,7 +179,7 @@ impl ReattachError {
             ReattachError::PeerMismatch { .. } => "PeerMismatch",
             ReattachError::Unresponsive { .. } => "Unresponsive",
             ReattachError::InstanceMismatch { .. } => "InstanceMismatch",
-            ReattachError::ProtocolMismatch(_) => "ProtocolMismatch",
+            ReattachError::ProtocolMismatch { .. } => "ProtocolMismatch",
         }
     }
 
@@ -167,6 +193,21 @@ impl ReattachError {
                 | ReattachError::StateUnreadable { .. }
         )
     }
+}
+
+/// What to say about logmon `pid` (when known) that speaks protocol
+/// `logmon`, which this build does not, and what the operator can do.
+pub fn version_gap(pid: Option<u32>, logmon: u32) -> String {
+    let who = pid.map_or_else(|| "the logmon".to_owned(), |p| format!("logmon pid {p}"));
+    let release = if logmon > PROTOCOL_VERSION {
+        "a newer"
+    } else {
+        "an older"
+    };
+    format!(
+        "{who} speaks protocol {logmon}, this logmon ({}) speaks {OLDEST_PROTOCOL} to {PROTOCOL_VERSION}: {release} release launched it. It is left running (never stopped for its version): stop it with the release that launched it (its `logmon stop`) or with SIGTERM (it drains, fsyncs and exits), then run `logmon ensure` again",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// A refusal reason with what to do about it.
@@ -253,6 +294,17 @@ pub enum ClientError {
     /// The daemon refused the connection.
     #[error("logmon refused this client: {}", refusal_hint(.0))]
     Refused(String),
+    /// The logmon speaks no protocol this build speaks (a release two or
+    /// more apart).
+    #[error("control socket {}: protocol mismatch: {}", path.display(), version_gap(*pid, *logmon))]
+    ProtocolMismatch {
+        /// The socket path.
+        path: PathBuf,
+        /// The logmon's pid, if known.
+        pid: Option<u32>,
+        /// The protocol it speaks.
+        logmon: u32,
+    },
     /// The peer answered, but not with logmon frames.
     #[error("{} does not speak the logmon protocol ({detail}): pass logmon's control socket", path.display())]
     NotLogmon {
@@ -285,6 +337,23 @@ pub enum ClientError {
 pub struct Handle {
     stream: UnixStream,
     welcome: Welcome,
+    /// The protocol spoken on `stream`.
+    protocol: u32,
+}
+
+/// A logmon's counters as it reported them (`status`): in this build's
+/// protocol, or, from a logmon of the previous release, in its own, with
+/// only the fields it has (serialized without a tag, as that release's
+/// `status` printed them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+// Decoded once per request and printed: boxing saves nothing worth it.
+#[allow(clippy::large_enum_variant)]
+pub enum Report {
+    /// From a logmon of this build's protocol.
+    Current(Stats),
+    /// From a logmon of protocol 1 (logmon 0.1.0).
+    V1(protocol::v1::Stats),
 }
 
 fn connect(path: &Path) -> io::Result<UnixStream> {
@@ -302,12 +371,6 @@ pub fn reattach_with_timeout(
     cfg: &ReattachConfig,
     timeout: Duration,
 ) -> Result<Handle, ReattachError> {
-    if cfg.protocol != PROTOCOL_VERSION {
-        return Err(ReattachError::ProtocolMismatch(format!(
-            "state is from protocol {}, this client speaks {PROTOCOL_VERSION}",
-            cfg.protocol
-        )));
-    }
     match process::start_time(cfg.pid) {
         Ok(Some(t)) if t == cfg.start_time => {}
         Ok(Some(t)) => {
@@ -323,25 +386,44 @@ pub fn reattach_with_timeout(
         // A zombie: it has exited but was not reaped yet.
         return Err(ReattachError::ProcessGone { pid: cfg.pid });
     }
-    let stream = connect(&cfg.socket).map_err(|source| ReattachError::SocketGone {
-        path: cfg.socket.clone(),
-        source,
-    })?;
-    let peer = peer_pid(&stream);
-    if peer != Some(cfg.pid) {
-        return Err(ReattachError::PeerMismatch {
-            expected: cfg.pid,
-            found: peer.unwrap_or(0),
+    // The state names the oldest protocol the logmon speaks: newer than
+    // all this build speaks, there is nothing to say to it.
+    if cfg.protocol > PROTOCOL_VERSION {
+        return Err(ReattachError::ProtocolMismatch {
+            logmon: Some(cfg.protocol),
+            detail: version_gap(Some(cfg.pid), cfg.protocol),
         });
     }
-    let h = Handle::handshake(stream, timeout).map_err(|e| match e {
+    // Checks 3 and 4, on each connection the handshake opens.
+    let open = || {
+        let stream = connect(&cfg.socket).map_err(|source| ReattachError::SocketGone {
+            path: cfg.socket.clone(),
+            source,
+        })?;
+        let peer = peer_pid(&stream);
+        if peer != Some(cfg.pid) {
+            return Err(ReattachError::PeerMismatch {
+                expected: cfg.pid,
+                found: peer.unwrap_or(0),
+            });
+        }
+        Ok(stream)
+    };
+    let h = Handle::negotiate(open, timeout, |e| match e {
         HandshakeError::Refused(r) if r == protocol::BUSY => ReattachError::Unresponsive {
             pid: cfg.pid,
             timeout,
         },
         HandshakeError::Refused(reason) if reason.contains("protocol") => {
-            ReattachError::ProtocolMismatch(reason)
+            ReattachError::ProtocolMismatch {
+                logmon: None,
+                detail: reason,
+            }
         }
+        HandshakeError::Version { logmon, .. } => ReattachError::ProtocolMismatch {
+            logmon: Some(logmon),
+            detail: version_gap(Some(cfg.pid), logmon),
+        },
         HandshakeError::Refused(reason) => ReattachError::Refused {
             pid: cfg.pid,
             reason,
@@ -351,7 +433,10 @@ pub fn reattach_with_timeout(
         HandshakeError::Timeout | HandshakeError::Closed | HandshakeError::Io(_) => {
             died_or_unresponsive(cfg, timeout)
         }
-        HandshakeError::NotLogmon(m) => ReattachError::ProtocolMismatch(m),
+        HandshakeError::NotLogmon(detail) => ReattachError::ProtocolMismatch {
+            logmon: None,
+            detail,
+        },
     })?;
     if h.welcome.pid != cfg.pid
         || h.welcome.instance != cfg.instance
@@ -361,12 +446,6 @@ pub fn reattach_with_timeout(
             expected: cfg.instance.clone(),
             found: format!("{} (pid {})", h.welcome.instance, h.welcome.pid),
         });
-    }
-    if h.welcome.protocol != PROTOCOL_VERSION {
-        return Err(ReattachError::ProtocolMismatch(format!(
-            "logmon speaks {}, this client {PROTOCOL_VERSION}",
-            h.welcome.protocol
-        )));
     }
     Ok(h)
 }
@@ -401,6 +480,12 @@ enum HandshakeError {
     Refused(String),
     /// The peer sent something that is not a logmon frame.
     NotLogmon(String),
+    /// The logmon (peer `pid`) speaks only protocol `logmon`, which this
+    /// build does not.
+    Version {
+        logmon: u32,
+        pid: Option<u32>,
+    },
     /// Any other I/O failure before an answer.
     Io(io::Error),
 }
@@ -419,19 +504,46 @@ pub struct Expect<'a> {
 }
 
 impl Handle {
-    fn handshake(mut stream: UnixStream, timeout: Duration) -> Result<Handle, HandshakeError> {
+    /// Says `Hello` in this build's protocol on a connection from `open`;
+    /// when the logmon refuses it naming an older protocol this build
+    /// speaks, says `Hello` in that one on a fresh connection from `open`
+    /// (which makes its checks again). `map` words a failed handshake.
+    fn negotiate<E>(
+        open: impl Fn() -> Result<UnixStream, E>,
+        timeout: Duration,
+        map: impl Fn(HandshakeError) -> E,
+    ) -> Result<Handle, E> {
+        let mut version = PROTOCOL_VERSION;
+        loop {
+            let stream = open()?;
+            let pid = peer_pid(&stream);
+            match Handle::handshake(stream, timeout, version) {
+                Err(HandshakeError::Refused(reason)) => match protocol::refused_version(&reason) {
+                    Some(v) if v < version && protocol::speaks(v) => version = v,
+                    Some(v) if v != version => {
+                        return Err(map(HandshakeError::Version { logmon: v, pid }))
+                    }
+                    _ => return Err(map(HandshakeError::Refused(reason))),
+                },
+                r => return r.map_err(map),
+            }
+        }
+    }
+
+    /// One `Hello` in protocol `version` and its answer.
+    fn handshake(
+        mut stream: UnixStream,
+        timeout: Duration,
+        version: u32,
+    ) -> Result<Handle, HandshakeError> {
         stream
             .set_read_timeout(Some(timeout))
             .map_err(HandshakeError::Io)?;
         stream
             .set_write_timeout(Some(timeout))
             .map_err(HandshakeError::Io)?;
-        let wrote = protocol::write_frame(
-            &mut stream,
-            &Request::Hello {
-                protocol: PROTOCOL_VERSION,
-            },
-        );
+        let wrote = protocol::frame_request(version, &Request::Hello { protocol: version })
+            .and_then(|f| stream.write_all(&f).map_err(FrameError::Io));
         let wrote = match wrote {
             Err(e) if is_timeout(&e) => return Err(HandshakeError::Timeout),
             // A server that refuses (another uid) may answer and close
@@ -450,9 +562,20 @@ impl Handle {
             Err(e) => return Err(HandshakeError::Io(io::Error::other(e.to_string()))),
             Ok(()) => true,
         };
-        let answer = protocol::read_frame::<Response>(&mut stream);
+        let answer = protocol::read_payload(&mut stream)
+            .and_then(|p| protocol::decode_response(version, &p));
         match answer {
-            Ok(Response::Welcome(welcome)) if wrote => Ok(Handle { stream, welcome }),
+            Ok(Response::Welcome(w)) if wrote && w.protocol != version => {
+                Err(HandshakeError::Version {
+                    logmon: w.protocol,
+                    pid: peer_pid(&stream),
+                })
+            }
+            Ok(Response::Welcome(welcome)) if wrote => Ok(Handle {
+                stream,
+                welcome,
+                protocol: version,
+            }),
             Ok(Response::Welcome(_)) => Err(HandshakeError::Closed),
             Ok(Response::Refused { reason }) => Err(HandshakeError::Refused(reason)),
             Ok(other_msg) => Err(HandshakeError::NotLogmon(format!(
@@ -474,6 +597,7 @@ impl Handle {
             Err(FrameError::Decode(e)) => Err(HandshakeError::NotLogmon(format!(
                 "its answer does not decode: {e}"
             ))),
+            Err(FrameError::Invalid(e)) => Err(HandshakeError::NotLogmon(e)),
             Err(FrameError::Io(e)) => Err(HandshakeError::Io(e)),
         }
     }
@@ -494,15 +618,17 @@ impl Handle {
         timeout: Duration,
         expect: Option<Expect<'_>>,
     ) -> Result<Handle, ClientError> {
-        let stream = connect(path).map_err(|source| {
-            let (failure, why) = connect_failure(path, &source);
-            ClientError::Connect {
-                path: path.to_owned(),
-                failure,
-                why,
-            }
-        })?;
-        let h = Handle::handshake(stream, timeout).map_err(|e| match e {
+        let open = || {
+            connect(path).map_err(|source| {
+                let (failure, why) = connect_failure(path, &source);
+                ClientError::Connect {
+                    path: path.to_owned(),
+                    failure,
+                    why,
+                }
+            })
+        };
+        let h = Handle::negotiate(open, timeout, |e| match e {
             HandshakeError::Timeout => ClientError::NoAnswer {
                 path: path.to_owned(),
                 timeout,
@@ -515,6 +641,11 @@ impl Handle {
             HandshakeError::NotLogmon(detail) => ClientError::NotLogmon {
                 path: path.to_owned(),
                 detail,
+            },
+            HandshakeError::Version { logmon, pid } => ClientError::ProtocolMismatch {
+                path: path.to_owned(),
+                pid,
+                logmon,
             },
             HandshakeError::Io(e) => ClientError::Frame(FrameError::Io(e)),
         })?;
@@ -556,21 +687,55 @@ impl Handle {
         Ok(h)
     }
 
-    /// What the daemon said about itself.
+    /// What the daemon said about itself (from a logmon of the previous
+    /// protocol, converted: `protocol` says which).
     pub fn welcome(&self) -> &Welcome {
         &self.welcome
     }
 
-    fn request(&mut self, req: &Request) -> Result<Response, ClientError> {
-        protocol::write_frame(&mut self.stream, req)?;
-        Ok(protocol::read_frame(&mut self.stream)?)
+    /// The protocol spoken with the daemon: [`PROTOCOL_VERSION`], or an
+    /// older one it is limited to.
+    pub fn protocol(&self) -> u32 {
+        self.protocol
     }
 
-    /// The daemon's counters.
-    pub fn stats(&mut self) -> Result<Stats, ClientError> {
-        match self.request(&Request::Stats)? {
-            Response::Stats(s) => Ok(s),
+    /// Sends `req` in the connection's protocol; returns the answer's
+    /// payload.
+    fn exchange(&mut self, req: &Request) -> Result<Vec<u8>, ClientError> {
+        let frame = protocol::frame_request(self.protocol, req)?;
+        self.stream.write_all(&frame).map_err(FrameError::Io)?;
+        Ok(protocol::read_payload(&mut self.stream)?)
+    }
+
+    fn request(&mut self, req: &Request) -> Result<Response, ClientError> {
+        let payload = self.exchange(req)?;
+        Ok(protocol::decode_response(self.protocol, &payload)?)
+    }
+
+    /// The daemon's counters as it reports them (what `status` prints).
+    pub fn report(&mut self) -> Result<Report, ClientError> {
+        let payload = self.exchange(&Request::Stats)?;
+        if self.protocol == protocol::v1::VERSION {
+            return match protocol::decode::<protocol::v1::Response>(&payload)? {
+                protocol::v1::Response::Stats(s) => Ok(Report::V1(s)),
+                other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            };
+        }
+        match protocol::decode_response(self.protocol, &payload)? {
+            Response::Stats(s) => Ok(Report::Current(s)),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// The daemon's counters. From a logmon of the previous protocol, the
+    /// fields it does not report have their defaults ([`Handle::report`]
+    /// has only what it said).
+    pub fn stats(&mut self) -> Result<Stats, ClientError> {
+        match self.report()? {
+            Report::Current(s) => Ok(s),
+            Report::V1(s) => {
+                Stats::try_from(s).map_err(|e| FrameError::Invalid(e.to_string()).into())
+            }
         }
     }
 

@@ -464,7 +464,7 @@ fn identity(
         .ok_or_else(|| io_err("cannot read own start time")(io::ErrorKind::NotFound.into()))?;
     let instance = process::new_instance_id().map_err(io_err("cannot make an instance id"))?;
     let ready = ReattachConfig {
-        protocol: PROTOCOL_VERSION,
+        protocol: crate::protocol::OLDEST_PROTOCOL,
         pid,
         start_time,
         socket: socket.path.clone(),

@@ -23,6 +23,15 @@
 //! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
 //! taken by `run` is the last line of defence.
 //!
+//! A logmon is never stopped or killed for its version (DESIGN.md §5,
+//! "Upgrades"): one of the previous release is reattached to, as any
+//! other, in its protocol (`tests/it/upgrade.rs`); one that speaks no
+//! protocol this build speaks (two releases apart) fails the prestart, and
+//! [`Hook::stop`], with `ProtocolMismatch` naming both versions, and is
+//! left running for the operator to stop with its own release or SIGTERM
+//! (`tests/it/reattach.rs`:
+//! `ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running`).
+//!
 //! The state file is written through its directory's descriptor
 //! ([`StateFile`]), prepared before anything is launched. It also keeps the
 //! task's metadata (`ReattachConfig::meta`): a relaunch without metadata of
@@ -38,7 +47,7 @@ use crate::client::{self, ClientError, Expect, Handle, LaunchError, Program, Rea
 use crate::config::CaptureConfig;
 use crate::dir::{Dir, FileId};
 use crate::process;
-use crate::protocol::ReattachConfig;
+use crate::protocol::{ReattachConfig, PROTOCOL_VERSION};
 
 // The state file's readers and writer, where an agent's hook looks for them.
 pub use crate::state::{load_state, persist_state, StateFile};
@@ -207,6 +216,14 @@ impl Hook {
             Some(prev) => match client::reattach_with_timeout(prev, self.timeout) {
                 Ok(mut h) if h.welcome().task == task && h.welcome().log_dir_id == dir.id() => {
                     notes.extend(self.flag_differences(prev.pid));
+                    if h.protocol() < PROTOCOL_VERSION {
+                        notes.push(format!(
+                            "logmon pid {} runs logmon {} (protocol {}): kept, not restarted for its version; it runs that release until it is stopped (`logmon stop --state …`, then ensure again, starts this one)",
+                            prev.pid,
+                            h.welcome().version,
+                            h.protocol()
+                        ));
+                    }
                     let mut config = prev.clone();
                     // The running logmon's own word (a state written before
                     // metadata was kept may lack it); else the state's.
@@ -240,6 +257,11 @@ impl Hook {
                 Err(e) if self.policy == Policy::Conservative => {
                     return Err(HookError::Recoverable(e))
                 }
+                Err(
+                    e @ ReattachError::ProtocolMismatch {
+                        logmon: Some(_), ..
+                    },
+                ) => return Err(version_gap(prev.pid, &e)),
                 Err(ReattachError::Refused { pid, .. }) => {
                     return Err(HookError::NotOwner {
                         task: task.to_owned(),
@@ -382,6 +404,18 @@ impl Hook {
                 what: format!("socket {}", self.config.socket.display()),
                 uid: nix::sys::stat::lstat(&self.config.socket).map_or(0, |s| s.st_uid),
             }),
+            Err(ClientError::ProtocolMismatch {
+                pid: Some(pid),
+                logmon,
+                ..
+            }) => Err(HookError::OldStillRunning {
+                pid,
+                why: format!(
+                    "ProtocolMismatch: it serves this task's socket {}, and {}",
+                    self.config.socket.display(),
+                    client::version_gap(Some(pid), logmon)
+                ),
+            }),
             Err(e @ ClientError::WrongSocket { .. }) => {
                 tracing::warn!(error = %e, "not stopping a logmon that is not this task's");
                 notes.push(format!("{e}: left alone"));
@@ -437,6 +471,11 @@ impl Hook {
                 kill_if_logmon(state)
             }),
             Err(ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }) => Ok(()),
+            Err(
+                e @ ReattachError::ProtocolMismatch {
+                    logmon: Some(_), ..
+                },
+            ) => Err(version_gap(state.pid, &e)),
             Err(ReattachError::Refused { pid, .. }) => Err(HookError::NotOwner {
                 task: "?".into(),
                 what: format!("pid {pid}"),
@@ -444,6 +483,15 @@ impl Hook {
             }),
             Err(_) => kill_if_logmon(state),
         }
+    }
+}
+
+/// A logmon `pid` that speaks no protocol this build speaks (`e`): never
+/// stopped for that, and said so.
+fn version_gap(pid: u32, e: &ReattachError) -> HookError {
+    HookError::OldStillRunning {
+        pid,
+        why: format!("{}: {e}", e.name()),
     }
 }
 

@@ -8,15 +8,26 @@
 //! its typed failure on stdout), and opens `.<task>.logmon.log` itself
 //! through its log-dir handle right before its ready line (`diag`;
 //! `tests/it/errors.rs` runs each failure through the binary).
+//!
+//! A refused launch leaves nothing behind that it made: [`Footprint`]
+//! notes which of the task's FIFOs, lock and metadata file are missing
+//! before the attempt, and removes those the attempt made — only while no
+//! logmon holds them (their flocks taken first) and no byte waits in a
+//! FIFO; what existed before, or what a live logmon holds, is never
+//! touched (`tests/it/errors.rs::a_refused_launch_or_ensure_removes_only_what_it_created`).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+
 use crate::config::CaptureConfig;
+use crate::dir::{Dir, FileId};
 use crate::protocol::ReattachConfig;
 
 /// Why a launch failed.
@@ -235,6 +246,161 @@ pub fn check_exec_version() -> Result<(), String> {
     }
 }
 
+/// What a launch attempt may make in the task's directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// A FIFO (the CLI or the daemon makes the missing ones).
+    Fifo,
+    /// The task lock (`.<task>.logmon.lock`, by the daemon).
+    Lock,
+    /// The readers' metadata file (`.<task>.logmon.meta`, by the daemon,
+    /// under the lock).
+    Meta,
+}
+
+/// Which of a task's FIFOs, lock and metadata file were missing before a
+/// launch attempt ([`Footprint::before`]), so that a refused attempt
+/// removes what it made and nothing else ([`Footprint::clean_up`]).
+#[derive(Debug)]
+pub(crate) struct Footprint {
+    /// The log directory, opened before the attempt, and the task lock's
+    /// name in it.
+    log_dir: Option<Dir>,
+    lock: OsString,
+    /// Each missing name, in its directory opened before the attempt; the
+    /// lock last, so it is removed after what it guards.
+    missing: Vec<(Made, Dir, OsString)>,
+}
+
+/// The task lock, as [`Footprint::clean_up`] found it.
+enum TaskLock {
+    /// No lock file.
+    Absent,
+    /// Held by a live process (a logmon of the task runs), or not ours.
+    Busy,
+    /// Taken here: no logmon of the task runs or can start meanwhile.
+    Held {
+        /// Released when the clean-up is done.
+        _lock: Flock<std::fs::File>,
+        id: FileId,
+    },
+}
+
+impl Footprint {
+    /// Notes which of `cfg`'s FIFOs, task lock and metadata file do not
+    /// exist yet. A directory that cannot be opened is skipped: nothing
+    /// can be made in it.
+    pub fn before(cfg: &CaptureConfig) -> Footprint {
+        let in_log_dir = |name: String| (cfg.log_dir.clone(), OsString::from(name));
+        let places = [
+            (Made::Fifo, crate::state::split_path(&cfg.stdout_fifo).ok()),
+            (Made::Fifo, crate::state::split_path(&cfg.stderr_fifo).ok()),
+            (
+                Made::Meta,
+                Some(in_log_dir(crate::meta::file_name(&cfg.task))),
+            ),
+            (Made::Lock, Some(in_log_dir(cfg.lock_name()))),
+        ];
+        let missing = places
+            .into_iter()
+            .filter_map(|(made, place)| {
+                let (dir, name) = place?;
+                let dir = Dir::open(&dir).ok()?;
+                matches!(dir.stat(&name), Ok(None)).then_some((made, dir, name))
+            })
+            .collect();
+        Footprint {
+            log_dir: Dir::open(&cfg.log_dir).ok(),
+            lock: cfg.lock_name().into(),
+            missing,
+        }
+    }
+
+    /// After a refused attempt: removes what it made. The task lock is
+    /// taken first: held by another process, a logmon of this task runs
+    /// and the lock and metadata file are its own; a FIFO goes only if its
+    /// reader lock is free and nothing waits in it (no logmon reads it, no
+    /// task wrote to it). Each is removed while its lock is held, and only
+    /// if the name still names the file locked. Returns the paths removed.
+    pub fn clean_up(self) -> Vec<PathBuf> {
+        let task_lock = match &self.log_dir {
+            Some(dir) => take_own_lock(dir, &self.lock),
+            None => TaskLock::Absent,
+        };
+        let mut removed = Vec::new();
+        for (made, dir, name) in &self.missing {
+            let gone = match (made, &task_lock) {
+                (Made::Fifo, _) => remove_idle_fifo(dir, name),
+                (Made::Meta, TaskLock::Held { .. }) => remove_if_own(dir, name),
+                (Made::Lock, TaskLock::Held { id, .. }) => remove_if_same(dir, name, *id),
+                _ => false,
+            };
+            if gone {
+                tracing::info!(path = %dir.display(name).display(), "removed what the refused launch made");
+                removed.push(dir.display(name));
+            }
+        }
+        removed
+    }
+}
+
+/// Takes the flock of the task lock `name` (logmon's own regular file)
+/// without waiting.
+fn take_own_lock(dir: &Dir, name: &OsStr) -> TaskLock {
+    let file = match dir.open_own(name, OFlag::O_RDWR) {
+        Ok(Ok(Some(f))) => f,
+        Ok(Ok(None)) => return TaskLock::Absent,
+        _ => return TaskLock::Busy,
+    };
+    let Ok(st) = nix::sys::stat::fstat(&file) else {
+        return TaskLock::Busy;
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => TaskLock::Held {
+            _lock: lock,
+            id: FileId::of(&st),
+        },
+        Err(_) => TaskLock::Busy,
+    }
+}
+
+/// Removes `name` from `dir` if it still names the file `id`.
+fn remove_if_same(dir: &Dir, name: &OsStr, id: FileId) -> bool {
+    matches!(dir.stat(name), Ok(Some(st)) if FileId::of(&st) == id) && dir.remove(name).is_ok()
+}
+
+/// Removes `name` if it is logmon's own regular file.
+fn remove_if_own(dir: &Dir, name: &OsStr) -> bool {
+    match dir.open_own(name, OFlag::O_RDONLY) {
+        Ok(Ok(Some(f))) => {
+            nix::sys::stat::fstat(&f).is_ok_and(|st| remove_if_same(dir, name, FileId::of(&st)))
+        }
+        _ => false,
+    }
+}
+
+/// Removes the FIFO `name` if it is ours, no logmon holds its reader lock
+/// and no byte waits in it; the lock is held while it is removed.
+fn remove_idle_fifo(dir: &Dir, name: &OsStr) -> bool {
+    let Ok(f) = dir.open_at(name, OFlag::O_RDWR | OFlag::O_NONBLOCK, Mode::empty()) else {
+        return false;
+    };
+    let Ok(st) = nix::sys::stat::fstat(&f) else {
+        return false;
+    };
+    if !crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFIFO)
+        || st.st_uid != nix::unistd::geteuid().as_raw()
+    {
+        return false;
+    }
+    let Ok(locked) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
+        return false;
+    };
+    let idle = crate::capture::pipe::bytes_waiting(std::os::fd::AsFd::as_fd(&*locked))
+        .is_ok_and(|n| n == 0);
+    idle && remove_if_same(dir, name, FileId::of(&st))
+}
+
 /// Launches a detached `logmon run` for `cfg` and returns its reattach
 /// config once it is ready.
 ///
@@ -247,8 +413,17 @@ pub fn check_exec_version() -> Result<(), String> {
 /// (`diag`). A daemon that cannot start says why on stdout
 /// ([`LaunchFailure`]: its error and exit code), else its last stderr line
 /// is passed on. Warnings it printed before it was ready are passed to our
-/// stderr.
+/// stderr. What a refused daemon made (FIFOs, task lock, metadata file) is
+/// removed, and only that (see the module docs).
 pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    let footprint = Footprint::before(cfg);
+    spawn_and_wait(cfg, program).inspect_err(|_| {
+        footprint.clean_up();
+    })
+}
+
+/// [`launch`], without the clean-up.
+fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
     let exe = match program {
         Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
             program: "current executable".into(),

@@ -7,17 +7,82 @@
 //! [`write_frame`] / [`read_frame`]; both sides build frames with
 //! [`frame`] (the tests below check they agree).
 //!
-//! Compatibility rule: `Hello` is variant 0 of [`Request`] and `Welcome` /
-//! `Refused` are variants 0 / 1 of [`Response`], forever. postcard ignores
-//! trailing bytes, so a peer of any later protocol can still be told, by
-//! name, that the versions differ — never a decode panic.
+//! # Versions (DESIGN.md §5, "Upgrades")
+//!
+//! The messages in this module are protocol [`PROTOCOL_VERSION`] (2). A
+//! build also speaks the protocol of the previous release,
+//! [`OLDEST_PROTOCOL`], whose messages are frozen in [`v1`]: the server
+//! answers a `Hello` of either in that protocol's encodings
+//! ([`frame_response`], [`decode_request`]); the client says `Hello` in its
+//! own, and when a logmon refuses it naming an older protocol this build
+//! speaks ([`refused_version`]), connects again and speaks that one
+//! ([`frame_request`], [`decode_response`]). So an upgraded agent
+//! reattaches to, reports on and stops a logmon of the previous release,
+//! and an agent downgraded by one release does the same with a logmon of
+//! this one; two releases apart, each names both versions
+//! (`ProtocolMismatch`) and neither kills the other
+//! (`tests/it/upgrade.rs` runs the 0.1.0 binaries against this build both
+//! ways).
+//!
+//! **The rule: once a release is out, its messages never change.** Any
+//! change to a control message after a release — a field added (even at
+//! the end), removed or retyped, a variant added, or a change to a type a
+//! message embeds from another module (`sandbox::Status`, `meta::Meta`,
+//! `dir::FileId`) — is a new protocol version: bump [`PROTOCOL_VERSION`],
+//! freeze the released messages in their own module as [`v1`] does (own
+//! types, conversions to and from the current ones, golden bytes), and
+//! keep speaking it. Within a development cycle the current messages may
+//! still grow. postcard is not self-describing: a peer of the older
+//! layout cannot decode a message that grew a trailing field ("Hit the end
+//! of buffer"), and `#[serde(default)]` does not help (issue #32.3).
+//!
+//! What stays the same in every protocol, so that peers of any two
+//! versions can tell each other so by name, never by a decode panic:
+//! `Hello` is variant 0 of [`Request`] and `Welcome` / `Refused` are
+//! variants 0 / 1 of [`Response`]; postcard ignores trailing bytes, so a
+//! longer `Hello` still decodes; and a refused `Hello` is answered with
+//! [`refusal`]'s words, which [`refused_version`] reads back.
 
 use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub mod v1;
+
+/// The protocol of this build's messages (the newest it speaks).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The oldest protocol this build still speaks: the previous release's.
+/// A logmon's ready line (and so an agent's state) says this one: a client
+/// of the previous release compares it with its own version before it
+/// connects, and reattaches.
+pub const OLDEST_PROTOCOL: u32 = v1::VERSION;
+
+/// Whether this build speaks protocol `version` (client and server).
+pub fn speaks(version: u32) -> bool {
+    (OLDEST_PROTOCOL..=PROTOCOL_VERSION).contains(&version)
+}
+
+/// The reason a logmon gives when it refuses a `Hello` of a protocol it
+/// does not speak. Its words are part of every protocol: a client reads
+/// the logmon's version back from them ([`refused_version`]), and logmon
+/// 0.1.0 says exactly this.
+pub fn refusal(client: u32, logmon: u32) -> String {
+    format!("protocol mismatch: client speaks {client}, this logmon speaks {logmon}")
+}
+
+/// The protocol a logmon named in its refusal ([`refusal`]), if the
+/// reason is one.
+pub fn refused_version(reason: &str) -> Option<u32> {
+    let rest = reason
+        .strip_prefix("protocol mismatch: client speaks ")?
+        .split_once(", this logmon speaks ")?
+        .1;
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..digits].parse().ok()
+}
 
 /// The refusal reason when a logmon serves as many control connections as
 /// it will: a client reads it as "unresponsive, try later".
@@ -159,7 +224,10 @@ pub struct Stats {
 /// persists (JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReattachConfig {
-    /// Protocol version of the daemon.
+    /// The oldest protocol the daemon speaks ([`OLDEST_PROTOCOL`] of its
+    /// build; it also speaks every later one up to its own, which its
+    /// `Welcome` names). A client of that protocol or newer may reattach;
+    /// one of the previous release checks that this is its own.
     pub protocol: u32,
     /// The daemon's pid.
     pub pid: u32,
@@ -186,6 +254,10 @@ pub enum FrameError {
     /// The payload is not a message of this protocol.
     #[error("undecodable message: {0}")]
     Decode(#[from] postcard::Error),
+    /// The message decodes but holds a value this build does not accept
+    /// (converting an older protocol's message).
+    #[error("unusable message: {0}")]
+    Invalid(String),
     /// The connection failed or closed.
     #[error("connection: {0}")]
     Io(#[from] io::Error),
@@ -240,6 +312,12 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), Fram
 /// Reads one frame (blocking) and decodes it. The length is checked before
 /// the payload is allocated.
 pub fn read_frame<T: for<'a> Deserialize<'a>>(r: &mut impl Read) -> Result<T, FrameError> {
+    decode(&read_payload(r)?)
+}
+
+/// Reads one frame's payload (blocking), the length checked before the
+/// payload is allocated.
+pub fn read_payload(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -248,7 +326,43 @@ pub fn read_frame<T: for<'a> Deserialize<'a>>(r: &mut impl Read) -> Result<T, Fr
     }
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload)?;
-    decode(&payload)
+    Ok(payload)
+}
+
+/// A request frame in the encoding of protocol `version` (one this build
+/// [`speaks`]; the client side).
+pub fn frame_request(version: u32, req: &Request) -> Result<Vec<u8>, FrameError> {
+    match version {
+        v1::VERSION => frame(&v1::Request::from(req)),
+        _ => frame(req),
+    }
+}
+
+/// Decodes a request sent in protocol `version` (the server side).
+pub fn decode_request(version: u32, payload: &[u8]) -> Result<Request, FrameError> {
+    match version {
+        v1::VERSION => Ok(decode::<v1::Request>(payload)?.into()),
+        _ => decode(payload),
+    }
+}
+
+/// A response frame in the encoding of protocol `version` (the server
+/// side).
+pub fn frame_response(version: u32, resp: &Response) -> Result<Vec<u8>, FrameError> {
+    match version {
+        v1::VERSION => frame(&v1::Response::from(resp)),
+        _ => frame(resp),
+    }
+}
+
+/// Decodes a response sent in protocol `version` (the client side).
+pub fn decode_response(version: u32, payload: &[u8]) -> Result<Response, FrameError> {
+    match version {
+        v1::VERSION => decode::<v1::Response>(payload)?
+            .try_into()
+            .map_err(|e: crate::config::ConfigError| FrameError::Invalid(e.to_string())),
+        _ => decode(payload),
+    }
 }
 
 #[cfg(test)]
@@ -316,11 +430,58 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_refusal_names_the_logmons_version_in_words_0_1_0_used() {
+        // What logmon 0.1.0 (8cf5716, src/server.rs) answers a Hello of 2.
+        let old = "protocol mismatch: client speaks 2, this logmon speaks 1";
+        assert_eq!(refusal(2, 1), old);
+        assert_eq!(refused_version(old), Some(1));
+        assert_eq!(refused_version(&refusal(1, 37)), Some(37));
+        assert_eq!(
+            refused_version(&format!("{} (and more)", refusal(4, 3))),
+            Some(3)
+        );
+        for other in [
+            BUSY,
+            "uid 5 may not control this logmon",
+            "protocol mismatch",
+        ] {
+            assert_eq!(refused_version(other), None, "{other}");
+        }
+        assert!(speaks(1) && speaks(2) && !speaks(0) && !speaks(3));
+    }
+
+    #[test]
+    fn each_protocol_is_framed_in_its_own_encoding() {
+        let resp = Response::Stats(Stats {
+            task: "web".into(),
+            ..Stats::default()
+        });
+        for version in [OLDEST_PROTOCOL, PROTOCOL_VERSION] {
+            let framed = frame_response(version, &resp).unwrap();
+            let (payload, _) = next_frame(&framed).unwrap().unwrap();
+            assert_eq!(decode_response(version, payload).unwrap(), resp);
+            let framed = frame_request(version, &Request::Reopen).unwrap();
+            let (payload, _) = next_frame(&framed).unwrap().unwrap();
+            assert_eq!(decode_request(version, payload).unwrap(), Request::Reopen);
+        }
+        let v1 = frame_response(OLDEST_PROTOCOL, &resp).unwrap();
+        let (payload, _) = next_frame(&v1).unwrap().unwrap();
+        assert!(matches!(
+            decode::<v1::Response>(payload).unwrap(),
+            v1::Response::Stats(s) if s.task == "web"
+        ));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode::<Request>(&bytes);
             let _ = decode::<Response>(&bytes);
+            for version in [OLDEST_PROTOCOL, PROTOCOL_VERSION] {
+                let _ = decode_request(version, &bytes);
+                let _ = decode_response(version, &bytes);
+            }
             let _ = serde_json::from_slice::<ReattachConfig>(&bytes);
         }
 

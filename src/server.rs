@@ -1,6 +1,13 @@
 //! The control socket (DESIGN.md §4): binding it safely and serving
 //! `Hello` → `Welcome`, then `Stats`, `Stop`, `Reopen`, `Ping`.
 //!
+//! A connection speaks the protocol its `Hello` names, if this build
+//! speaks it ([`protocol::speaks`]: its own, and the previous release's
+//! frozen in [`protocol::v1`]): every reply on it is encoded in that
+//! protocol, so a client of the previous release reattaches to, reports on
+//! and stops this logmon (`tests/it/upgrade.rs`). Any other version is
+//! refused in [`protocol::refusal`]'s words, which name this logmon's.
+//!
 //! Guarantees kept here (`tests/it/control.rs`):
 //! - only peers whose uid is ours or root get past the handshake;
 //! - a bad peer (oversized or undecodable frame, no `Hello` within
@@ -362,6 +369,8 @@ struct Conn {
     written: usize,
     /// The connection is closed if it has not said `Hello` by then.
     hello_by: Option<Instant>,
+    /// The protocol its `Hello` named: every reply is encoded in it.
+    protocol: u32,
     after: After,
     /// What the poller watches it for.
     watching: Interest,
@@ -531,6 +540,7 @@ impl Server {
             reply: Vec::new(),
             written: 0,
             hello_by: Some(now + HELLO_TIMEOUT),
+            protocol: PROTOCOL_VERSION,
             after: After::Serve,
             watching: Interest::Read,
         };
@@ -583,7 +593,9 @@ impl Conn {
             if let Some((payload, used)) =
                 protocol::next_frame(&self.read).map_err(Closed::Frame)?
             {
-                let request = protocol::decode::<Request>(payload);
+                // Until the Hello, in this build's protocol: Hello is the
+                // same message in every one.
+                let request = protocol::decode_request(self.protocol, payload);
                 self.read.drain(..used);
                 self.answer(request, state)?;
                 continue;
@@ -608,11 +620,12 @@ impl Conn {
         let request = request.map_err(Closed::Frame)?;
         if self.hello_by.take().is_some() {
             let (resp, after) = match request {
-                Request::Hello { protocol } if protocol == PROTOCOL_VERSION => {
+                Request::Hello { protocol } if protocol::speaks(protocol) => {
+                    self.protocol = protocol;
                     (Response::Welcome(state.welcome.clone()), After::Serve)
                 }
                 Request::Hello { protocol } => {
-                    let reason = format!("protocol mismatch: client speaks {protocol}, this logmon speaks {PROTOCOL_VERSION}");
+                    let reason = protocol::refusal(protocol, PROTOCOL_VERSION);
                     (Response::Refused { reason }, After::Close)
                 }
                 _ => {
@@ -649,9 +662,10 @@ impl Conn {
         self.reply(&resp, after)
     }
 
-    /// Queues `resp`, then does `after` once it is written.
+    /// Queues `resp`, encoded in the connection's protocol, then does
+    /// `after` once it is written.
     fn reply(&mut self, resp: &Response, after: After) -> Result<(), Closed> {
-        self.reply = protocol::frame(resp).map_err(Closed::Frame)?;
+        self.reply = protocol::frame_response(self.protocol, resp).map_err(Closed::Frame)?;
         self.written = 0;
         self.after = after;
         self.flush()

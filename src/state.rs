@@ -7,7 +7,11 @@
 //! unreadable, non-regular or empty file is its own error, not "corrupt"
 //! (`tests/it/reattach.rs::corrupt_state_is_named`, `tests/it/errors.rs`). It is
 //! written atomically through the same descriptor ([`StateFile`]), prepared
-//! before anything is launched (`tests/it/ensure.rs`).
+//! before anything is launched (`tests/it/ensure.rs`); when it cannot be,
+//! the error names the true cause: the missing directory, the component
+//! that is not a directory, a read-only or a proc/sys file system where no
+//! file can be created (never "does not exist" for `/proc/version`:
+//! `tests/it/errors.rs::an_unwritable_state_file_is_named_for_its_true_cause`).
 
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -151,10 +155,13 @@ pub struct StateFile {
 
 impl StateFile {
     /// Opens the directory of `path` and creates the temp file. Fails when
-    /// the directory is missing or not writable, or `path` is a directory.
+    /// the directory is missing or not writable, or `path` is a directory;
+    /// the error says which, naming the directory or the component at
+    /// fault (`NotFound` only for a missing directory; a file system
+    /// where no file can be created is `ReadOnlyFilesystem`).
     pub fn prepare(path: &Path) -> std::io::Result<StateFile> {
         let (dir, name) = split_path(path)?;
-        let dir = Dir::open(&dir)?;
+        let dir = Dir::open(&dir).map_err(|e| explain_open_dir(&dir, e))?;
         if let Some(st) = dir.stat(&name)? {
             if crate::dir::is_type(&st, nix::sys::stat::SFlag::S_IFDIR) {
                 return Err(std::io::Error::new(
@@ -172,11 +179,13 @@ impl StateFile {
             rand.iter().map(|b| format!("{b:02x}")).collect::<String>()
         )
         .into();
-        let file = dir.open_at(
-            &tmp,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-            Mode::from_bits_truncate(0o600),
-        )?;
+        let file = dir
+            .open_at(
+                &tmp,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map_err(|e| explain_create(&dir, e))?;
         Ok(StateFile {
             dir,
             name,
@@ -214,6 +223,53 @@ impl Drop for StateFile {
             let _ = self.dir.remove(&self.tmp);
         }
     }
+}
+
+/// `e`, from opening the directory `dir` of a state file, with the path
+/// at fault: the missing directory, or the component that is not one.
+fn explain_open_dir(dir: &Path, e: io::Error) -> io::Error {
+    // The shortest prefix of `dir` that is missing or not a directory.
+    let culprit = || {
+        dir.ancestors()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|p| !p.is_dir())
+            .map(Path::to_owned)
+    };
+    let why = match e.raw_os_error() {
+        Some(nix::libc::ENOENT) => format!(
+            "its directory does not exist ({}): create it first",
+            culprit().unwrap_or_else(|| dir.to_owned()).display()
+        ),
+        Some(nix::libc::ENOTDIR) => match culprit() {
+            Some(p) => format!("{} is not a directory", p.display()),
+            None => "a component of its path is not a directory".to_owned(),
+        },
+        _ => return e,
+    };
+    io::Error::new(e.kind(), why)
+}
+
+/// `e`, from creating a file in the state file's directory `dir`, with
+/// what the file system is when that is the cause: procfs and sysfs
+/// refuse new files with ENOENT, which would read as a missing directory
+/// (`ReadOnlyFilesystem` then, whatever the errno).
+fn explain_create(dir: &Dir, e: io::Error) -> io::Error {
+    use nix::sys::statfs::{fstatfs, PROC_SUPER_MAGIC, SYSFS_MAGIC};
+    let fs = fstatfs(dir.fd()).ok().map(|s| s.filesystem_type());
+    let read_only = nix::sys::statvfs::fstatvfs(dir.fd())
+        .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+    let on = match fs {
+        Some(PROC_SUPER_MAGIC) => "a proc file system, where no file can be created",
+        Some(SYSFS_MAGIC) => "a sysfs file system, where no file can be created",
+        _ if read_only || e.raw_os_error() == Some(nix::libc::EROFS) => "a read-only file system",
+        _ => return e,
+    };
+    io::Error::new(
+        io::ErrorKind::ReadOnlyFilesystem,
+        format!("{} is on {on}", dir.path().display()),
+    )
 }
 
 /// Writes `cfg` to `path` atomically ([`StateFile`]).

@@ -5,12 +5,20 @@
 //! could not report (nothing would know about it), while `ensure` leaves
 //! its logmon running because the state file already records it (and says
 //! so). Exit codes: [`super::exit_codes`].
+//!
+//! A refused `launch` or `ensure` removes what it made (the FIFOs, and what
+//! the refused daemon made: task lock, metadata file) and nothing else;
+//! `ensure` prepares its state file before it makes anything, and names
+//! the true cause when it cannot (`tests/it/errors.rs`, the issue #27
+//! functions at its end).
 
 use std::io;
 
 use crate::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
+use crate::config::CaptureConfig;
 use crate::daemon;
 use crate::hook::{Action, Hook, Policy, StateFile};
+use crate::launch::Footprint;
 
 use super::{
     note, out_line, CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE,
@@ -28,12 +36,17 @@ pub fn serve(cfg: crate::config::CaptureConfig) -> CliResult {
     Ok(0)
 }
 
-/// `logmon launch`.
+/// `logmon launch`. Refused, it removes the FIFOs it made ([`Footprint`];
+/// the launch itself removes what the daemon made).
 pub fn launch(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
     super::check_log_dir(&cfg)?;
-    super::check_fifos(&cfg)?;
-    let rc = client::launch(&cfg, &Program::CurrentExe)?;
+    let footprint = Footprint::before(&cfg);
+    let rc = super::check_fifos(&cfg)
+        .and_then(|()| Ok(client::launch(&cfg, &Program::CurrentExe)?))
+        .inspect_err(|_| {
+            footprint.clean_up();
+        })?;
     match print_json(&rc) {
         Ok(c) => Ok(c),
         Err(e) => {
@@ -59,36 +72,45 @@ pub fn launch(a: &RunArgs) -> CliResult {
 /// Words for a state file that cannot be written, with what to do.
 fn state_write_why(e: &io::Error) -> String {
     match e.raw_os_error() {
-        Some(nix::libc::ENOENT) => "its directory does not exist: create it first".into(),
-        Some(nix::libc::ENOTDIR) => "a component of its path is not a directory".into(),
-        Some(nix::libc::EACCES | nix::libc::EPERM | nix::libc::EROFS) => {
+        Some(nix::libc::EACCES | nix::libc::EPERM) => {
             format!("{e}: pass a --state in a directory this user can write")
         }
         Some(nix::libc::EISDIR) => "it is a directory: pass a file path".into(),
         _ if e.kind() == io::ErrorKind::IsADirectory => {
             "it is a directory: pass a file path".into()
         }
-        _ => e.to_string(),
+        // StateFile::prepare's own words name the path at fault.
+        None if e.kind() == io::ErrorKind::NotFound => e.to_string(),
+        _ => format!("{e}: pass a --state in a directory this user can write"),
     }
 }
 
-/// `logmon ensure`.
+/// `logmon ensure`. Failed, it removes what it made for a logmon that
+/// does not run ([`Footprint`]).
 pub fn ensure(a: &EnsureArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     super::check_log_dir(&cfg)?;
-    super::check_fifos(&cfg)?;
-    // Before anything is launched: an ensure that cannot record its
-    // logmon must not start one.
+    // Before anything is made or launched: an ensure that cannot record
+    // its logmon must not start one.
     let state_file = StateFile::prepare(&a.state).map_err(|e| {
         CliError::new(
             EXIT_USAGE,
             format!(
-                "cannot write state file {}: {}; nothing was launched",
+                "cannot write state file {} (--state): {}; nothing was launched",
                 a.state.display(),
                 state_write_why(&e)
             ),
         )
     })?;
+    let footprint = Footprint::before(&cfg);
+    ensure_prepared(a, cfg, state_file).inspect_err(|_| {
+        footprint.clean_up();
+    })
+}
+
+/// [`ensure`] once its state file is prepared.
+fn ensure_prepared(a: &EnsureArgs, cfg: CaptureConfig, state_file: StateFile) -> CliResult {
+    super::check_fifos(&cfg)?;
     let previous = match client::read_state(&a.state) {
         Ok(c) => Some(c),
         Err(ReattachError::NoState { .. }) => None,
@@ -108,7 +130,7 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
     if previous.as_ref() != Some(&outcome.config) {
         if let Err(e) = state_file.commit(&outcome.config) {
             let mut msg = format!(
-                "cannot write state file {}: {}",
+                "cannot write state file {} (--state): {}",
                 a.state.display(),
                 state_write_why(&e)
             );
@@ -201,8 +223,9 @@ pub fn status(a: &TargetArgs) -> CliResult {
             return Err(CliError::new(code, why));
         }
     };
-    let stats = h.stats()?;
-    print_json(&stats)
+    // As the logmon reported it: one of the previous release shows the
+    // fields it has.
+    print_json(&h.report()?)
 }
 
 /// `logmon stop`. A logmon that already stopped is success, said on stderr.

@@ -770,3 +770,27 @@ fn a_state_without_metadata_is_still_read() {
     assert_eq!(again, first);
     a.stop();
 }
+
+/// A prestart whose launch the daemon refuses (its socket's directory is a
+/// file) leaves nothing it made: the daemon's FIFOs, task lock and
+/// metadata file are removed, the operator's own file is not (the library
+/// path; `tests/it/errors.rs` runs the CLI's).
+#[test]
+fn a_refused_launch_through_the_hook_leaves_nothing_it_made() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    let mut cfg = CaptureConfig::new(TaskName::new("t").unwrap(), dir.path());
+    cfg.socket = dir.path().join("file/t.sock");
+    cfg.meta.insert("job", "t").unwrap();
+    let mut h = Hook::new(cfg);
+    h.program = Program::Path(bin());
+    match h.prestart(None) {
+        Err(HookError::Launch(e)) => assert!(e.to_string().contains("file"), "{e}"),
+        other => panic!("expected a refused launch, got {other:?}"),
+    }
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["file"]);
+}

@@ -849,3 +849,144 @@ fn a_refused_client_reads_the_refusal_every_time() {
         );
     }
 }
+
+// ------------------------------------------------------------------------
+// Issue #27, the ensure/launch side: a state file that cannot be written
+// is named for its true cause, and a refused `launch` or `ensure` removes
+// what it created (FIFOs, task lock, metadata file) — only that, never
+// what existed before or what a live logmon holds.
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_unwritable_state_file_is_named_for_its_true_cause() {
+    let mut w = World::new();
+    let ensure = |w: &World, state: &str| {
+        cli(&[
+            "ensure",
+            "--state",
+            state,
+            "--task",
+            "web",
+            "--log-dir",
+            &w.logs(),
+        ])
+    };
+    // procfs creates no file: it answers ENOENT, which is no missing
+    // directory.
+    let err = assert_exit_naming(&ensure(&w, "/proc/version"), 2, "/proc/version (--state)");
+    assert!(
+        err.contains("proc file system")
+            && !err.contains("does not exist")
+            && err.contains("nothing was launched"),
+        "{err}"
+    );
+    // A file where a directory should be: which one.
+    assert_exit_naming(
+        &ensure(&w, "/proc/version/s.json"),
+        2,
+        "/proc/version is not a directory",
+    );
+    // A missing directory: which one.
+    assert_exit_naming(
+        &ensure(&w, &w.p("nodir/x/s.json")),
+        2,
+        &format!("its directory does not exist ({})", w.p("nodir")),
+    );
+    if nix::unistd::geteuid().is_root() {
+        let state = w.p("state");
+        let ro = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,mode=0755", "tmpfs", &state])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ro {
+            w.mounts.push(PathBuf::from(&state));
+            let err = assert_exit_naming(
+                &ensure(&w, &w.p("state/s.json")),
+                2,
+                "read-only file system",
+            );
+            assert!(err.contains(&w.p("state")), "{err}");
+        }
+    }
+    // Nothing was launched, and nothing made for a logmon that never ran.
+    assert!(w.daemons().is_empty());
+    assert!(names_in(&w.logs()).is_empty(), "{:?}", names_in(&w.logs()));
+}
+
+#[test]
+fn a_refused_launch_or_ensure_removes_only_what_it_created() {
+    let mut w = World::new();
+    let logs = w.logs();
+    std::fs::write(w.p("logs/file"), b"x").unwrap();
+    // The daemon refuses late: its socket's directory is a file. By then it
+    // has made the FIFOs, the task lock and the metadata file.
+    let bad_socket = w.p("logs/file/s.sock");
+    let refused = |w: &World, cmd: &[&str]| {
+        let mut args = cmd.to_vec();
+        args.extend_from_slice(&[
+            "--task",
+            "web",
+            "--log-dir",
+            &logs,
+            "--socket",
+            &bad_socket,
+            "--meta",
+            "job=web",
+        ]);
+        assert_failed_naming(&cli(&args), "control socket");
+        assert!(w.daemons().is_empty());
+    };
+    refused(&w, &["launch"]);
+    assert_eq!(names_in(&logs), ["file"], "after a refused launch");
+    let state = w.p("state/s.json");
+    refused(&w, &["ensure", "--state", &state]);
+    assert_eq!(names_in(&logs), ["file"], "after a refused ensure");
+    assert!(names_in(&w.p("state")).is_empty());
+
+    // What existed before the attempt stays: a logmon of web ran and
+    // stopped (its FIFOs, lock and log remain).
+    let rc = w.launch("web");
+    let out = cli(&["stop", "--socket", rc.socket.to_str().unwrap()]);
+    assert_exit(&out, 0);
+    let before = names_in(&logs);
+    refused(&w, &["launch"]);
+    assert_eq!(
+        names_in(&logs),
+        before,
+        "a refused launch removed what it found"
+    );
+
+    // A live logmon's lock and FIFOs stay; the FIFOs this refused launch
+    // made for itself go.
+    let rc = w.launch("web");
+    let before = names_in(&logs);
+    let out = cli(&[
+        "launch",
+        "--task",
+        "web",
+        "--log-dir",
+        &logs,
+        "--stdout-fifo",
+        &w.p("logs/o.out"),
+        "--stderr-fifo",
+        &w.p("logs/o.err"),
+    ]);
+    assert_failed_naming(&out, "already captures task web");
+    assert_eq!(
+        names_in(&logs),
+        before,
+        "after a launch refused by the lock"
+    );
+    assert!(alive(&rc));
+    let out = cli(&["status", "--socket", rc.socket.to_str().unwrap()]);
+    assert_exit(&out, 0);
+}

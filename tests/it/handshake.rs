@@ -3,7 +3,9 @@
 //! the middle of a frame — is `Unresponsive` (or `ProcessGone` when the
 //! recorded process is gone by then), never `ProtocolMismatch`; only a
 //! decoded, incompatible version is a protocol mismatch
-//! (`tests/reattach.rs`, `other_protocol_is_protocol_mismatch`).
+//! (`tests/it/reattach.rs`, `other_protocol_is_protocol_mismatch`) — also
+//! when the logmon dies on the second connection a client opens to speak
+//! the previous protocol it named.
 //!
 //! The "logmon" here is a listener in this test process: a state naming
 //! this process (pid, start time) passes the identity checks 2–4, so only
@@ -17,7 +19,7 @@ use std::process::{Command, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use logmon::protocol::{ReattachConfig, PROTOCOL_VERSION};
+use logmon::protocol::{ReattachConfig, OLDEST_PROTOCOL, PROTOCOL_VERSION};
 
 /// A bound against hangs, never a timing assertion.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -170,6 +172,43 @@ fn a_logmon_dying_in_the_handshake_is_unresponsive_not_a_protocol_mismatch() {
         assert!(!err.contains("ProtocolMismatch"), "{death:?}: {err}");
         release(&sock, server);
     }
+}
+
+/// A logmon of the previous protocol refuses our Hello naming its own,
+/// then dies in the handshake the client opens again to speak it: still
+/// `Unresponsive`, never a protocol mismatch (the fallback is no excuse to
+/// mistake a death for a version).
+#[test]
+fn a_logmon_dying_after_refusing_our_protocol_is_unresponsive() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("t.sock");
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, serde_json::to_vec(&state_for_self(&sock)).unwrap()).unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let hello = logmon::protocol::read_frame::<logmon::protocol::Request>(&mut s).unwrap();
+        let refusal = logmon::protocol::Response::Refused {
+            reason: logmon::protocol::refusal(PROTOCOL_VERSION, OLDEST_PROTOCOL),
+        };
+        logmon::protocol::write_frame(&mut s, &refusal).unwrap();
+        drop(s);
+        let (s, _) = listener.accept().unwrap();
+        die(s, Death::AfterHello);
+        hello
+    });
+    let out = logmon_cli(&["reattach", "--state", state.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(err.contains("Unresponsive"), "{err}");
+    assert!(!err.contains("ProtocolMismatch"), "{err}");
+    assert_eq!(
+        server.join().unwrap(),
+        logmon::protocol::Request::Hello {
+            protocol: PROTOCOL_VERSION
+        }
+    );
 }
 
 /// Kills and reaps a child on drop (SIGKILL works on stopped processes).

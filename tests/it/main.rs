@@ -41,3 +41,4 @@ mod soak;
 mod systemd;
 mod timeline;
 mod timeline_props;
+mod upgrade;

@@ -25,7 +25,9 @@ use crate::support::{
 use logmon::client::{self, Handle, Program, ReattachError};
 use logmon::config::{CaptureConfig, Stream, TaskName};
 use logmon::process;
-use logmon::protocol::{self, ReattachConfig, Request, Response, Welcome, PROTOCOL_VERSION};
+use logmon::protocol::{
+    self, ReattachConfig, Request, Response, Welcome, OLDEST_PROTOCOL, PROTOCOL_VERSION,
+};
 use nix::sys::signal::Signal;
 
 const LINE: usize = 56;
@@ -225,7 +227,9 @@ fn run_prints_one_ready_line_and_closes_stdout() {
         ["instance", "pid", "protocol", "socket", "start_time"]
     );
     let rc: ReattachConfig = serde_json::from_value(v).unwrap();
-    assert_eq!(rc.protocol, PROTOCOL_VERSION);
+    // The oldest protocol it speaks: a client of the previous release
+    // checks it is its own before it reattaches.
+    assert_eq!(rc.protocol, OLDEST_PROTOCOL);
     assert_eq!(rc.pid, child.0.id());
     assert_eq!(Some(rc.start_time), process::start_time(rc.pid).unwrap());
     assert_eq!(
@@ -707,68 +711,296 @@ fn forged_instance_is_instance_mismatch() {
     server.join().unwrap();
 }
 
-/// Check 5c: another protocol → ProtocolMismatch, never a decode panic:
-/// a state from protocol 2; a server that refuses our Hello; a server whose
-/// Welcome says protocol 2 (with trailing fields a later protocol may add).
+/// Check 5c: a logmon that speaks no protocol this build speaks →
+/// ProtocolMismatch naming both versions, never a decode panic: a state of
+/// a logmon whose oldest protocol is newer than ours; a server that
+/// refuses our Hello naming a newer protocol; a server whose Welcome says
+/// a newer protocol (with trailing fields a later protocol may add).
 #[test]
 fn other_protocol_is_protocol_mismatch() {
     let dir = tempdir();
     let d = Daemon::start(dir.path(), "t", &[]);
+    let newer = PROTOCOL_VERSION + 1;
+    let names_both = |e: &ReattachError| {
+        let m = e.to_string();
+        assert!(
+            matches!(e, ReattachError::ProtocolMismatch { logmon: Some(v), .. } if *v == newer),
+            "{e:?}"
+        );
+        assert!(
+            m.contains(&format!("speaks protocol {newer}"))
+                && m.contains(&format!("speaks {OLDEST_PROTOCOL} to {PROTOCOL_VERSION}"))
+                && m.contains("SIGTERM"),
+            "{m}"
+        );
+    };
 
-    // A state written by a future logmon.
+    // A state written by a logmon that no longer speaks our protocols.
     let future = ReattachConfig {
-        protocol: 2,
+        protocol: newer,
         ..d.ready.clone()
     };
     let e = reattach_err(&future);
-    assert!(matches!(e, ReattachError::ProtocolMismatch(_)), "{e:?}");
+    names_both(&e);
     assert_eq!(e.name(), "ProtocolMismatch");
     let state = dir.path().join("state.json");
     write_state(&state, &future);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
     assert_exit_naming(&out, 75, "ProtocolMismatch");
 
-    // A server that refuses our protocol.
+    // A server that refuses our protocol, naming its newer one.
     let sock = dir.path().join("refuse.sock");
     let cfg = state_for_self(&sock, &hex_instance('c'));
-    let reason = "protocol mismatch: client speaks 1, this logmon speaks 2".to_owned();
+    let server = fake_server(
+        &sock,
+        frame(&Response::Refused {
+            reason: protocol::refusal(PROTOCOL_VERSION, newer),
+        }),
+    );
+    names_both(&reattach_err(&cfg));
+    assert_eq!(
+        server.join().unwrap(),
+        Some(Request::Hello {
+            protocol: PROTOCOL_VERSION
+        }),
+        "the client says Hello in its own protocol first"
+    );
+
+    // A refusal that names no version is passed on as it is.
+    let sock = dir.path().join("refuse2.sock");
+    let cfg = state_for_self(&sock, &hex_instance('c'));
+    let reason = "protocol mismatch".to_owned();
     let server = fake_server(
         &sock,
         frame(&Response::Refused {
             reason: reason.clone(),
         }),
     );
-    let e = reattach_err(&cfg);
-    match &e {
-        ReattachError::ProtocolMismatch(m) => assert!(m.contains(&reason), "{m}"),
+    match reattach_err(&cfg) {
+        ReattachError::ProtocolMismatch {
+            logmon: None,
+            detail,
+        } => assert_eq!(detail, reason),
         other => panic!("expected ProtocolMismatch, got {other:?}"),
     }
     server.join().unwrap();
 
-    // A server of protocol 2, whose Welcome carries extra trailing fields.
-    let sock = dir.path().join("v2.sock");
+    // A server whose Welcome says a newer protocol and carries extra
+    // trailing fields.
+    let sock = dir.path().join("v3.sock");
     let cfg = state_for_self(&sock, &hex_instance('d'));
-    let w = welcome_for(&cfg, 2, &cfg.instance);
+    let w = welcome_for(&cfg, newer, &cfg.instance);
     let mut payload = protocol::encode(&Response::Welcome(w)).unwrap();
-    payload.extend_from_slice(b"\x05fields of protocol 2");
+    payload.extend_from_slice(b"\x05fields of a later protocol");
     let mut raw = (payload.len() as u32).to_be_bytes().to_vec();
     raw.extend_from_slice(&payload);
     let server = fake_server(&sock, raw);
-    let e = reattach_err(&cfg);
-    match &e {
-        ReattachError::ProtocolMismatch(m) => assert!(m.contains('2'), "{m}"),
-        other => panic!("expected ProtocolMismatch, got {other:?}"),
-    }
+    names_both(&reattach_err(&cfg));
     server.join().unwrap();
 
-    // The real daemon refuses a Hello of protocol 2 by name.
+    // The real daemon refuses a Hello of a newer protocol, naming its own.
     let mut s = std::os::unix::net::UnixStream::connect(&d.ready.socket).unwrap();
     s.set_read_timeout(Some(PATIENCE)).unwrap();
-    protocol::write_frame(&mut s, &Request::Hello { protocol: 2 }).unwrap();
+    protocol::write_frame(&mut s, &Request::Hello { protocol: newer }).unwrap();
     match protocol::read_frame::<Response>(&mut s).unwrap() {
-        Response::Refused { reason } => assert!(reason.contains("protocol"), "{reason}"),
+        Response::Refused { reason } => {
+            assert_eq!(reason, protocol::refusal(newer, PROTOCOL_VERSION));
+            assert_eq!(protocol::refused_version(&reason), Some(PROTOCOL_VERSION));
+        }
         other => panic!("expected Refused, got {other:?}"),
     }
+}
+
+/// A logmon of the previous release refuses our Hello naming protocol 1
+/// (logmon 0.1.0's words): the client connects again and speaks protocol
+/// 1, and its Welcome passes the same checks (`tests/it/upgrade.rs` does
+/// it with the 0.1.0 binaries).
+#[test]
+fn a_logmon_of_the_previous_protocol_is_spoken_to_in_it() {
+    let dir = tempdir();
+    let sock = dir.path().join("v1.sock");
+    let cfg = state_for_self(&sock, &hex_instance('e'));
+    let w = welcome_for(&cfg, protocol::v1::VERSION, &cfg.instance);
+    let v1_welcome = protocol::v1::Response::Welcome(protocol::v1::Welcome::from(&w));
+    let server = old_logmon(&sock, protocol::frame(&v1_welcome).unwrap());
+    let mut h = reattach_ok(&cfg);
+    assert_eq!(h.protocol(), protocol::v1::VERSION);
+    assert_eq!(h.welcome(), &w);
+    h.ping().unwrap();
+    drop(h);
+    assert_eq!(
+        server.join().unwrap(),
+        [
+            Request::Hello {
+                protocol: PROTOCOL_VERSION
+            },
+            Request::Hello { protocol: 1 },
+            Request::Ping
+        ]
+    );
+
+    // The same, with another instance: as strict as ever.
+    let sock = dir.path().join("v1b.sock");
+    let cfg = state_for_self(&sock, &hex_instance('e'));
+    let w = welcome_for(&cfg, protocol::v1::VERSION, &hex_instance('f'));
+    let v1_welcome = protocol::v1::Response::Welcome(protocol::v1::Welcome::from(&w));
+    let server = old_logmon(&sock, protocol::frame(&v1_welcome).unwrap());
+    assert!(matches!(
+        reattach_err(&cfg),
+        ReattachError::InstanceMismatch { .. }
+    ));
+    server.join().unwrap();
+}
+
+/// A logmon that speaks no protocol this build speaks (a release two
+/// apart) is never stopped or killed for its version: `ensure` fails
+/// naming `ProtocolMismatch`, both versions and what to do, launches
+/// nothing and leaves the state as it was; `stop` (CLI and library) fails
+/// the same way. (Before protocol versions were honest, `ensure` went on
+/// to launch a second logmon beside it.)
+#[test]
+fn ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running() {
+    let dir = tempdir();
+    let newer = PROTOCOL_VERSION + 1;
+    let sock = dir.path().join("newer.sock");
+    let cfg = state_for_self(&sock, &hex_instance('a'));
+    let server = RefusingLogmon::start(&sock, newer);
+    let state = dir.path().join("state.json");
+    write_state(&state, &cfg);
+    let _launched = KillNamedBy(state.clone());
+    let before = std::fs::read(&state).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let ensure = |extra: &[&str]| {
+        let mut args = vec![
+            "ensure",
+            "--state",
+            state.to_str().unwrap(),
+            "--task",
+            "t",
+            "--log-dir",
+            d,
+        ];
+        args.extend_from_slice(extra);
+        cli(&args)
+    };
+    for (out, code) in [(ensure(&[]), 1), (ensure(&["--conservative"]), 75)] {
+        let err = assert_exit_naming(&out, code, "ProtocolMismatch");
+        assert!(
+            err.contains(&format!("speaks protocol {newer}")) && err.contains("SIGTERM"),
+            "{err}"
+        );
+    }
+    assert!(
+        !dir.path().join(".t.logmon.lock").exists(),
+        "ensure launched a logmon"
+    );
+    assert_eq!(std::fs::read(&state).unwrap(), before);
+    let out = cli(&["stop", "--state", state.to_str().unwrap()]);
+    assert_exit_naming(&out, 75, "ProtocolMismatch");
+    let e = logmon::hook::Hook::stop(&cfg, client::STOP_TIMEOUT).unwrap_err();
+    assert!(e.to_string().contains("ProtocolMismatch"), "{e}");
+    assert!(server.hellos() >= 4, "the logmon was not asked");
+}
+
+/// Kills, on drop, the logmon the state file names, unless it is this
+/// test process (one an `ensure` launched when the test fails).
+struct KillNamedBy(PathBuf);
+
+impl Drop for KillNamedBy {
+    fn drop(&mut self) {
+        let rc = std::fs::read(&self.0)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ReattachConfig>(&b).ok());
+        if let Some(rc) = rc.filter(|rc| rc.pid != std::process::id()) {
+            kill_checked(&rc);
+        }
+    }
+}
+
+/// A fake logmon of protocol `speaks` in this test process: refuses every
+/// Hello naming its version, until dropped.
+struct RefusingLogmon {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hellos: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RefusingLogmon {
+    fn start(path: &Path, speaks: u32) -> RefusingLogmon {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hellos = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop2, hellos2) = (stop.clone(), hellos.clone());
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(SeqCst) {
+                let Ok((mut s, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(PATIENCE)).unwrap();
+                if let Ok(Request::Hello { protocol }) = protocol::read_frame::<Request>(&mut s) {
+                    hellos2.fetch_add(1, SeqCst);
+                    let _ = s.write_all(&frame(&Response::Refused {
+                        reason: protocol::refusal(protocol, speaks),
+                    }));
+                }
+            }
+        });
+        RefusingLogmon {
+            stop,
+            hellos,
+            thread: Some(thread),
+        }
+    }
+
+    fn hellos(&self) -> usize {
+        self.hellos.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for RefusingLogmon {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A fake logmon of protocol 1 (as 0.1.0 behaves): refuses a Hello of
+/// another protocol naming 1, and closes; on its second connection
+/// answers `welcome` (a raw frame) to a Hello of 1, then `Pong` to each
+/// `Ping`. Returns the requests it read.
+fn old_logmon(path: &Path, welcome: Vec<u8>) -> JoinHandle<Vec<Request>> {
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            while let Ok(req) = protocol::read_frame::<protocol::v1::Request>(&mut s) {
+                seen.push(req.clone().into());
+                let answer = match req {
+                    protocol::v1::Request::Hello { protocol: 1 } => welcome.clone(),
+                    protocol::v1::Request::Hello { protocol } => {
+                        let _ = s.write_all(&frame(&Response::Refused {
+                            reason: protocol::refusal(protocol, 1),
+                        }));
+                        break;
+                    }
+                    protocol::v1::Request::Ping => {
+                        protocol::frame(&protocol::v1::Response::Pong).unwrap()
+                    }
+                    _ => break,
+                };
+                s.write_all(&answer).unwrap();
+            }
+        }
+        seen
+    })
 }
 
 /// A relative `--socket` is made absolute in the ready line, so the state

@@ -542,3 +542,95 @@ pub fn key(dir: FileId, task: &TaskName, stream: Stream) -> String {
         stream.as_str()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracked(dir: &Dir) -> (Streams, String) {
+        let task = TaskName::new("t").unwrap();
+        let key = key(dir.id(), &task, Stream::Stdout);
+        let mut s = Streams::new(4);
+        s.map.insert(
+            key.clone(),
+            Tracked::new(key.clone(), dir.id(), task, Stream::Stdout),
+        );
+        (s, key)
+    }
+
+    /// Issue #31: the shipper had shipped file 0 whole and its listing
+    /// knew no file 1 when logmon rotated: it slept with file 1's bytes
+    /// unshipped. The plan looks the next file up on disk instead.
+    #[test]
+    fn a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("t.stdout.0"), "a\nb\n").unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let (mut s, k) = tracked(&dir);
+        s.open(&k, dir.clone());
+        let t = s.map.get_mut(&k).unwrap();
+        t.sizes.insert(0, 4);
+        let mut st = StreamState {
+            offset: 4,
+            ..Default::default()
+        };
+        let now = Instant::now();
+        assert!(matches!(t.plan(&mut st, 1 << 20, now), Ok(Planned::Idle)));
+        // Rotation the listing never saw: file 0 grew by a line, then 1.
+        std::fs::write(d.path().join("t.stdout.0"), "a\nb\nc\n").unwrap();
+        std::fs::write(d.path().join("t.stdout.1"), "d\n").unwrap();
+        match t.plan(&mut st, 1 << 20, now).unwrap() {
+            Planned::Window(p) => assert_eq!((p.file, p.start, p.end), (0, 4, 6)),
+            other => panic!("{other:?}"),
+        }
+        st.offset = 6;
+        match t.plan(&mut st, 1 << 20, now).unwrap() {
+            Planned::Window(p) => assert_eq!((p.file, p.start, p.end), (1, 0, 2)),
+            other => panic!("{other:?}"),
+        }
+        // Files between purged before they were read: a gap to the next.
+        st.file = 1;
+        st.offset = 2;
+        std::fs::write(d.path().join("t.stdout.4"), "e\n").unwrap();
+        match t.plan(&mut st, 1 << 20, now).unwrap() {
+            Planned::Window(p) => {
+                let g = p.gap.unwrap();
+                assert_eq!((p.file, g.to_file, g.files), (2, 4, 2));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A file logmon did not make at the next index is not a next file:
+    /// the stream stays at its own, and the planted one is counted.
+    #[test]
+    fn a_planted_file_is_never_a_next_file() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("t.stdout.0"), "a\n").unwrap();
+        let planted = d.path().join("t.stdout.1");
+        std::fs::write(&planted, "FORGED\n").unwrap();
+        std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let (mut s, k) = tracked(&dir);
+        s.open(&k, dir.clone());
+        let t = s.map.get_mut(&k).unwrap();
+        let mut st = StreamState {
+            offset: 2,
+            ..Default::default()
+        };
+        assert!(matches!(
+            t.plan(&mut st, 1 << 20, Instant::now()),
+            Ok(Planned::Idle)
+        ));
+        st.file = 1;
+        st.offset = 0;
+        assert!(matches!(
+            t.plan(&mut st, 1 << 20, Instant::now()),
+            Ok(Planned::Idle)
+        ));
+        assert_eq!(st.foreign_files, 1);
+    }
+}

@@ -46,6 +46,12 @@
 //!   `an_active_file_renamed_away_is_not_appended_to_where_names_can_move`,
 //!   `tests/it/hostile_daemon.rs::an_active_file_the_task_renames_away_is_not_appended_to`).
 //!   In a sticky directory of logmon's or root's this costs no syscall;
+//! - `--keep-unshipped SIZE` holds purge for the shipper, up to SIZE per
+//!   stream; a stream without a trusted position (not reached yet, or a
+//!   position the task could have forged) is held as if the shipper were at
+//!   its start, from the first purge of a relaunch on
+//!   (`Rotator::held_for_shipper`,
+//!   `keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`);
 //! - beside each file, its capture-time index (`.<task>.<stream>.<N>.idx`,
 //!   [`crate::index`]): one record per batch, written after the batch's
 //!   bytes ([`Rotator::record_batch`]); opened, resumed, closed, recreated
@@ -1021,22 +1027,30 @@ impl Rotator {
 
     /// Of the files about to be purged (`excess`, oldest first), those
     /// kept for the shipper: the ones at or after its position
-    /// ([`crate::shipped`], read here, at rotation only), newest first,
-    /// as long as they add up to at most `keep_unshipped` bytes. The
-    /// oldest unshipped go first when they do not all fit, so the kept
+    /// ([`crate::shipped::load`], read here, at rotation only), newest
+    /// first, as long as they add up to at most `keep_unshipped` bytes.
+    /// The oldest unshipped go first when they do not all fit, so the kept
     /// files stay one contiguous run the shipper reads on from (what it
-    /// cannot read it announces as a gap). A forged position can hold at
-    /// most that much disk, never a line.
+    /// cannot read it announces as a gap).
+    ///
+    /// Without a position the shipper is taken to be at the start: a
+    /// stream it has not reached yet (no position file), whose position
+    /// is unreadable, or whose position file could have been made or
+    /// renamed by the task (`shipped::load` returns only a trusted one) is
+    /// held like any unshipped stream. So a trusted position can only
+    /// release the hold, a forged one can only keep it, and no order of
+    /// kills opens a window where purge runs unheld: what is held costs
+    /// at most `keep_unshipped` bytes of disk, never a line
+    /// (`keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`).
     fn held_for_shipper(&self, excess: &[u64]) -> Vec<u64> {
         if self.keep_unshipped == 0 || excess.is_empty() {
             return Vec::new();
         }
-        let Some(at) = crate::shipped::load(&self.dir, &self.task, self.stream) else {
-            return Vec::new();
-        };
+        let at = crate::shipped::load(&self.dir, &self.task, self.stream);
+        let from = at.map_or(0, |p| p.file);
         let mut held = Vec::new();
         let mut bytes = 0u64;
-        for &n in excess.iter().rev().filter(|&&n| n >= at.file) {
+        for &n in excess.iter().rev().filter(|&&n| n >= from) {
             let size = match self.dir.stat(file_name(&self.task, self.stream, n)) {
                 Ok(Some(st)) => u64::try_from(st.st_size).unwrap_or(u64::MAX),
                 _ => 0,
@@ -1049,7 +1063,7 @@ impl Rotator {
         }
         if !held.is_empty() {
             tracing::debug!(stream = %self.stream, files = held.len(), bytes,
-                shipped_to = at.file, "purge held for the shipper");
+                shipped_to = ?at.map(|p| p.file), "purge held for the shipper");
         }
         held
     }
@@ -1679,6 +1693,44 @@ mod tests {
             scan_indices(d2.path(), &task(), Stream::Stdout).unwrap(),
             vec![3, 4]
         );
+    }
+
+    #[test]
+    fn keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let open = || Rotator::open_in(dir.clone(), &task(), Stream::Stdout, 2, 4, 8).unwrap();
+        let files = || scan_indices(d.path(), &task(), Stream::Stdout).unwrap();
+        let mut r = open();
+        for i in 0..10u8 {
+            put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
+        }
+        // No position: the shipper has not reached this stream yet. The
+        // newest files that fit in 8 bytes are held, as if it were at 0.
+        assert_eq!(files(), [6, 7, 8, 9]);
+        // A relaunch holds from its very first purge.
+        drop(r);
+        let mut r = open();
+        assert_eq!(files(), [6, 7, 8, 9]);
+        // A position the task could have made or moved (a directory where
+        // others rename names) releases nothing: still held up to 8 bytes.
+        let at10 = crate::shipped::Position {
+            file: 10,
+            offset: 0,
+        };
+        crate::shipped::Writer::default()
+            .store(&dir, &task(), Stream::Stdout, at10)
+            .unwrap();
+        let mode =
+            |m| std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(m)).unwrap();
+        mode(0o777);
+        put(&mut r, b"kkk\n");
+        assert_eq!(files(), [7, 8, 9, 10]);
+        // The shipper's own position, believed: what it shipped goes.
+        mode(0o755);
+        put(&mut r, b"lll\n");
+        assert_eq!(files(), [10, 11]);
     }
 
     #[test]

@@ -1513,10 +1513,12 @@ fn planted_dirs_and_fifos_at_future_indices_neither_hang_capture_nor_lose_lines(
     assert_numbered(&read_regular(logs, "t", Stream::Stdout), 0, 100);
 }
 
-/// A symlink or a hard link planted at the active (highest) index before
-/// start: logmon does not resume it but starts the next index.
+/// A symlink or a hard link planted at the highest index before start
+/// (issue #26.4): logmon resumes the highest file of its own instead, and
+/// the planted name never pushes the numbering; rotation (or the first
+/// file) removes it, counted, never writing through it.
 #[test]
-fn planted_links_at_the_active_index_make_resume_start_the_next_index() {
+fn planted_links_at_the_highest_index_are_not_resumed_and_never_push_the_numbering() {
     let root = tempfile::tempdir().unwrap();
     let logs = root.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
@@ -1528,21 +1530,30 @@ fn planted_links_at_the_active_index_make_resume_start_the_next_index() {
         meta: std::fs::metadata(&victim.path).unwrap(),
         ..victim
     };
-    let dm = Daemon::start(&logs, "t", &[]);
+    let dm = Daemon::start(&logs, "t", &["--max-file-size", &(3 * LINE).to_string()]);
     let s = status(&logs, "t");
     assert_eq!(
-        (s.stdout.active_index, s.stderr.active_index),
-        (2, 1),
+        (
+            s.stdout.active_index,
+            s.stdout.active_size,
+            s.stderr.active_index
+        ),
+        (0, LINE, 0),
         "{s:?}"
     );
-    assert_eq!((s.stdout.foreign_names, s.stderr.foreign_names), (1, 1));
     write_numbered(&fifo(&logs, "t", Stream::Stdout), 1, 10);
     let _w = write_task(&logs, "t", Stream::Stderr, b"err\n");
     wait_for_size(&logs, "t", Stream::Stdout, 10 * LINE, SOON);
-    assert!(wait_until(SOON, || std::fs::read(logs.join("t.stderr.1"))
+    assert!(wait_until(SOON, || std::fs::read(logs.join("t.stderr.0"))
         .is_ok_and(|b| b == b"err\n")));
+    let s = status(&logs, "t");
+    // The symlink at stdout 1 and the hard link at stderr 0, each removed
+    // when capture got there.
+    assert_eq!((s.stdout.foreign_names, s.stderr.foreign_names), (1, 1));
     stop(dm);
-    assert_numbered(&std::fs::read(logs.join("t.stdout.2")).unwrap(), 1, 10);
+    assert_numbered(&std::fs::read(logs.join("t.stdout.0")).unwrap(), 0, 3);
+    assert_numbered(&std::fs::read(logs.join("t.stdout.1")).unwrap(), 3, 6);
+    assert_numbered(&read_regular(&logs, "t", Stream::Stdout), 0, 10);
     victim.assert_untouched();
 }
 

@@ -16,6 +16,17 @@
 //!   (`tests/it/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a log directory renamed away or replaced by a symlink is not followed
 //!   (`tests/it/faults.rs::log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
+//! - the log directory is made sticky (`S_ISVTX` added through its
+//!   descriptor, nothing else changed) when logmon owns it or runs as
+//!   root, before the rotators look at it and before the sandbox, so a
+//!   task writing in it cannot rename or remove logmon's files; `status`
+//!   says whether it is (`log_dir_sticky`), and one warning says what to
+//!   do when it cannot be set (issue #26.1:
+//!   `tests/it/hostile_daemon.rs::the_log_dir_is_made_sticky_so_the_task_cannot_rename_logmons_files`,
+//!   `an_active_file_the_task_renames_away_is_not_appended_to`);
+//! - `status` says when the log directory is gone (`log_dir_gone`: deleted,
+//!   and a confined logmon does not recreate it, DESIGN.md §10:
+//!   `tests/it/faults.rs::deleted_log_dir_under_the_sandbox_*`);
 //! - the task's metadata (`--meta`) is written for readers to
 //!   `.<task>.logmon.meta` once the lock is held, so the file describes the
 //!   running logmon (removed when it runs without metadata); a name planted
@@ -304,6 +315,10 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
         log: log_dir.clone(),
         others: Vec::new(),
     };
+    // Before logmon creates anything there (the lock first), before the
+    // rotators look at the directory's mode, and before the sandbox takes
+    // fchmod away.
+    make_log_dir_sticky(&log_dir);
     let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
     let fifos = open_fifos(&cfg, &mut dirs, &mut inherited)?;
     let rotators = open_rotators(&cfg, &log_dir)?;
@@ -342,6 +357,22 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     result
 }
 
+/// Makes the log directory sticky (DESIGN.md §9, issue #26.1): in a
+/// directory the task may write (the reference makes it 0777), the sticky
+/// bit is what stops the task from renaming logmon's files — a stream file
+/// whose bytes it chose, moved over another task's stream name or to a
+/// metadata name — so readers and the shipper trust a name only there
+/// ([`crate::dir::Trust`]). Done when logmon owns the directory or runs as
+/// root; otherwise, or when it fails, one warning says how to fix it.
+/// `status` reports the bit (`log_dir_sticky`).
+fn make_log_dir_sticky(log_dir: &Dir) {
+    if let Err(e) = log_dir.make_sticky() {
+        tracing::warn!(dir = %log_dir.path().display(), error = %e,
+            "cannot make the log directory sticky, so a task writing in it can rename logmon's \
+             files and readers will not trust them: run `chmod +t` on it, or run logmon as its owner");
+    }
+}
+
 /// Writes over RLIMIT_FSIZE must fail with EFBIG (handled by the
 /// write-error policy) rather than kill the daemon.
 fn ignore_sigxfsz() {
@@ -358,15 +389,14 @@ fn ignore_sigxfsz() {
 /// The rotator of each stream, in the log directory.
 fn open_rotators(cfg: &CaptureConfig, log_dir: &Arc<Dir>) -> Result<[Rotator; 2], DaemonError> {
     let open = |stream| {
-        let mut r = Rotator::open_in(
+        Rotator::open_in(
             log_dir.clone(),
             &cfg.task,
             stream,
             cfg.max_files,
             cfg.max_file_size,
-        )?;
-        r.set_keep_unshipped(cfg.keep_unshipped);
-        Ok::<_, RotateError>(r)
+            cfg.keep_unshipped,
+        )
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
@@ -550,6 +580,7 @@ fn serve_until_stopped(
         stop: std::cell::Cell::new(false),
         foreign_names: std::cell::Cell::new(s.foreign),
         meta: cfg.meta.clone(),
+        log_dir: s.log_dir.clone(),
     };
     let server = held.insert(
         server::Server::new(s.socket.listener, &poller)

@@ -27,8 +27,12 @@
 //!   regular file with one link owned by logmon's euid, checked with
 //!   `fstat` after the open (`open_own_refuses_foreign_files`);
 //! - a deleted directory is recreated only through the parent descriptor
-//!   held since start ([`Dir::recreate`]), and only if the result is a
-//!   directory owned by logmon (`a_deleted_directory_is_recreated_through_its_parent`);
+//!   held since start ([`Dir::recreate`], sticky), and only if the result
+//!   is a directory owned by logmon
+//!   (`a_deleted_directory_is_recreated_through_its_parent`);
+//! - [`Dir::make_sticky`] adds `S_ISVTX` and nothing else, through the
+//!   descriptor, when logmon owns the directory or is root, and says why
+//!   not otherwise (`make_sticky_adds_only_the_sticky_bit_and_says_why_not`);
 //! - [`Dir::subdir`] creates (`mkdirat`) and opens a directory without
 //!   following a symlink (the control socket's directory), and
 //!   [`Dir::open_path_fd`] gives an `O_PATH` handle of the very inode at a
@@ -146,6 +150,8 @@ pub struct Dir {
     /// start, so a deleted directory can be recreated without walking a
     /// path ([`Dir::recreate`]).
     parent: Option<(Arc<OwnedFd>, OsString)>,
+    /// Whether its deletion was already reported ([`Dir::first_notice_of_deletion`]).
+    deletion_noticed: AtomicBool,
 }
 
 /// Whether `openat2` exists here (Linux ≥ 5.6); learnt at the first call.
@@ -218,6 +224,7 @@ impl Dir {
             path,
             id: FileId::of(&st),
             parent,
+            deletion_noticed: AtomicBool::new(false),
         })
     }
 
@@ -276,10 +283,58 @@ impl Dir {
     }
 
     /// The parent directory's descriptor (`O_PATH`), held since
-    /// [`Dir::open`] for [`Dir::recreate`]; the sandbox grants it the
-    /// rights a recreated directory needs.
+    /// [`Dir::open`] for [`Dir::recreate`] (without the sandbox: the
+    /// sandbox grants the parent nothing, DESIGN.md §10).
     pub fn parent_fd(&self) -> Option<BorrowedFd<'_>> {
         self.parent.as_ref().map(|(fd, _)| fd.as_fd())
+    }
+
+    /// What sits now at this directory's name in its parent
+    /// (`fstatat(AT_SYMLINK_NOFOLLOW)` through the parent descriptor held
+    /// since start, never the path): after a deletion, whether something
+    /// was made there since. `None` when nothing is (or there is no
+    /// parent).
+    pub fn stat_at_name(&self) -> Option<FileStat> {
+        let (parent, name) = self.parent.as_ref()?;
+        nix::sys::stat::fstatat(
+            parent.as_fd(),
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()
+    }
+
+    /// Sets the sticky bit (`S_ISVTX`) on the directory, through its
+    /// descriptor (`fchmod`; every other mode bit kept), so that a user
+    /// who may write in it can no longer rename or remove other users'
+    /// names there (DESIGN.md §9). Done only when logmon owns the
+    /// directory or runs as root; otherwise, or when `fchmod` fails (no
+    /// `CAP_FOWNER`, a read-only or immutable directory), says why. Already
+    /// sticky: nothing to do.
+    pub fn make_sticky(&self) -> io::Result<()> {
+        let st = nix::sys::stat::fstat(&self.fd)?;
+        if st.st_mode & Mode::S_ISVTX.bits() != 0 {
+            return Ok(());
+        }
+        let euid = nix::unistd::geteuid();
+        if st.st_uid != euid.as_raw() && !euid.is_root() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "it is owned by uid {} and logmon runs as uid {euid}",
+                    st.st_uid
+                ),
+            ));
+        }
+        let mode = Mode::from_bits_truncate(st.st_mode & 0o7777) | Mode::S_ISVTX;
+        nix::sys::stat::fchmod(&self.fd, mode).map_err(io::Error::from)
+    }
+
+    /// `true` the first time it is called on this handle: a deleted
+    /// directory that cannot be recreated is reported once, however many
+    /// streams and retries run into it.
+    pub fn first_notice_of_deletion(&self) -> bool {
+        !self.deletion_noticed.swap(true, Ordering::Relaxed)
     }
 
     /// A path naming `name` inside this directory through its descriptor
@@ -560,6 +615,7 @@ impl Dir {
             path: self.path.join(name),
             id: FileId::of(&st),
             parent: Some((Arc::new(parent), name.to_owned())),
+            deletion_noticed: AtomicBool::new(false),
         })
     }
 
@@ -629,9 +685,10 @@ impl Dir {
 
     /// Recreates a deleted directory through the parent descriptor held
     /// since [`Dir::open`] (`mkdirat`, then `openat(O_NOFOLLOW |
-    /// O_DIRECTORY)`), with mode 0755, and returns the new handle. Refuses
-    /// a result that is not a directory owned by our euid (a symlink or a
-    /// directory the task made in the meantime).
+    /// O_DIRECTORY)`), with mode 01755 (sticky, as logmon makes the
+    /// directories it owns), and returns the new handle. Refuses a result
+    /// that is not a directory owned by our euid (a symlink or a directory
+    /// the task made in the meantime).
     pub fn recreate(&self) -> io::Result<Dir> {
         let Some((parent, name)) = &self.parent else {
             return Err(io::Error::new(
@@ -642,7 +699,7 @@ impl Dir {
         match nix::sys::stat::mkdirat(
             parent.as_fd(),
             name.as_os_str(),
-            Mode::from_bits_truncate(0o755),
+            Mode::from_bits_truncate(0o1755),
         ) {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => return Err(e.into()),
@@ -669,6 +726,7 @@ impl Dir {
             path: self.path.clone(),
             id: FileId::of(&st),
             parent: Some((parent.clone(), name.clone())),
+            deletion_noticed: AtomicBool::new(false),
         })
     }
 }
@@ -979,6 +1037,44 @@ mod tests {
     }
 
     #[test]
+    fn make_sticky_adds_only_the_sticky_bit_and_says_why_not() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o2775)).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        assert!(!dir.trust().unwrap().sticky());
+        dir.make_sticky().unwrap();
+        let mode = std::fs::metadata(&logs).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o3775, "{mode:o}");
+        assert!(dir.trust().unwrap().sticky());
+        // Already sticky: nothing to do.
+        dir.make_sticky().unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Another owner, as root: root may (CAP_FOWNER).
+            std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o777)).unwrap();
+            std::os::unix::fs::chown(&logs, Some(65534), None).unwrap();
+            dir.make_sticky().unwrap();
+            assert_eq!(std::fs::metadata(&logs).unwrap().mode() & 0o7777, 0o1777);
+        } else {
+            // Not ours and not root: refused, saying whose it is.
+            let tmp = Dir::open(Path::new("/")).unwrap();
+            if !tmp.trust().unwrap().sticky() {
+                let e = tmp.make_sticky().unwrap_err();
+                assert!(e.to_string().contains("owned by uid 0"), "{e}");
+            }
+        }
+        // What sits at its name now, through the parent.
+        assert!(dir
+            .stat_at_name()
+            .is_some_and(|st| is_type(&st, SFlag::S_IFDIR)));
+        std::fs::remove_dir(&logs).unwrap();
+        assert!(dir.stat_at_name().is_none());
+        assert!(dir.first_notice_of_deletion());
+        assert!(!dir.first_notice_of_deletion());
+    }
+
+    #[test]
     fn a_deleted_directory_is_recreated_through_its_parent() {
         let d = tempfile::tempdir().unwrap();
         let logs = d.path().join("logs");
@@ -989,6 +1085,7 @@ mod tests {
         let again = dir.recreate().unwrap();
         assert!(!again.is_deleted());
         assert!(logs.is_dir());
+        assert!(again.trust().unwrap().sticky());
         // A symlink in its place is never followed.
         std::fs::remove_dir(&logs).unwrap();
         let other = d.path().join("elsewhere");

@@ -218,6 +218,18 @@ pub struct Stats {
     /// The task's metadata (`--meta`, DESIGN.md §11). Last, so an older
     /// client (postcard ignores trailing bytes) still decodes the rest.
     pub meta: crate::meta::Meta,
+    /// Whether the log directory has the sticky bit (DESIGN.md §9: logmon
+    /// sets it when it owns the directory or runs as root, and warns when
+    /// it cannot); without it, a task that may write there can rename
+    /// logmon's files.
+    #[serde(default)]
+    pub log_dir_sticky: bool,
+    /// The log directory was deleted and logmon cannot write into it any
+    /// more (a confined logmon never recreates it, DESIGN.md §10): its
+    /// bytes are dropped or wait in the pipe per the write-error policy,
+    /// until the next logmon takes over.
+    #[serde(default)]
+    pub log_dir_gone: bool,
 }
 
 /// The reattach config: the ready line `run` prints and the state an agent

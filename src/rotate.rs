@@ -11,22 +11,47 @@
 //!   than the limit starts a new file and is cut into pieces of exactly the
 //!   limit ([`plan`]);
 //! - at most `max_files` files per stream are kept, the lowest indices go
-//!   first, and only names of the exact form `<task>.<stream>.<integer>` are
-//!   ever removed ([`scan_indices`]), by `unlinkat` on the directory's fd;
-//!   N is at most [`MAX_INDEX`], so a name planted at a huge index cannot
-//!   overflow the numbering (`a_planted_name_at_the_largest_index_cannot_overflow_the_numbering`);
+//!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
+//!   `0..=`[`MAX_INDEX`], are ever removed or counted ([`scan_indices`]),
+//!   by `unlinkat` on the directory's fd. A name logmon did not make never
+//!   pushes the numbering: resume takes the highest of logmon's own files
+//!   (regular, one link, its uid), and a name planted above the active one
+//!   is neither counted nor purged until rotation reaches it, so
+//!   `--max-files` holds whatever the task plants, a file at
+//!   [`MAX_INDEX`] included (issue #26.4, #26.7:
+//!   `a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`,
+//!   `a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering`,
+//!   `tests/it/hostile_daemon.rs::a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files`);
+//!   numbering never passes [`MAX_INDEX`]: reachable only from a forged
+//!   start, it starts over at 0 after removing the stream's files
+//!   (`Rotator::next_index`,
+//!   `numbering_that_would_pass_max_index_starts_over_at_zero`);
 //! - every name is resolved through the log directory's [`Dir`], opened once
 //!   (DESIGN.md §9): a new file is created `O_EXCL|O_NOFOLLOW`, and whatever
 //!   the task planted at its name (symlink, hard link, FIFO, device,
 //!   directory, foreign file) is removed — never followed or written — and
 //!   counted in `foreign_names`, or skipped for the next index when it
 //!   cannot be removed (`planted_names_at_future_indices_are_never_written_through`,
-//!   `tests/it/capture.rs::planted_*`); a resumed file is appended to only if
-//!   it is logmon's own regular file (`a_foreign_active_file_is_not_resumed`);
-//!   a log directory renamed away or replaced by a symlink is not followed,
-//!   and a deleted one is recreated only through its parent's fd
-//!   (`tests/it/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`,
-//!   `log_dir_swapped_for_a_symlink_mid_run_is_not_followed`).
+//!   `tests/it/capture.rs::planted_*`); a log directory renamed away or
+//!   replaced by a symlink is not followed; a deleted one is recreated only
+//!   through its parent's fd, and only without the sandbox (a confined
+//!   logmon reports it gone and lets its write-error policy apply:
+//!   `tests/it/faults.rs::deleted_log_dir_*`,
+//!   `log_dir_swapped_for_a_symlink_mid_run_is_not_followed`);
+//! - where others may rename names in the directory (no sticky bit, or
+//!   not logmon's or root's), the active file is checked once per drain
+//!   pass to still be the file at its name; one renamed away (out of the
+//!   directory, or over another name) is closed untouched and capture
+//!   goes on in a new file, counted as foreign (issue #26.9:
+//!   `an_active_file_renamed_away_is_not_appended_to_where_names_can_move`,
+//!   `tests/it/hostile_daemon.rs::an_active_file_the_task_renames_away_is_not_appended_to`).
+//!   In a sticky directory of logmon's or root's this costs no syscall;
+//! - `--keep-unshipped SIZE` holds purge for the shipper, up to SIZE per
+//!   stream; a stream without a trusted position (not reached yet, or a
+//!   position the task could have forged) is held as if the shipper were at
+//!   its start, from the first purge of a relaunch on
+//!   (`Rotator::held_for_shipper`,
+//!   `keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`);
 //! - beside each file, its capture-time index (`.<task>.<stream>.<N>.idx`,
 //!   [`crate::index`]): one record per batch, written after the batch's
 //!   bytes ([`Rotator::record_batch`]); opened, resumed, closed, recreated
@@ -45,7 +70,8 @@
 //!   (`numbers_are_never_reused_after_every_file_was_deleted`). The mark sits
 //!   in a directory the task can write: a forged one only moves numbering
 //!   forward (capped at [`MAX_INDEX`]), wasting numbers, never reusing or
-//!   overwriting a file (`a_forged_high_water_mark_only_moves_numbering_forward`).
+//!   overwriting a file (`a_forged_high_water_mark_only_moves_numbering_forward`)
+//!   short of the start-over at [`MAX_INDEX`] above.
 //!
 //! The decision of how many bytes go where is the pure function [`plan`]; the
 //! [`Rotator`] owns the files and does what the plan says.
@@ -252,6 +278,20 @@ pub struct Rotator {
     /// Failed index or high-water-mark writes, and when the last was logged.
     index_errors: u64,
     index_warned: Option<Instant>,
+    /// Whether someone other than logmon may rename the active file out
+    /// from under it (the directory is not sticky, or not logmon's or
+    /// root's): then once per drain pass the active file's name is checked
+    /// to still name the open file ([`Rotator::active_file`]). Learnt from
+    /// the directory's mode when a file is opened, so a sticky directory
+    /// costs the hot path nothing.
+    watch_name: bool,
+    /// The name was checked in this drain pass (reset by
+    /// [`Rotator::record_batch`], which ends every pass).
+    name_checked: bool,
+    /// Numbering went past [`MAX_INDEX`] and starts over at 0: the
+    /// stream's files go before the next one is created
+    /// ([`Rotator::next_index`]).
+    starting_over: bool,
 }
 
 /// A write at least this large preallocates ([`Rotator::active_file`]):
@@ -264,8 +304,9 @@ const RESERVE_MIN_WRITE: usize = 64 * 1024;
 const RESERVE_AHEAD: u64 = 4 * 1024 * 1024;
 
 impl Rotator {
-    /// [`Rotator::open_in`] on the directory at `dir`, opened here (for
-    /// tools and tests; the daemon shares one [`Dir`] between its streams).
+    /// [`Rotator::open_in`] on the directory at `dir`, opened here, with
+    /// nothing held for a shipper (for tools and tests; the daemon shares
+    /// one [`Dir`] between its streams).
     pub fn open(
         dir: &Path,
         task: &TaskName,
@@ -274,22 +315,26 @@ impl Rotator {
         limit: u64,
     ) -> Result<Self, RotateError> {
         let d = Dir::open_log_dir(dir)?;
-        Rotator::open_in(Arc::new(d), task, stream, max_files, limit)
+        Rotator::open_in(Arc::new(d), task, stream, max_files, limit, 0)
     }
 
-    /// Resumes `stream` of `task` in `dir`: the highest existing index is
-    /// appended to, byte-exact (a full one is rotated away at the first
-    /// write), if it is logmon's own regular file; anything else there
-    /// (a symlink, a hard link, another owner's file…) is counted as
-    /// foreign and capture starts at the next index. An empty directory
-    /// starts at index 0. Purges down to `max_files` right away. Creates no
-    /// file.
+    /// Resumes `stream` of `task` in `dir`: the highest of logmon's own
+    /// files (regular, one link, logmon's uid) is appended to, byte-exact
+    /// (a full one is rotated away at the first write). A name logmon did
+    /// not make never pushes the numbering: a task-owned file, symlink or
+    /// directory at any index, `MAX_INDEX` included, is passed over (and
+    /// removed, counted, when rotation reaches it). Without a file of its
+    /// own, capture starts past the high-water mark, or at index 0. Purges
+    /// down to `max_files` right away, holding up to `keep_unshipped`
+    /// bytes for the shipper ([`Rotator::set_keep_unshipped`]) from this
+    /// first purge on. Creates no file.
     pub fn open_in(
         dir: Arc<Dir>,
         task: &TaskName,
         stream: Stream,
         max_files: u32,
         limit: u64,
+        keep_unshipped: u64,
     ) -> Result<Self, RotateError> {
         let indices = scan_indices_in(&dir, task, stream).map_err(|source| {
             RotateError::Io(PathIo {
@@ -300,6 +345,7 @@ impl Rotator {
             })
         })?;
         let preallocate = preallocation_pays(&dir);
+        let watch_name = names_can_move(&dir);
         let mut r = Rotator {
             dir,
             task: task.clone(),
@@ -324,61 +370,93 @@ impl Rotator {
             hwm: None,
             hwm_file: None,
             spare: None,
-            keep_unshipped: 0,
+            keep_unshipped,
             index_errors: 0,
             index_warned: None,
+            watch_name,
+            name_checked: false,
+            starting_over: false,
         };
         // Numbers are never reused: start past the high-water mark unless
-        // the highest existing file is at it (or past it: a mark lost or
+        // the highest file of our own is at it (or past it: a mark lost or
         // never written by an older logmon).
         let hwm = index::read_hwm(&r.dir, task, stream);
         r.hwm = hwm;
-        match (indices.last(), hwm) {
-            (last, Some(h)) if last.is_none_or(|&l| l < h) => {
-                r.index = h.saturating_add(1).min(MAX_INDEX);
-                r.purge(false)?;
+        let own = r.highest_own(&indices)?;
+        match (own, hwm) {
+            (Some(last), h) if h.is_none_or(|h| last >= h) => {
+                r.index = last;
+                r.resume_active()?;
             }
+            (_, Some(h)) => r.index = h.saturating_add(1).min(MAX_INDEX),
+            // Nothing of ours and no mark: index 0.
             _ => {}
         }
-        if let Some(&last) = indices.last().filter(|&&l| hwm.is_none_or(|h| l >= h)) {
-            r.index = last;
-            let name = r.active_name();
-            match r.dir.open_own(&name, OFlag::O_RDONLY) {
-                Ok(Ok(Some(f))) => {
-                    r.size = f
-                        .metadata()
-                        .map_err(|source| {
-                            RotateError::Io(PathIo {
-                                what: "",
-                                action: "stat",
-                                path: r.active_path(),
-                                source,
-                            })
-                        })?
-                        .len();
-                    if r.size > 0 {
-                        r.at_line_start = last_byte_is_newline(&f);
-                    }
-                }
-                Ok(Ok(None)) => {}
-                Ok(Err(why)) => {
-                    // Never append to what the task planted: start afresh
-                    // past it (its name is purged in due course).
-                    r.note_foreign(1, &name, &why);
-                    r.index = last + 1;
-                }
+        r.purge(false)?;
+        Ok(r)
+    }
+
+    /// The highest of `indices` (ascending) whose name holds logmon's own
+    /// file, looked at through the directory (`fstatat`, no link followed).
+    fn highest_own(&self, indices: &[u64]) -> Result<Option<u64>, RotateError> {
+        for &i in indices.iter().rev() {
+            let name = file_name(&self.task, self.stream, i);
+            match self.dir.stat(&name) {
+                Ok(Some(st)) if crate::dir::foreign_reason(&st).is_none() => return Ok(Some(i)),
+                Ok(_) => {}
                 Err(source) => {
                     return Err(RotateError::Io(PathIo {
                         what: "",
-                        action: "open",
-                        path: r.active_path(),
+                        action: "stat",
+                        path: self.dir.display(&name),
                         source,
                     }))
                 }
             }
-            r.purge(false)?;
         }
-        Ok(r)
+        Ok(None)
+    }
+
+    /// Opens the active index's existing file to append to it: its size
+    /// and whether it ends a line. Something other than logmon's own file
+    /// there (swapped in since the listing) is counted, and capture starts
+    /// at the next index.
+    fn resume_active(&mut self) -> Result<(), RotateError> {
+        let name = self.active_name();
+        match self.dir.open_own(&name, OFlag::O_RDONLY) {
+            Ok(Ok(Some(f))) => {
+                self.size = f
+                    .metadata()
+                    .map_err(|source| {
+                        RotateError::Io(PathIo {
+                            what: "",
+                            action: "stat",
+                            path: self.active_path(),
+                            source,
+                        })
+                    })?
+                    .len();
+                if self.size > 0 {
+                    self.at_line_start = last_byte_is_newline(&f);
+                }
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(why)) => {
+                // Never append to what the task planted: start afresh
+                // past it (its name is purged in due course).
+                self.note_foreign(1, &name, &why);
+                self.next_index();
+            }
+            Err(source) => {
+                return Err(RotateError::Io(PathIo {
+                    what: "",
+                    action: "open",
+                    path: self.active_path(),
+                    source,
+                }))
+            }
+        }
+        Ok(())
     }
 
     /// The active index.
@@ -490,7 +568,11 @@ impl Rotator {
     /// or logmon stops.
     pub fn active_file(&mut self, len: usize) -> Result<(&File, u64), RotateError> {
         if let Some(f) = &self.file {
+            let check_name = self.watch_name && !self.name_checked;
             match f.metadata() {
+                Ok(m) if m.nlink() > 0 && check_name && !self.still_named(&m) => {
+                    self.moved_away();
+                }
                 Ok(m) if m.nlink() > 0 => {
                     if m.len() < self.size {
                         // Truncated underneath (e.g. copytruncate): write at
@@ -519,6 +601,7 @@ impl Rotator {
                 }
             }
         }
+        self.name_checked = true;
         let file = match self.file.take() {
             Some(f) => f,
             None => self.create_active()?,
@@ -550,6 +633,91 @@ impl Rotator {
         Ok((self.file.insert(file), size))
     }
 
+    /// Whether the active file's name still names the open file `m` (an
+    /// `fstatat` through the directory against the file's `fstat`).
+    fn still_named(&self, m: &std::fs::Metadata) -> bool {
+        matches!(self.dir.stat(self.active_name()),
+            Ok(Some(st)) if st.st_dev == m.dev() && st.st_ino == m.ino())
+    }
+
+    /// The active file was renamed away — out of the directory, or to
+    /// another name in it — by someone who may rename logmon's files
+    /// (issue #26.9): it is closed untouched (no trim, no more records in
+    /// its index) and capture goes on in a new file at the next index.
+    /// Counted as a foreign name.
+    fn moved_away(&mut self) {
+        let name = self.active_name();
+        self.note_foreign(
+            1,
+            &name,
+            "the active file renamed away by someone else; continuing in a new file",
+        );
+        self.file = None;
+        self.ix = None;
+        self.batch = None;
+        self.reserved = 0;
+        self.inherited = false;
+        self.next_index();
+        self.size = 0;
+        self.at_line_start = true;
+    }
+
+    /// Moves to the next file number. Rotation never gets near
+    /// [`MAX_INDEX`] (2^63 files); only a forged start can (a file of
+    /// logmon's own renamed to a huge index, or over the high-water mark,
+    /// in a directory without the sticky bit). Past it, numbering starts
+    /// over at 0 rather than leave the names purge and readers know: the
+    /// stream's files are removed before file 0 is created (they would
+    /// otherwise sort after every new one, and purge would take the new
+    /// ones first), and the mark goes back to 0. Capture goes on; what the
+    /// forgery costs is those files
+    /// (`numbering_that_would_pass_max_index_starts_over_at_zero`).
+    fn next_index(&mut self) {
+        if self.index >= MAX_INDEX {
+            self.index = 0;
+            self.starting_over = true;
+        } else {
+            self.index += 1;
+        }
+    }
+
+    /// Removes every file of the stream (and its index) before numbering
+    /// starts over at 0 ([`Rotator::next_index`]), and forgets the mark
+    /// so that 0 is stored.
+    fn start_over(&mut self) -> Result<(), RotateError> {
+        let names = self.dir.list().map_err(|source| {
+            RotateError::Io(PathIo {
+                what: "",
+                action: "list",
+                path: self.dir.path().to_owned(),
+                source,
+            })
+        })?;
+        self.starting_over = false;
+        let mut n = 0;
+        for i in names.iter().filter_map(|n| {
+            n.to_str()
+                .and_then(|s| parse_index(s, &self.task, self.stream))
+        }) {
+            self.remove_index(i);
+            let name = file_name(&self.task, self.stream, i);
+            match self.dir.remove(&name) {
+                Ok(()) => n += 1,
+                Err(e) => {
+                    tracing::debug!(path = %self.dir.display(&name).display(), error = %e, "cannot purge")
+                }
+            }
+        }
+        if let Some(m) = self.spare.take() {
+            self.remove_index(m);
+        }
+        self.hwm = None;
+        tracing::warn!(stream = %self.stream, dir = %self.dir.path().display(), files = n,
+            "file numbering reached its maximum (a forged high-water mark or file name); \
+             removed the stream's files and starting over at 0");
+        Ok(())
+    }
+
     /// Gives back the space preallocated past the end of the active file
     /// (truncating a file to its own length frees its blocks past EOF). The
     /// truncation would stamp the file's mtime; it is put back, so the
@@ -571,9 +739,33 @@ impl Rotator {
     /// A deleted log directory is recreated through the parent fd held
     /// since start, never by walking its path (which the task may have
     /// replaced with a symlink); a failure is a write error like any other.
+    /// A confined logmon does not recreate it ([`crate::sandbox::confined`]:
+    /// its Landlock perimeter is the directory it opened, never the
+    /// parent): that is a write error too, handled by the write-error
+    /// policy, said once in the log and by `status` (`log_dir_gone`), until
+    /// the next logmon takes over.
     fn ensure_dir(&mut self) -> Result<(), RotateError> {
         if !self.dir.is_deleted() {
             return Ok(());
+        }
+        let gone = |why: &str| {
+            RotateError::Io(PathIo {
+                what: "",
+                action: "write into log directory",
+                path: self.dir.path().to_owned(),
+                source: io::Error::new(io::ErrorKind::NotFound, why.to_owned()),
+            })
+        };
+        if crate::sandbox::confined() {
+            if self.dir.first_notice_of_deletion() {
+                tracing::warn!(dir = %self.dir.path().display(),
+                    "log directory was deleted; confined to the directories it opened, logmon \
+                     does not recreate it: bytes are dropped or wait in the pipe (--on-write-error) \
+                     until the next logmon (ensure, or the unit's restart) captures into it again");
+            }
+            return Err(gone(
+                "it was deleted, and a confined logmon does not recreate it (the next logmon does)",
+            ));
         }
         tracing::warn!(dir = %self.dir.path().display(), "log directory vanished; recreating it through its parent");
         let again = self.dir.recreate().map_err(|source| {
@@ -586,6 +778,7 @@ impl Rotator {
         })?;
         self.dir = Arc::new(again);
         self.preallocate = preallocation_pays(&self.dir);
+        self.watch_name = names_can_move(&self.dir);
         // The mark and the spare index went with the old directory.
         self.hwm = None;
         self.hwm_file = None;
@@ -599,6 +792,12 @@ impl Rotator {
     /// skipped for the next index.
     fn create_active(&mut self) -> Result<File, RotateError> {
         self.ensure_dir()?;
+        if self.starting_over {
+            self.start_over()?;
+        }
+        // The directory's mode may have changed since the last file (an
+        // operator's chmod +t): learnt once per file, never per write.
+        self.watch_name = names_can_move(&self.dir);
         let mut skipped = 0;
         loop {
             self.store_hwm();
@@ -657,7 +856,7 @@ impl Rotator {
                             ),
                         ));
                     }
-                    self.index += 1;
+                    self.next_index();
                     self.size = 0;
                     self.at_line_start = true;
                 }
@@ -688,7 +887,7 @@ impl Rotator {
         self.release_reserve();
         self.file = None;
         self.ix = None;
-        self.index += 1;
+        self.next_index();
         self.size = 0;
         self.at_line_start = true;
         self.rotations += 1;
@@ -728,6 +927,15 @@ impl Rotator {
     /// name through the directory fd (a planted symlink's target is never
     /// touched; a planted directory is left alone).
     ///
+    /// What counts: every name of the stream at or below the active index
+    /// (one the task planted there is removed like a file, lowest first),
+    /// and above it only logmon's own files. A name the task planted ahead
+    /// of rotation is neither counted nor removed here (it never makes
+    /// logmon purge a real file early); rotation removes and counts it when
+    /// it gets there ([`Dir::create_own`]). The active file is never
+    /// removed; a file of logmon's own above it (renamed there, in a
+    /// directory without the sticky bit) goes after every lower one.
+    ///
     /// A file's index goes first, then the file: a reader that finds a
     /// file without its index estimates its times, and no index outlives
     /// its file for longer than the two unlinks. Indexes left without
@@ -762,15 +970,27 @@ impl Rotator {
                 self.remove_index(i);
             }
         }
-        let excess = indices.len().saturating_sub(self.max_files as usize);
-        let held = self.held_for_shipper(&indices[..excess]);
-        for &old in indices.iter().take(excess) {
-            if old >= self.index {
-                break;
-            }
-            if held.contains(&old) {
-                continue;
-            }
+        let ahead = indices.partition_point(|&i| i <= self.index);
+        let own_ahead: Vec<u64> = indices[ahead..]
+            .iter()
+            .copied()
+            .filter(|&i| {
+                matches!(self.dir.stat(file_name(&self.task, self.stream, i)),
+                    Ok(Some(st)) if crate::dir::foreign_reason(&st).is_none())
+            })
+            .collect();
+        let counted = ahead + own_ahead.len();
+        let excess = counted.saturating_sub(self.max_files as usize);
+        // Oldest first, never the active file.
+        let doomed: Vec<u64> = indices[..ahead]
+            .iter()
+            .chain(&own_ahead)
+            .copied()
+            .filter(|&i| i != self.index)
+            .take(excess)
+            .collect();
+        let held = self.held_for_shipper(&doomed);
+        for &old in doomed.iter().filter(|i| !held.contains(i)) {
             if keep_spare && self.indexing {
                 // Keep this one's index for the new file; an older spare
                 // goes.
@@ -798,29 +1018,39 @@ impl Rotator {
 impl Rotator {
     /// Holds purge for the node's shipper (`run --keep-unshipped SIZE`):
     /// up to `size` bytes of files beyond `max_files` that the shipper has
-    /// not finished are kept. 0 (the default) keeps none.
+    /// not finished are kept. 0 (the default) keeps none. The daemon
+    /// passes it to [`Rotator::open_in`] instead, so that the first purge
+    /// holds too.
     pub fn set_keep_unshipped(&mut self, size: u64) {
         self.keep_unshipped = size;
     }
 
     /// Of the files about to be purged (`excess`, oldest first), those
     /// kept for the shipper: the ones at or after its position
-    /// ([`crate::shipped`], read here, at rotation only), newest first,
-    /// as long as they add up to at most `keep_unshipped` bytes. The
-    /// oldest unshipped go first when they do not all fit, so the kept
+    /// ([`crate::shipped::load`], read here, at rotation only), newest
+    /// first, as long as they add up to at most `keep_unshipped` bytes.
+    /// The oldest unshipped go first when they do not all fit, so the kept
     /// files stay one contiguous run the shipper reads on from (what it
-    /// cannot read it announces as a gap). A forged position can hold at
-    /// most that much disk, never a line.
+    /// cannot read it announces as a gap).
+    ///
+    /// Without a position the shipper is taken to be at the start: a
+    /// stream it has not reached yet (no position file), whose position
+    /// is unreadable, or whose position file could have been made or
+    /// renamed by the task (`shipped::load` returns only a trusted one) is
+    /// held like any unshipped stream. So a trusted position can only
+    /// release the hold, a forged one can only keep it, and no order of
+    /// kills opens a window where purge runs unheld: what is held costs
+    /// at most `keep_unshipped` bytes of disk, never a line
+    /// (`keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`).
     fn held_for_shipper(&self, excess: &[u64]) -> Vec<u64> {
         if self.keep_unshipped == 0 || excess.is_empty() {
             return Vec::new();
         }
-        let Some(at) = crate::shipped::load(&self.dir, &self.task, self.stream) else {
-            return Vec::new();
-        };
+        let at = crate::shipped::load(&self.dir, &self.task, self.stream);
+        let from = at.map_or(0, |p| p.file);
         let mut held = Vec::new();
         let mut bytes = 0u64;
-        for &n in excess.iter().rev().filter(|&&n| n >= at.file) {
+        for &n in excess.iter().rev().filter(|&&n| n >= from) {
             let size = match self.dir.stat(file_name(&self.task, self.stream, n)) {
                 Ok(Some(st)) => u64::try_from(st.st_size).unwrap_or(u64::MAX),
                 _ => 0,
@@ -833,7 +1063,7 @@ impl Rotator {
         }
         if !held.is_empty() {
             tracing::debug!(stream = %self.stream, files = held.len(), bytes,
-                shipped_to = at.file, "purge held for the shipper");
+                shipped_to = ?at.map(|p| p.file), "purge held for the shipper");
         }
         held
     }
@@ -845,6 +1075,9 @@ impl Rotator {
     /// rotation: one `pwrite` per batch, never one per line. A failure is
     /// counted and logged; the log file is not affected.
     pub fn record_batch(&mut self) {
+        // The pass is over: the next one checks the active file's name
+        // again (where names can move).
+        self.name_checked = false;
         let Some(offset) = self.batch.take() else {
             return;
         };
@@ -1016,6 +1249,18 @@ impl Rotator {
 /// [`index::FLUSH_AGE`] while data flowed.
 fn ix_due(ix: &Option<IndexWriter>) -> bool {
     ix.as_ref().is_some_and(|w| w.pending_for(index::FLUSH_AGE))
+}
+
+/// Whether someone other than logmon may rename names in `dir` (the
+/// active file among them, out of the directory or over another name):
+/// others may write in it and it has no sticky bit, or its owner is
+/// neither logmon nor root (an owner renames anything, sticky or not). An
+/// `fstat` of the descriptor; when even that fails, assume they may.
+fn names_can_move(dir: &Dir) -> bool {
+    let euid = nix::unistd::geteuid().as_raw();
+    dir.trust().map_or(true, |t| {
+        t.renamable_by_others().is_some() || (t.owner() != euid && t.owner() != 0)
+    })
 }
 
 /// Whether preallocating files in `dir` makes capture faster. On tmpfs it
@@ -1451,6 +1696,44 @@ mod tests {
     }
 
     #[test]
+    fn keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let open = || Rotator::open_in(dir.clone(), &task(), Stream::Stdout, 2, 4, 8).unwrap();
+        let files = || scan_indices(d.path(), &task(), Stream::Stdout).unwrap();
+        let mut r = open();
+        for i in 0..10u8 {
+            put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
+        }
+        // No position: the shipper has not reached this stream yet. The
+        // newest files that fit in 8 bytes are held, as if it were at 0.
+        assert_eq!(files(), [6, 7, 8, 9]);
+        // A relaunch holds from its very first purge.
+        drop(r);
+        let mut r = open();
+        assert_eq!(files(), [6, 7, 8, 9]);
+        // A position the task could have made or moved (a directory where
+        // others rename names) releases nothing: still held up to 8 bytes.
+        let at10 = crate::shipped::Position {
+            file: 10,
+            offset: 0,
+        };
+        crate::shipped::Writer::default()
+            .store(&dir, &task(), Stream::Stdout, at10)
+            .unwrap();
+        let mode =
+            |m| std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(m)).unwrap();
+        mode(0o777);
+        put(&mut r, b"kkk\n");
+        assert_eq!(files(), [7, 8, 9, 10]);
+        // The shipper's own position, believed: what it shipped goes.
+        mode(0o755);
+        put(&mut r, b"lll\n");
+        assert_eq!(files(), [10, 11]);
+    }
+
+    #[test]
     fn numbers_are_never_reused_after_every_file_was_deleted() {
         let d = tempfile::tempdir().unwrap();
         let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 4).unwrap();
@@ -1592,11 +1875,10 @@ mod tests {
         std::fs::create_dir(logs.join("web.stdout.5")).unwrap();
         std::fs::write(logs.join("web.stdout.5/x"), b"x").unwrap();
         let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 100, 6).unwrap();
-        // The highest index is a non-empty directory: not resumed.
-        assert_eq!(r.index(), 6);
-        assert_eq!(r.foreign_names(), 1);
-        // Start over at 0 to walk through the planted names.
-        r.index = 0;
+        // No file of logmon's own: the planted names do not push the
+        // numbering, capture starts at 0 and walks through them.
+        assert_eq!(r.index(), 0);
+        assert_eq!(r.foreign_names(), 0);
         for i in 0..6u8 {
             put(&mut r, format!("line{i}\n").as_bytes());
         }
@@ -1620,12 +1902,23 @@ mod tests {
             std::fs::read(logs.join("web.stdout.6")).unwrap(),
             b"line5\n"
         );
-        // 1 (resume) + symlink + hard link + FIFO + dir + the full dir.
-        assert_eq!(r.foreign_names(), 6);
+        // Symlink + hard link + FIFO + dir + the full dir.
+        assert_eq!(r.foreign_names(), 5);
+    }
+
+    /// Makes `p` a file logmon did not make: the task's own (another
+    /// uid) when running as root, else a hard link (two names).
+    fn plant_foreign_file(p: &Path) {
+        std::fs::write(p, b"").unwrap();
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        } else {
+            std::fs::hard_link(p, p.with_extension("link")).unwrap();
+        }
     }
 
     #[test]
-    fn a_foreign_active_file_is_not_resumed() {
+    fn a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering() {
         use std::os::unix::fs::symlink;
         let d = tempfile::tempdir().unwrap();
         let logs = d.path().join("logs");
@@ -1635,33 +1928,43 @@ mod tests {
         std::fs::write(logs.join("web.stdout.0"), b"zero\n").unwrap();
         symlink(&victim, logs.join("web.stdout.1")).unwrap();
         std::fs::hard_link(&victim, logs.join("web.stderr.1")).unwrap();
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let mut r = Rotator::open(&logs, &task(), stream, 10, 100).unwrap();
-            assert_eq!(r.index(), 2, "{stream}");
-            assert_eq!(r.size(), 0);
-            assert_eq!(r.foreign_names(), 1);
-            put(&mut r, b"new\n");
-            assert_eq!(
-                std::fs::read(logs.join(format!("web.{stream}.2"))).unwrap(),
-                b"new\n"
-            );
-        }
+        // stdout: logmon's own file 0 is resumed; the symlink above it is
+        // removed and counted when rotation reaches 1.
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 9).unwrap();
+        assert_eq!((r.index(), r.size(), r.foreign_names()), (0, 5, 0));
+        put(&mut r, b"new\n");
+        put(&mut r, b"one\n");
+        assert_eq!(
+            std::fs::read(logs.join("web.stdout.0")).unwrap(),
+            b"zero\nnew\n"
+        );
+        assert_eq!(std::fs::read(logs.join("web.stdout.1")).unwrap(), b"one\n");
+        assert_eq!(r.foreign_names(), 1);
+        // stderr: nothing of logmon's own; capture starts at 0.
+        let mut r = Rotator::open(&logs, &task(), Stream::Stderr, 10, 100).unwrap();
+        assert_eq!((r.index(), r.foreign_names()), (0, 0));
+        put(&mut r, b"new\n");
+        assert_eq!(std::fs::read(logs.join("web.stderr.0")).unwrap(), b"new\n");
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
-        assert_eq!(std::fs::read(logs.join("web.stdout.0")).unwrap(), b"zero\n");
     }
 
     #[test]
-    fn a_planted_name_at_the_largest_index_cannot_overflow_the_numbering() {
+    fn a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds() {
         use std::os::unix::fs::symlink;
         let d = tempfile::tempdir().unwrap();
         let logs = d.path().join("logs");
         std::fs::create_dir(&logs).unwrap();
         std::fs::write(logs.join("web.stdout.4"), b"four\n").unwrap();
-        // What the task plants: names at indices no rotation ever reaches.
-        symlink("/nowhere", logs.join(format!("web.stdout.{}", u64::MAX))).unwrap();
+        // What the task plants (issue #26.4): an empty file of its own at
+        // the largest index, names past it that no rotation reaches, and
+        // a symlink just below it.
+        plant_foreign_file(&logs.join(format!("web.stdout.{MAX_INDEX}")));
+        for n in [u64::MAX, MAX_INDEX + 1] {
+            symlink("/nowhere", logs.join(format!("web.stdout.{n}"))).unwrap();
+        }
         symlink(
             "/nowhere",
-            logs.join(format!("web.stdout.{}", MAX_INDEX + 1)),
+            logs.join(format!("web.stdout.{}", MAX_INDEX - 1)),
         )
         .unwrap();
         assert_eq!(
@@ -1672,21 +1975,116 @@ mod tests {
             parse_index(&format!("web.stdout.{MAX_INDEX}"), &task(), Stream::Stdout),
             Some(MAX_INDEX)
         );
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
-        assert_eq!(r.index(), 4);
-        put(&mut r, b"more\n");
+        let own = |logs: &Path| -> Vec<u64> {
+            scan_indices(logs, &task(), Stream::Stdout)
+                .unwrap()
+                .into_iter()
+                .filter(|n| *n < MAX_INDEX - 1)
+                .collect()
+        };
+        for relaunch in 0..3 {
+            let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 2, 5).unwrap();
+            assert!(
+                r.index() < 100,
+                "relaunch {relaunch}: numbering at {}",
+                r.index()
+            );
+            for i in 0..20u8 {
+                put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
+                assert!(own(&logs).len() <= 2, "{:?}", own(&logs));
+            }
+            assert_eq!(r.foreign_names(), 0, "the planted names were never reached");
+        }
+        assert_eq!(own(&logs), [63, 64]);
+        // The planted names were neither counted nor touched.
         assert_eq!(
-            std::fs::read(logs.join("web.stdout.4")).unwrap(),
-            b"four\nmore\n"
+            std::fs::symlink_metadata(logs.join(format!("web.stdout.{MAX_INDEX}")))
+                .unwrap()
+                .len(),
+            0
         );
-        // One index below the bound: the next file goes past it, no wrap.
-        symlink(
-            "/nowhere",
-            logs.join(format!("web.stdout.{}", MAX_INDEX - 1)),
+        assert_eq!(
+            scan_indices(&logs, &task(), Stream::Stdout).unwrap().len(),
+            4
+        );
+    }
+
+    #[test]
+    fn numbering_that_would_pass_max_index_starts_over_at_zero() {
+        let d = tempfile::tempdir().unwrap();
+        // A forged high-water mark (logmon's own file, renamed over the
+        // mark in a directory without the sticky bit).
+        std::fs::write(
+            d.path().join(".web.stdout.hwm"),
+            format!("{}\n", MAX_INDEX - 1),
         )
         .unwrap();
-        let r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 4).unwrap();
         assert_eq!(r.index(), MAX_INDEX);
+        put(&mut r, b"aaa\n");
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            [MAX_INDEX]
+        );
+        // The next file would be past the largest index: the stream starts
+        // over at 0, its files gone first, and capture goes on.
+        for line in [b"bbb\n", b"ccc\n"] {
+            put(&mut r, line);
+        }
+        assert_eq!(
+            scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
+            [0, 1]
+        );
+        assert_eq!(
+            std::fs::read(d.path().join("web.stdout.0")).unwrap(),
+            b"bbb\n"
+        );
+        assert!(!d
+            .path()
+            .join(format!(".web.stdout.{MAX_INDEX}.idx"))
+            .exists());
+        assert_eq!(
+            index::read_hwm(&Dir::open(d.path()).unwrap(), &task(), Stream::Stdout),
+            Some(1)
+        );
+        // A relaunch resumes there.
+        drop(r);
+        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 8).unwrap();
+        assert_eq!((r.index(), r.size()), (1, 4));
+    }
+
+    #[test]
+    fn an_active_file_renamed_away_is_not_appended_to_where_names_can_move() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let away = d.path().join("away");
+        std::fs::create_dir(&away).unwrap();
+        // World-writable without the sticky bit: anyone may rename.
+        std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
+        put(&mut r, b"one\n");
+        std::fs::rename(logs.join("web.stdout.0"), away.join("stolen")).unwrap();
+        put(&mut r, b"two\n");
+        assert_eq!(std::fs::read(away.join("stolen")).unwrap(), b"one\n");
+        assert_eq!(std::fs::read(logs.join("web.stdout.1")).unwrap(), b"two\n");
+        assert_eq!(r.foreign_names(), 1);
+        // Renamed over another name inside the directory: the same.
+        std::fs::rename(logs.join("web.stdout.1"), logs.join("web.stderr.7")).unwrap();
+        put(&mut r, b"three\n");
+        assert_eq!(std::fs::read(logs.join("web.stderr.7")).unwrap(), b"two\n");
+        assert_eq!(
+            std::fs::read(logs.join("web.stdout.2")).unwrap(),
+            b"three\n"
+        );
+        assert_eq!(r.foreign_names(), 2);
+        // Sticky (and ours): names cannot move under logmon, and nothing
+        // is checked.
+        std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        r.rotate();
+        put(&mut r, b"four\n");
+        assert!(!r.watch_name);
     }
 
     #[test]

@@ -33,20 +33,29 @@
 //!      [`crate::index::IndexWriter::recycle`]). Not allowed: FIFOs, sockets
 //!      and symlinks (all made before confinement), renaming or linking
 //!      into another directory (`Refer`), device ioctls;
-//!    - beneath the log directory's **parent** (its descriptor, held by
-//!      `Dir` since start): the same rights plus making directories. This
-//!      is the price of the vanished-directory path
-//!      (`tests/it/faults.rs::deleted_log_dir_is_recreated_and_capture_goes_on`):
-//!      Landlock rules attach to inodes, so a directory recreated at the
-//!      same path is a new inode that no rule on the old one covers; only a
-//!      rule on the parent reaches it. The perimeter is therefore the
-//!      parent's tree (for the reference's `<alloc>/alloc/logs`, the
-//!      task's own `alloc` directory; for `/var/log/tasks`, `/var/log`).
-//!      Inside it, what logmon touches is still limited to names in the log
-//!      directory by `Dir` (openat2 beneath its descriptor); Landlock is the
-//!      second line. Dropping this rule makes the perimeter the log
-//!      directory alone, and a deleted log directory then falls into the
-//!      write-error policy instead of being recreated;
+//!    - nothing beneath the log directory's parent, nor any other
+//!      parent: the perimeter is logmon's own directories themselves
+//!      (issue #26.5, #26.10). A rule on the parent would be the only way
+//!      to write into a deleted log directory recreated at the same path
+//!      (Landlock rules attach to inodes, and the new directory is a new
+//!      inode), but it would open the parent's whole tree: with
+//!      `--log-dir /var/log/myapp`, all of `/var/log`, where code injected
+//!      into logmon could read a root 0600 file, or create, truncate,
+//!      rename and remove files beside the log directory
+//!      (`tests/sandbox.rs::injected_syscalls_cannot_leave_the_log_directory`
+//!      makes the running daemon try, through ptrace). The trade-off: a
+//!      confined logmon does not recreate a deleted log directory
+//!      ([`confined`]). Its bytes wait per the write-error policy (`drop`
+//!      counts them as dropped, `block` leaves them in the pipe and the
+//!      task blocks), `status` says `log_dir_gone`, its log says so once,
+//!      and the next logmon (`ensure`, or the unit's restart, once the
+//!      directory exists again) takes over
+//!      (`tests/it/faults.rs::deleted_log_dir_under_the_sandbox_*`);
+//!      with `--no-sandbox` it is recreated in place through the parent's
+//!      descriptor, as before
+//!      (`tests/it/faults.rs::deleted_log_dir_is_recreated_without_the_sandbox_and_capture_goes_on`);
+//!    - the FIFOs' directories: nothing. The FIFOs are opened (or made)
+//!      before confinement and only their descriptors are used after;
 //!    - in the socket's directory when logmon bound the socket there and
 //!      it is not the log directory (its descriptor opened at start, never
 //!      the path): remove a file (the socket is unlinked at stop);
@@ -183,6 +192,15 @@ pub fn current() -> Status {
     CURRENT.get().cloned().unwrap_or_default()
 }
 
+/// Whether this process confined itself ([`confine`] ran without
+/// `--no-sandbox`): its filesystem perimeter is then fixed to the
+/// directories it opened at start, so a deleted log directory is not
+/// recreated (module docs), whatever the kernel enforces (one behaviour
+/// on every kernel).
+pub fn confined() -> bool {
+    CURRENT.get().is_some_and(|s| *s != Status::off())
+}
+
 /// Which system calls the process keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
@@ -199,9 +217,6 @@ pub enum Profile {
 pub enum Grant {
     /// Everything the capture needs in the log directory (module docs).
     LogDir,
-    /// [`Grant::LogDir`] and making directories: on the log directory's
-    /// parent, so a deleted log directory can be recreated and written.
-    LogDirParent,
     /// Read the directory and its files.
     ReadOnly,
     /// Remove files (the socket's directory).
@@ -224,7 +239,6 @@ impl Grant {
                     | AccessFs::RemoveFile
                     | AccessFs::RemoveDir
             }
-            Grant::LogDirParent => Grant::LogDir.access() | AccessFs::MakeDir,
             Grant::ReadOnly => AccessFs::ReadDir | AccessFs::ReadFile,
             Grant::RemoveFiles => AccessFs::RemoveFile.into(),
             Grant::WriteFile => AccessFs::WriteFile.into(),
@@ -277,27 +291,14 @@ impl<'a> Policy<'a> {
         self
     }
 
-    /// `run`'s policy: the log directory and its parent, the directory of
-    /// the socket logmon bound when elsewhere (to unlink the socket at
-    /// stop), all by the descriptors opened at start (the task may have
-    /// swapped their paths for symlinks since), and `/dev/null`.
+    /// `run`'s policy: the log directory itself (never its parent), the
+    /// directory of the socket logmon bound when elsewhere (to unlink the
+    /// socket at stop), both by the descriptors opened at start (the task
+    /// may have swapped their paths for symlinks since), and `/dev/null`.
     pub fn run(log_dir: &'a Dir, socket_dir: Option<&'a Dir>) -> Self {
-        let mut p = Policy::new(Profile::Run).fd(log_dir.fd(), Grant::LogDir);
-        if let Some(parent) = log_dir.parent_fd() {
-            // Never the whole file system: a log directory right under `/`
-            // is not recreated under the sandbox (the write-error policy
-            // applies instead).
-            let root = nix::sys::stat::stat("/").ok();
-            let here = nix::sys::stat::fstat(parent).ok();
-            let is_root = match (root, here) {
-                (Some(r), Some(h)) => r.st_dev == h.st_dev && r.st_ino == h.st_ino,
-                _ => true,
-            };
-            if !is_root {
-                p = p.fd(parent, Grant::LogDirParent);
-            }
-        }
-        p = p.path("/dev/null", Grant::WriteFile);
+        let mut p = Policy::new(Profile::Run)
+            .fd(log_dir.fd(), Grant::LogDir)
+            .path("/dev/null", Grant::WriteFile);
         if let Some(dir) = socket_dir.filter(|d| d.id() != log_dir.id()) {
             p = p.fd(dir.fd(), Grant::RemoveFiles);
         }
@@ -773,13 +774,21 @@ mod tests {
     #[test]
     fn rules_come_from_the_descriptors_opened_at_start() {
         use std::os::fd::AsRawFd;
+        use std::path::Path;
         let d = tempfile::tempdir().unwrap();
         let dir = Dir::open(d.path()).unwrap();
         let again = Dir::open(d.path()).unwrap();
         let same = Policy::run(&dir, Some(&again));
-        // Log dir, its parent, /dev/null.
-        assert_eq!(same.rules.len(), 3);
-        assert_eq!(same.rules[1].1, Grant::LogDirParent);
+        // The log dir and /dev/null: never the log dir's parent.
+        assert_eq!(same.rules.len(), 2);
+        assert!(
+            matches!(same.rules[0], (Target::Fd(fd), Grant::LogDir) if fd.as_raw_fd() == dir.fd().as_raw_fd()),
+            "{:?}",
+            same.rules
+        );
+        assert!(
+            matches!(same.rules[1], (Target::Path(ref p), Grant::WriteFile) if p == Path::new("/dev/null"))
+        );
         let s = tempfile::tempdir().unwrap();
         let sock = Dir::open(s.path()).unwrap();
         // The task swaps the socket directory's path for a symlink before
@@ -789,12 +798,12 @@ mod tests {
         std::fs::rename(s.path(), &moved).unwrap();
         std::os::unix::fs::symlink("/etc", s.path()).unwrap();
         let other = Policy::run(&dir, Some(&sock));
-        assert_eq!(other.rules.len(), 4);
-        assert_eq!(other.rules[3].1, Grant::RemoveFiles);
+        assert_eq!(other.rules.len(), 3);
+        assert_eq!(other.rules[2].1, Grant::RemoveFiles);
         assert!(
-            matches!(other.rules[3].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
+            matches!(other.rules[2].0, Target::Fd(fd) if fd.as_raw_fd() == sock.fd().as_raw_fd()),
             "{:?}",
-            other.rules[3].0
+            other.rules[2].0
         );
         // `logs` too: the directory it opened, not where its path leads.
         let logs = Policy::logs(&sock);

@@ -25,7 +25,11 @@
 //!   warned about, and logmon starts
 //!   (`tests/it/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a regular file of logmon's own uid is refused by name and left alone
-//!   (`tests/it/control.rs::regular_file_at_socket_path_is_a_clear_error`).
+//!   (`tests/it/control.rs::regular_file_at_socket_path_is_a_clear_error`);
+//! - `Stats` says whether the log directory is sticky and whether it is
+//!   gone for this logmon (deleted, and not recreated: always under the
+//!   sandbox), from the directory's descriptor and its parent's, never its
+//!   path (`tests/it/hostile_daemon.rs`, `tests/it/faults.rs::deleted_log_dir_*`).
 
 use crate::error::PathIo;
 use std::cell::Cell;
@@ -298,6 +302,9 @@ pub struct ServerState {
     pub foreign_names: Cell<u64>,
     /// The task's metadata, reported in stats.
     pub meta: crate::meta::Meta,
+    /// The log directory opened at start: whether it is sticky, or gone,
+    /// is reported in stats.
+    pub log_dir: std::sync::Arc<Dir>,
 }
 
 impl ServerState {
@@ -316,8 +323,41 @@ impl ServerState {
             foreign_names: self.foreign_names.get(),
             sandbox: crate::sandbox::current(),
             meta: self.meta.clone(),
+            log_dir_sticky: log_dir_sticky(&self.log_dir),
+            log_dir_gone: log_dir_gone(&self.log_dir),
         }
     }
+}
+
+/// Whether the log directory logmon writes into has the sticky bit: the
+/// one opened at start, or (without the sandbox) the one recreated at its
+/// name after it was deleted.
+fn log_dir_sticky(dir: &Dir) -> bool {
+    let mode = if dir.is_deleted() {
+        dir.stat_at_name()
+            .filter(|_| !log_dir_gone(dir))
+            .map(|st| st.st_mode)
+    } else {
+        nix::sys::stat::fstat(dir.fd()).ok().map(|st| st.st_mode)
+    };
+    mode.is_some_and(|m| m & nix::sys::stat::Mode::S_ISVTX.bits() != 0)
+}
+
+/// Whether the log directory is gone for this logmon: the directory opened
+/// at start was deleted, and either logmon is confined (it never recreates
+/// it, DESIGN.md §10) or nothing it would write into sits at its name (a
+/// directory of its own uid, which it recreates or adopts at the next
+/// write).
+fn log_dir_gone(dir: &Dir) -> bool {
+    if !dir.is_deleted() {
+        return false;
+    }
+    if crate::sandbox::confined() {
+        return true;
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    !dir.stat_at_name()
+        .is_some_and(|st| dir::is_type(&st, nix::sys::stat::SFlag::S_IFDIR) && st.st_uid == euid)
 }
 
 /// The poller token of the listening socket; a connection's is

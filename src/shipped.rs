@@ -9,18 +9,29 @@
 //!
 //! The log directory is writable by the task, so the position may be
 //! forged or planted: the writer goes through [`Dir`] (a planted name is
-//! removed, never written through), and the reader only ever lets it *hold
-//! back* purge, by at most SIZE bytes per stream (a forged position can
-//! cost disk up to SIZE, never a line). A reader opens only a regular file
-//! (no FIFO to hang on, no symlink followed) and reads at most 64 bytes.
+//! removed, never written through), and the reader ([`load`]) believes a
+//! position only when the task cannot have made it or renamed it there
+//! ([`crate::dir::Trust`]: a regular one-link file of root, logmon's uid
+//! or the directory's owner, in a sticky or owner-only directory), reading
+//! it with [`Dir::read_small`] (a regular file of at most 64 bytes, never a
+//! FIFO to hang on, no symlink followed). What `run` does with it: a
+//! trusted position releases the files below it from the hold; no
+//! position, an unreadable one or an untrusted one holds the whole stream
+//! up to SIZE, as if the shipper were at its start. So a forged position
+//! can cost disk up to SIZE per stream, never a line, and never makes
+//! logmon purge earlier than it would without it.
 //!
-//! Tests: the unit tests below; `rotate`'s
-//! (`keep_unshipped_holds_purge_for_the_shipper_up_to_size`) and
-//! `tests/it/capture.rs`
-//! (`keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size`).
+//! Tests: the unit tests below
+//! (`a_position_round_trips_in_place_and_garbage_reads_as_none`,
+//! `a_position_the_task_could_have_made_or_moved_is_not_believed`);
+//! `rotate`'s (`keep_unshipped_holds_purge_for_the_shipper_up_to_size`,
+//! `keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`)
+//! and `tests/it/capture.rs`
+//! (`keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size`,
+//! `keep_unshipped_holds_a_stream_until_the_shipper_leaves_a_position`).
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use nix::fcntl::OFlag;
@@ -60,21 +71,38 @@ pub fn parse(text: &[u8]) -> Option<Position> {
     it.next().is_none().then_some(Position { file, offset })
 }
 
-/// Reads the position of `stream` of `task` in `dir`; `None` if there is
-/// none or it is not a regular file holding a position.
+/// The most a position file may hold (it is 42 bytes).
+const CAP: u64 = 64;
+
+/// Reads the position of `stream` of `task` in `dir`, if it is one the
+/// task cannot have made or moved there; `None` when there is none, it is
+/// unreadable or not a position, or it is not trusted. Read with
+/// [`Dir::read_small`] (a regular file of at most 64 bytes, opened
+/// non-blocking, no link followed) and believed only when [`crate::dir::Trust`] says
+/// so: a regular one-link file of root, logmon's uid or the directory's
+/// owner, in a directory whose names others cannot rename (sticky, or
+/// writable by its owner alone). The caller treats `None` as "the shipper
+/// has not read anything yet", so a position can only release what is
+/// held for the shipper, and a forged one none of it.
 pub fn load(dir: &Dir, task: &TaskName, stream: Stream) -> Option<Position> {
-    let f = dir
-        .open_at(
-            name(task, stream),
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-            Mode::empty(),
-        )
-        .ok()?;
-    if !f.metadata().ok()?.is_file() {
+    let n = name(task, stream);
+    let (text, st) = match dir.read_small(&n, CAP) {
+        Ok(Some(found)) => found,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::debug!(%stream, error = %e, "shipper's position not read");
+            return None;
+        }
+    };
+    let trust = dir.trust().ok()?;
+    if let Some(why) = trust
+        .renamable_by_others()
+        .map(str::to_owned)
+        .or_else(|| trust.foreign_file(&st))
+    {
+        tracing::debug!(%stream, file = %n, why, "shipper's position not trusted");
         return None;
     }
-    let mut text = Vec::with_capacity(64);
-    f.take(64).read_to_end(&mut text).ok()?;
     parse(&text)
 }
 
@@ -174,5 +202,45 @@ mod tests {
         assert_eq!(load(&dir, &t, Stream::Stdout), None);
         assert_eq!(parse(b"1 2\n"), Some(Position { file: 1, offset: 2 }));
         assert_eq!(parse(b"1 2 3"), None);
+    }
+
+    #[test]
+    fn a_position_the_task_could_have_made_or_moved_is_not_believed() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let t = TaskName::new("web").unwrap();
+        let p = Position { file: 7, offset: 3 };
+        Writer::default()
+            .store(&dir, &t, Stream::Stdout, p)
+            .unwrap();
+        let mode = |m| std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(m));
+        // Writable by others without the sticky bit: anyone could have
+        // renamed a file of logmon's own to this name.
+        mode(0o777).unwrap();
+        assert_eq!(load(&dir, &t, Stream::Stdout), None);
+        mode(0o1777).unwrap();
+        assert_eq!(load(&dir, &t, Stream::Stdout), Some(p));
+        // A hard link: not one name of logmon's own.
+        let path = d.path().join(".web.stdout.shipped");
+        std::fs::hard_link(&path, d.path().join("other")).unwrap();
+        assert_eq!(load(&dir, &t, Stream::Stdout), None);
+        std::fs::remove_file(d.path().join("other")).unwrap();
+        assert_eq!(load(&dir, &t, Stream::Stdout), Some(p));
+        // Sparse and huge: not read.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        assert_eq!(load(&dir, &t, Stream::Stdout), None);
+        if nix::unistd::geteuid().is_root() {
+            // Made by the task (another uid than root, logmon's or the
+            // directory's owner).
+            std::fs::write(&path, encode(p)).unwrap();
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            assert_eq!(load(&dir, &t, Stream::Stdout), None);
+        }
     }
 }

@@ -15,9 +15,16 @@
 //!   says so (`no_sandbox_turns_it_off_and_says_so`);
 //! - a child confined by `confine` with a log directory can do every file
 //!   operation logmon needs in it, and cannot read, create, truncate,
-//!   rename or remove outside it (not even through a symlink planted
-//!   inside), cannot connect TCP, cannot start a program, and survives a
-//!   system call outside the filter (`probe_*`);
+//!   rename or remove outside it — beside it or in its parent, not even
+//!   through a symlink planted inside — cannot connect TCP, cannot start a
+//!   program, and survives a system call outside the filter (`probe_*`);
+//! - the same perimeter holds from inside the real running daemon: system
+//!   calls injected through ptrace (as an exploit would run them) cannot
+//!   create, read, truncate, rename, remove or make anything beside the log
+//!   directory or in its parent, while the same injected `openat` works in
+//!   it, and the daemon captures on afterwards
+//!   (`injected_syscalls_cannot_leave_the_log_directory`; skipped where the
+//!   kernel has no Landlock);
 //! - the rarely taken paths of a confined daemon lose no line and leave no
 //!   "Function not implemented" / "Permission denied" in its log: disk full
 //!   (RLIMIT_FSIZE) under `block` and `drop`, a vanished active file,
@@ -88,6 +95,10 @@ fn main() {
         (
             "a_socket_in_another_directory_is_removed_at_stop",
             a_socket_in_another_directory_is_removed_at_stop,
+        ),
+        (
+            "injected_syscalls_cannot_leave_the_log_directory",
+            injected_syscalls_cannot_leave_the_log_directory,
         ),
     ];
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -491,6 +502,13 @@ fn probe_child(inside: &Path) {
     );
     report("out_remove", std::fs::remove_file(&secret));
     report("out_mkdir", std::fs::create_dir(outside.join("d")));
+    // The log directory's parent: outside too (no rule ever names it).
+    let parent = inside.parent().unwrap();
+    report(
+        "parent_create",
+        std::fs::File::create(parent.join("new")).map(drop),
+    );
+    report("parent_mkdir", std::fs::create_dir(parent.join("d")));
     report(
         "through_symlink",
         std::fs::File::open(inside.join("link")).map(drop),
@@ -543,11 +561,11 @@ fn probe_child(inside: &Path) {
 }
 
 fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
-    // The log directory's parent is inside the perimeter too (a deleted
-    // log directory is recreated there), so "outside" is beyond it.
+    // The perimeter is the log directory itself: a sibling beside it
+    // (and the parent) are outside.
     let d = tempfile::tempdir().unwrap();
     let inside = d.path().join("alloc").join("logs");
-    let outside = d.path().join("elsewhere");
+    let outside = d.path().join("alloc").join("elsewhere");
     std::fs::create_dir_all(&inside).unwrap();
     std::fs::create_dir(&outside).unwrap();
     std::fs::write(outside.join("secret"), "secret\n").unwrap();
@@ -596,6 +614,7 @@ fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
         "out_truncate",
         "out_remove",
         "through_symlink",
+        "parent_create",
         "tcp_connect",
         // Pipes are sized before confinement: /proc is out of reach after.
         "pipe_max_size",
@@ -607,6 +626,7 @@ fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
     for denied in [
         "out_rename",
         "out_mkdir",
+        "parent_mkdir",
         "tcp_socket",
         "exec",
         "unknown_syscall",
@@ -629,6 +649,13 @@ fn probe_can_do_what_logmon_needs_inside_and_nothing_outside() {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(names, ["secret"]);
+    let mut names: Vec<_> = std::fs::read_dir(inside.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["elsewhere", "logs"]);
     drop(listener);
 }
 
@@ -789,8 +816,7 @@ fn rare_paths_rotation_purge_and_sigterm_drain() {
 /// confined daemon (its directory's Landlock rule comes from the
 /// descriptor opened at start).
 fn a_socket_in_another_directory_is_removed_at_stop() {
-    // Neither beneath the log directory nor beneath its parent (which has
-    // a rule of its own).
+    // Not beneath the log directory (the only other directory with a rule).
     let d = tempfile::tempdir().unwrap();
     let logs = d.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
@@ -801,4 +827,388 @@ fn a_socket_in_another_directory_is_removed_at_stop() {
     dm.signal(Signal::SIGTERM);
     assert_eq!(dm.wait(), Some(0));
     assert!(!sock.exists(), "socket left behind after stop");
+}
+
+/// The Landlock ABI the kernel offers (0: none), asked the way the
+/// `landlock` crate asks (`landlock_create_ruleset` with the version flag).
+fn landlock_abi() -> i64 {
+    // SAFETY: with LANDLOCK_CREATE_RULESET_VERSION the call takes no
+    // pointer (attr NULL, size 0) and only returns a number.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    r.max(0)
+}
+
+/// The perimeter of a running daemon, from the inside (issue #26.5,
+/// #26.10): ptrace stops the real `logmon run` in its event loop and
+/// makes it execute system calls chosen here, as an exploit that took
+/// over the daemon would. Beside the log directory (a sibling, and the
+/// parent itself) it can create, read (a 0600 secret of its own uid),
+/// truncate, rename, remove and make nothing; in the log directory the
+/// same injected `openat` works (so the injection itself is proven), and
+/// after the tracer leaves, the daemon captures on as if nothing happened.
+fn injected_syscalls_cannot_leave_the_log_directory() {
+    if !cfg!(target_arch = "x86_64") {
+        println!("SKIPPED: the injection is written for x86_64");
+        return;
+    }
+    if landlock_abi() < 1 {
+        println!("SKIPPED: Landlock is not available on this kernel");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    inject::perimeter_holds_from_the_inside();
+}
+
+#[cfg(target_arch = "x86_64")]
+mod inject {
+    use super::*;
+    use nix::libc;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A process stopped by ptrace in the middle of a system call, made to
+    /// run other system calls from there; restored and released on drop.
+    pub struct Tracee {
+        pid: libc::pid_t,
+        saved: libc::user_regs_struct,
+        detached: bool,
+    }
+
+    fn regs(pid: libc::pid_t) -> libc::user_regs_struct {
+        // SAFETY: user_regs_struct is plain data; zeroed is a valid value.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        // SAFETY: PTRACE_GETREGS writes one user_regs_struct into the live
+        // struct passed.
+        let rc = unsafe {
+            libc::ptrace(
+                libc::PTRACE_GETREGS,
+                pid,
+                std::ptr::null_mut::<libc::c_void>(),
+                &mut r as *mut libc::user_regs_struct,
+            )
+        };
+        assert_eq!(rc, 0, "GETREGS: {}", std::io::Error::last_os_error());
+        r
+    }
+
+    fn set_regs(pid: libc::pid_t, r: &libc::user_regs_struct) {
+        // SAFETY: PTRACE_SETREGS reads one user_regs_struct from the live
+        // struct passed.
+        let rc = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SETREGS,
+                pid,
+                std::ptr::null_mut::<libc::c_void>(),
+                r as *const libc::user_regs_struct,
+            )
+        };
+        assert_eq!(rc, 0, "SETREGS: {}", std::io::Error::last_os_error());
+    }
+
+    /// Waits for the tracee's next stop; its stop signal.
+    fn wait_stop(pid: libc::pid_t) -> i32 {
+        let mut st = 0;
+        // SAFETY: waitpid on the tracee with a live status pointer.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::__WALL) };
+        assert_eq!(r, pid, "waitpid: {}", std::io::Error::last_os_error());
+        assert!(
+            libc::WIFSTOPPED(st),
+            "the daemon did not stop: status {st:#x}"
+        );
+        libc::WSTOPSIG(st)
+    }
+
+    /// The 8 bytes at `addr` in the tracee.
+    fn peek(pid: libc::pid_t, addr: u64) -> libc::c_long {
+        // SAFETY: PTRACE_PEEKDATA reads the tracee's memory, not ours;
+        // errors come back in errno, cleared first.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let v = libc::ptrace(
+                libc::PTRACE_PEEKDATA,
+                pid,
+                addr as *mut libc::c_void,
+                std::ptr::null_mut::<libc::c_void>(),
+            );
+            assert_eq!(*libc::__errno_location(), 0, "PEEKDATA at {addr:#x}");
+            v
+        }
+    }
+
+    impl Tracee {
+        /// Seizes `pid` and stops it inside a system call (its idle
+        /// `epoll_pwait`): retried until it is caught there.
+        pub fn seize(pid: i32) -> Tracee {
+            for _ in 0..100 {
+                // SAFETY: PTRACE_SEIZE and PTRACE_INTERRUPT take no
+                // pointers.
+                unsafe {
+                    let rc = libc::ptrace(libc::PTRACE_SEIZE, pid, 0usize, 0usize);
+                    assert_eq!(rc, 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
+                    libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0usize, 0usize);
+                }
+                wait_stop(pid);
+                let saved = regs(pid);
+                let mut t = Tracee {
+                    pid,
+                    saved,
+                    detached: false,
+                };
+                // In a system call, and the instruction before the stop is
+                // `syscall` (0f 05): the one to run again.
+                let insn = peek(pid, saved.rip - 2) as u64 & 0xffff;
+                if (saved.orig_rax as i64) >= 0 && insn == 0x050f {
+                    return t;
+                }
+                t.detach();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("the daemon was never caught idle in a system call");
+        }
+
+        /// Makes the tracee run system call `nr` with `args`; its return
+        /// value (`-errno` on failure).
+        pub fn syscall(&mut self, nr: i64, args: &[u64]) -> i64 {
+            let mut r = self.saved;
+            r.rip = self.saved.rip - 2;
+            // No system call to restart: the kernel leaves rip alone.
+            r.orig_rax = u64::MAX;
+            r.rax = nr as u64;
+            let mut a = [0u64; 6];
+            a[..args.len()].copy_from_slice(args);
+            (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+            set_regs(self.pid, &r);
+            // SAFETY: PTRACE_SINGLESTEP takes no pointers.
+            let rc = unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.pid, 0usize, 0usize) };
+            assert_eq!(rc, 0, "SINGLESTEP: {}", std::io::Error::last_os_error());
+            assert_eq!(wait_stop(self.pid), libc::SIGTRAP);
+            regs(self.pid).rax as i64
+        }
+
+        /// Writes `bytes` at `addr` in the tracee (a mapping it made for
+        /// us), 8 at a time.
+        pub fn poke(&mut self, addr: u64, bytes: &[u8]) {
+            for (i, chunk) in bytes.chunks(8).enumerate() {
+                let mut w = [0u8; 8];
+                w[..chunk.len()].copy_from_slice(chunk);
+                let at = addr + 8 * i as u64;
+                // SAFETY: PTRACE_POKEDATA writes the tracee's memory, in a
+                // page it mapped for this; our memory is not touched.
+                let rc = unsafe {
+                    libc::ptrace(
+                        libc::PTRACE_POKEDATA,
+                        self.pid,
+                        at as *mut libc::c_void,
+                        i64::from_ne_bytes(w) as *mut libc::c_void,
+                    )
+                };
+                assert_eq!(rc, 0, "POKEDATA: {}", std::io::Error::last_os_error());
+            }
+        }
+
+        /// Puts the registers back as they were and lets the tracee go: its
+        /// interrupted `epoll_pwait` carries on.
+        pub fn detach(&mut self) {
+            if std::mem::replace(&mut self.detached, true) {
+                return;
+            }
+            set_regs(self.pid, &self.saved);
+            // SAFETY: PTRACE_DETACH with no signal takes no pointers.
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, self.pid, 0usize, 0usize) };
+        }
+    }
+
+    impl Drop for Tracee {
+        fn drop(&mut self) {
+            self.detach();
+        }
+    }
+
+    /// `path` as a NUL-terminated string.
+    fn c(path: &Path) -> Vec<u8> {
+        let mut v = path.as_os_str().as_encoded_bytes().to_vec();
+        v.push(0);
+        v
+    }
+
+    /// Everything under `root` but `skip`: (path, contents or "dir"),
+    /// sorted.
+    fn tree(root: &Path, skip: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(root).unwrap().flatten() {
+            let p = e.path();
+            if p == skip {
+                continue;
+            }
+            if e.file_type().unwrap().is_dir() {
+                out.push((p.clone(), b"dir".to_vec()));
+                out.extend(tree(&p, skip));
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn perimeter_holds_from_the_inside() {
+        let d = tempfile::tempdir().unwrap();
+        // The reference's layout: the log directory inside the task's
+        // directory, beside other things of root's.
+        let parent = d.path().join("alloc");
+        let logs = parent.join("logs");
+        let sibling = parent.join("other");
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::create_dir(&sibling).unwrap();
+        let secret = parent.join("secret");
+        std::fs::write(&secret, "root's secret\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(parent.join("victim"), "victim\n").unwrap();
+        std::fs::write(sibling.join("victim"), "victim\n").unwrap();
+
+        let run = Run::start(&logs, &[], &[]);
+        assert!(
+            run.stats().sandbox.landlock.starts_with("ABI "),
+            "{:?}",
+            run.stats().sandbox
+        );
+        let fifo = fifo(&logs, "t", Stream::Stdout);
+        write_numbered(&fifo, 0, 10);
+        let line = numbered_line(0).len();
+        assert!(wait_until(Duration::from_secs(10), || {
+            read_stream(&logs, "t", Stream::Stdout).len() == 10 * line
+        }));
+        // Let it go idle in its event loop.
+        std::thread::sleep(Duration::from_millis(200));
+        let outside_before = tree(&parent, &logs);
+
+        let mut t = Tracee::seize(run.daemon.pid());
+        use libc::{AT_FDCWD, O_CLOEXEC, O_CREAT, O_RDONLY, O_TRUNC, O_WRONLY};
+        let cwd = AT_FDCWD as i64 as u64;
+        // Pages of the daemon's own for the path strings, 8 of 512 bytes.
+        const SLOT: u64 = 512;
+        const SPAN: u64 = 8 * SLOT;
+        let page = t.syscall(
+            libc::SYS_mmap,
+            &[
+                0,
+                SPAN,
+                3,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        );
+        assert!(page > 0, "mmap in the daemon: {page}");
+        let page = page as u64;
+        let put = |t: &mut Tracee, slot: u64, p: &Path| -> u64 {
+            let s = c(p);
+            assert!(s.len() as u64 <= SLOT && slot < 8, "{}", p.display());
+            t.poke(page + SLOT * slot, &s);
+            page + SLOT * slot
+        };
+        let create = (O_CREAT | O_WRONLY | O_CLOEXEC) as u64;
+
+        // The control: the same call inside the log directory works.
+        let inside = put(&mut t, 0, &logs.join("injected"));
+        let fd = t.syscall(libc::SYS_openat, &[cwd, inside, create, 0o644]);
+        assert!(
+            fd >= 0,
+            "the injected openat failed inside the log directory: {fd}"
+        );
+        assert_eq!(t.syscall(libc::SYS_close, &[fd as u64]), 0);
+
+        let mut attempts: Vec<(&str, i64)> = Vec::new();
+        let mut try_open = |t: &mut Tracee, what: &'static str, path: &Path, flags: i32| {
+            let a = put(t, 1, path);
+            let r = t.syscall(libc::SYS_openat, &[cwd, a, flags as u64, 0o644]);
+            if r >= 0 {
+                t.syscall(libc::SYS_close, &[r as u64]);
+            }
+            attempts.push((what, r));
+        };
+        try_open(
+            &mut t,
+            "create in a sibling",
+            &sibling.join("new"),
+            O_CREAT | O_WRONLY,
+        );
+        try_open(
+            &mut t,
+            "create in the parent",
+            &parent.join("new"),
+            O_CREAT | O_WRONLY,
+        );
+        try_open(&mut t, "read the 0600 secret", &secret, O_RDONLY);
+        try_open(
+            &mut t,
+            "truncate by open",
+            &parent.join("victim"),
+            O_WRONLY | O_TRUNC,
+        );
+        let victim = put(&mut t, 2, &parent.join("victim"));
+        let victim2 = put(&mut t, 3, &sibling.join("victim"));
+        let renamed = put(&mut t, 4, &parent.join("renamed"));
+        let stolen = put(&mut t, 5, &logs.join("stolen"));
+        let newdir = put(&mut t, 6, &parent.join("newdir"));
+        attempts.push(("truncate", t.syscall(libc::SYS_truncate, &[victim, 0])));
+        attempts.push((
+            "rename in the parent",
+            t.syscall(libc::SYS_renameat, &[cwd, victim, cwd, renamed]),
+        ));
+        attempts.push((
+            "rename from a sibling into the log dir",
+            t.syscall(libc::SYS_renameat, &[cwd, victim2, cwd, stolen]),
+        ));
+        attempts.push((
+            "unlink in a sibling",
+            t.syscall(libc::SYS_unlinkat, &[cwd, victim2, 0]),
+        ));
+        attempts.push((
+            "unlink in the parent",
+            t.syscall(libc::SYS_unlinkat, &[cwd, victim, 0]),
+        ));
+        attempts.push((
+            "mkdir in the parent",
+            t.syscall(libc::SYS_mkdirat, &[cwd, newdir, 0o755]),
+        ));
+        // And the control again, the other way: remove inside works.
+        assert_eq!(t.syscall(libc::SYS_unlinkat, &[cwd, inside, 0]), 0);
+        assert_eq!(t.syscall(libc::SYS_munmap, &[page, SPAN]), 0);
+        t.detach();
+        drop(t);
+
+        let refused = [libc::EACCES, libc::EXDEV, libc::EPERM, libc::ENOSYS].map(|e| -(e as i64));
+        let escaped: Vec<_> = attempts
+            .iter()
+            .filter(|(_, r)| !refused.contains(r))
+            .collect();
+        assert!(
+            escaped.is_empty(),
+            "injected calls got out of the log directory: {escaped:?} (all: {attempts:?})"
+        );
+        let outside_after = tree(&parent, &logs);
+        assert_eq!(
+            outside_after, outside_before,
+            "something beside the log directory changed"
+        );
+        assert!(!logs.join("injected").exists());
+
+        // Released, the daemon captures on.
+        write_numbered(&fifo, 10, 20);
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                read_stream(&logs, "t", Stream::Stdout).len() == 20 * line
+            }),
+            "the daemon stopped capturing after the injection"
+        );
+        assert_numbered(&read_stream(&logs, "t", Stream::Stdout), 0, 20);
+        run.stop_and_check();
+    }
 }

@@ -1513,10 +1513,12 @@ fn planted_dirs_and_fifos_at_future_indices_neither_hang_capture_nor_lose_lines(
     assert_numbered(&read_regular(logs, "t", Stream::Stdout), 0, 100);
 }
 
-/// A symlink or a hard link planted at the active (highest) index before
-/// start: logmon does not resume it but starts the next index.
+/// A symlink or a hard link planted at the highest index before start
+/// (issue #26.4): logmon resumes the highest file of its own instead, and
+/// the planted name never pushes the numbering; rotation (or the first
+/// file) removes it, counted, never writing through it.
 #[test]
-fn planted_links_at_the_active_index_make_resume_start_the_next_index() {
+fn planted_links_at_the_highest_index_are_not_resumed_and_never_push_the_numbering() {
     let root = tempfile::tempdir().unwrap();
     let logs = root.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
@@ -1528,21 +1530,30 @@ fn planted_links_at_the_active_index_make_resume_start_the_next_index() {
         meta: std::fs::metadata(&victim.path).unwrap(),
         ..victim
     };
-    let dm = Daemon::start(&logs, "t", &[]);
+    let dm = Daemon::start(&logs, "t", &["--max-file-size", &(3 * LINE).to_string()]);
     let s = status(&logs, "t");
     assert_eq!(
-        (s.stdout.active_index, s.stderr.active_index),
-        (2, 1),
+        (
+            s.stdout.active_index,
+            s.stdout.active_size,
+            s.stderr.active_index
+        ),
+        (0, LINE, 0),
         "{s:?}"
     );
-    assert_eq!((s.stdout.foreign_names, s.stderr.foreign_names), (1, 1));
     write_numbered(&fifo(&logs, "t", Stream::Stdout), 1, 10);
     let _w = write_task(&logs, "t", Stream::Stderr, b"err\n");
     wait_for_size(&logs, "t", Stream::Stdout, 10 * LINE, SOON);
-    assert!(wait_until(SOON, || std::fs::read(logs.join("t.stderr.1"))
+    assert!(wait_until(SOON, || std::fs::read(logs.join("t.stderr.0"))
         .is_ok_and(|b| b == b"err\n")));
+    let s = status(&logs, "t");
+    // The symlink at stdout 1 and the hard link at stderr 0, each removed
+    // when capture got there.
+    assert_eq!((s.stdout.foreign_names, s.stderr.foreign_names), (1, 1));
     stop(dm);
-    assert_numbered(&std::fs::read(logs.join("t.stdout.2")).unwrap(), 1, 10);
+    assert_numbered(&std::fs::read(logs.join("t.stdout.0")).unwrap(), 0, 3);
+    assert_numbered(&std::fs::read(logs.join("t.stdout.1")).unwrap(), 3, 6);
+    assert_numbered(&read_regular(&logs, "t", Stream::Stdout), 0, 10);
     victim.assert_untouched();
 }
 
@@ -1624,8 +1635,9 @@ fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
 /// DESIGN §12: with `--keep-unshipped SIZE`, purge holds the files the
 /// node's shipper has not read yet — its position is the
 /// `.<task>.<stream>.shipped` file it leaves in the log directory — up to
-/// SIZE bytes per stream past `--max-files`, newest first; without the flag
-/// (or without a position) purge keeps exactly `--max-files`.
+/// SIZE bytes per stream past `--max-files`, newest first (without a
+/// position, as if the shipper were at the start); without the flag purge
+/// keeps exactly `--max-files`.
 #[test]
 fn keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size() {
     let line = |i: u32| format!("{i:099}\n").into_bytes();
@@ -1657,8 +1669,66 @@ fn keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size() {
     // The shipper is at file 1: 0 is shipped and purged; of 1..=7, the
     // newest that fit in 250 bytes (6 and 7) are held.
     assert_eq!(run(&["--keep-unshipped", "250"], Some(1)), [6, 7, 8, 9]);
-    // No shipper position: nothing to hold.
-    assert_eq!(run(&["--keep-unshipped", "250"], None), [8, 9]);
+    // No shipper position: the shipper has not reached the stream, which
+    // is held from its start (see the test below).
+    assert_eq!(run(&["--keep-unshipped", "250"], None), [6, 7, 8, 9]);
     // A position without the flag changes nothing.
     assert_eq!(run(&[], Some(1)), [8, 9]);
+}
+
+/// DESIGN §12 (issue #31, finding 2): a stream the shipper has not reached
+/// yet has no position file, and used to be purged as if nothing were
+/// owed to the shipper — a chaos run lost a whole file despite
+/// `--keep-unshipped`. It is held like any unshipped stream, up to SIZE,
+/// across a relaunch of logmon; once the shipper leaves its position,
+/// purge goes on.
+#[test]
+fn keep_unshipped_holds_a_stream_until_the_shipper_leaves_a_position() {
+    let line = |i: u32| format!("{i:099}\n").into_bytes();
+    let d = tempfile::tempdir().unwrap();
+    let flags = [
+        "--max-files",
+        "2",
+        "--max-file-size",
+        "100",
+        "--keep-unshipped",
+        "250",
+    ];
+    let kept = || {
+        files(d.path(), "t", Stream::Stdout)
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>()
+    };
+    let wait_for = |i: u32| {
+        let p = d.path().join(format!("t.stdout.{i}"));
+        assert!(
+            wait_until(SOON, || std::fs::read(&p).is_ok_and(|b| b == line(i))),
+            "line {i} did not arrive: {:?}",
+            kept()
+        );
+    };
+    let dm = Daemon::start(d.path(), "t", &flags);
+    let input: Vec<u8> = (0..10).flat_map(line).collect();
+    let w = write_task(d.path(), "t", Stream::Stdout, &input);
+    wait_for(9);
+    // No position: the newest past the two kept that fit in 250 bytes.
+    assert_eq!(kept(), [6, 7, 8, 9]);
+    // A relaunch (the shipper still nowhere) purges nothing more.
+    stop(dm);
+    let dm = Daemon::start(d.path(), "t", &flags);
+    assert_eq!(kept(), [6, 7, 8, 9]);
+    // The shipper reaches the stream and has shipped files below 10.
+    std::fs::write(
+        d.path().join(".t.stdout.shipped"),
+        format!("{:020} {:020}\n", 10, 0),
+    )
+    .unwrap();
+    (&w).write_all(&line(10)).unwrap();
+    wait_for(10);
+    stop(dm);
+    assert_eq!(kept(), [9, 10]);
+    for (n, bytes) in files(d.path(), "t", Stream::Stdout) {
+        assert_eq!(bytes, line(n as u32), "file {n}");
+    }
 }

@@ -1,10 +1,12 @@
 //! Faults underneath a running logmon (DESIGN.md §2, issue #8): a full disk
 //! under both write-error policies, the active file or the whole log
-//! directory deleted, the log directory made read-only, `Reopen` on
-//! demand, and the log directory renamed away or replaced by a symlink
-//! (DESIGN.md §9: logmon goes on in the directory it opened, or fails to
-//! write, and never follows the new path). Each test runs the real binary against real FIFOs and checks the
-//! bytes on disk and the counters of `status`.
+//! directory deleted (recreated without the sandbox; under it, DESIGN.md
+//! §10, reported gone and left to the write-error policy until the next
+//! logmon), the log directory made read-only, `Reopen` on demand, and the
+//! log directory renamed away or replaced by a symlink (DESIGN.md §9:
+//! logmon goes on in the directory it opened, or fails to write, and never
+//! follows the new path). Each test runs the real binary against real
+//! FIFOs and checks the bytes on disk and the counters of `status`.
 //!
 //! Disk full is produced on a small tmpfs mounted by the test (root only);
 //! without root it falls back to RLIMIT_FSIZE set on the daemon before exec
@@ -654,13 +656,15 @@ fn deleted_active_file_is_recreated_at_the_next_write() {
     );
 }
 
-/// The whole log directory removed underneath: the next write recreates
-/// the directory and the active file, and capture goes on.
+/// The whole log directory removed underneath a logmon run with
+/// `--no-sandbox`: the next write recreates the directory (through the
+/// parent's descriptor held since start) and the active file, and capture
+/// goes on.
 #[test]
-fn deleted_log_dir_is_recreated_and_capture_goes_on() {
+fn deleted_log_dir_is_recreated_without_the_sandbox_and_capture_goes_on() {
     let d = tempfile::tempdir().unwrap();
     let lay = Layout::new(d.path());
-    let dm = start(&lay, &["--max-file-size", "4KiB"], None);
+    let dm = start(&lay, &["--max-file-size", "4KiB", "--no-sandbox"], None);
     let fifo = lay.fifo(Stream::Stdout);
 
     write_numbered(&fifo, 0, 200); // 3 files
@@ -674,6 +678,8 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
     assert_eq!(s.bytes_dropped, 0, "{s:?}");
     assert_eq!(s.files_recreated, 1, "the recreation is counted");
     assert!(lay.logs.is_dir(), "the log dir was not recreated");
+    let st = stats(&lay);
+    assert!(!st.log_dir_gone && st.log_dir_sticky, "{st:?}");
     let recreated = lay.file(Stream::Stdout, index);
     assert_numbered(
         &std::fs::read(&recreated).expect("no active file in the recreated dir"),
@@ -705,6 +711,90 @@ fn deleted_log_dir_is_recreated_and_capture_goes_on() {
         logmon::internals::index::parse_hwm(&hwm),
         kept.last().copied()
     );
+}
+
+/// The whole log directory removed underneath a confined logmon
+/// (DESIGN.md §10): its perimeter is the directory it opened, so it does
+/// not recreate it. The bytes are handled by the write-error policy
+/// (`drop`: dropped and counted; `block`: left in the pipe), `status`
+/// says the directory is gone, the log says so once, and nothing appears
+/// at the path. Once the directory exists again (the unit's
+/// `LogsDirectory=`, or the agent), the next logmon captures into it:
+/// under `block`, every byte written meanwhile.
+fn deleted_log_dir_under_the_sandbox(policy: &str) {
+    let d = tempfile::tempdir().unwrap();
+    let lay = Layout::new(d.path());
+    let flags = ["--max-file-size", "4KiB", "--on-write-error", policy];
+    let dm = start(&lay, &flags, None);
+    let fifo = lay.fifo(Stream::Stdout);
+    write_numbered(&fifo, 0, 200);
+    wait_accounted(&lay, 200 * LINE);
+    assert!(stats(&lay).log_dir_sticky);
+    std::fs::remove_dir_all(&lay.logs).unwrap();
+
+    // Kept open: under `block`, the bytes wait in the pipe for the next
+    // logmon.
+    let task_end = logmon::internals::fifo::open_task_end(&fifo).unwrap();
+    write_numbered(&fifo, 200, 230);
+    let mut st = stats(&lay);
+    assert!(
+        wait_until(SOON, || {
+            st = stats(&lay);
+            st.stdout.write_errors > 0
+                && (policy == "block" || st.stdout.bytes_dropped == 30 * LINE)
+        }),
+        "{st:?}"
+    );
+    assert!(st.log_dir_gone, "{st:?}");
+    assert_eq!(st.stdout.files_recreated, 1, "{st:?}");
+    let err = st.stdout.last_error.clone().unwrap_or_default();
+    assert!(err.contains("deleted"), "{err}");
+    if policy == "block" {
+        assert_eq!(st.stdout.bytes_dropped, 0, "{st:?}");
+        assert_eq!(st.stdout.bytes_captured, 200 * LINE, "{st:?}");
+    }
+    // Past a retry or two: still not recreated, still said once.
+    std::thread::sleep(WRITE_RETRY * 2);
+    assert!(
+        !lay.logs.exists(),
+        "a confined logmon recreated the log dir"
+    );
+    stop(dm);
+    let log = lay.daemon_log_text();
+    assert_eq!(
+        log.matches("log directory was deleted;").count(),
+        1,
+        "not said once:\n{log}"
+    );
+
+    // The next logmon, once the directory is back.
+    std::fs::create_dir(&lay.logs).unwrap();
+    let dm = start(&lay, &flags, None);
+    write_numbered(&fifo, 230, 240);
+    let (from, bytes) = if policy == "block" {
+        (200, 40 * LINE)
+    } else {
+        (230, 10 * LINE)
+    };
+    assert!(
+        wait_until(SOON, || lay.stdout().len() as u64 == bytes),
+        "{} of {bytes} bytes",
+        lay.stdout().len()
+    );
+    assert!(!stats(&lay).log_dir_gone);
+    stop(dm);
+    drop(task_end);
+    assert_numbered(&lay.stdout(), from, 240);
+}
+
+#[test]
+fn deleted_log_dir_under_the_sandbox_blocks_and_the_next_logmon_captures_every_byte() {
+    deleted_log_dir_under_the_sandbox("block");
+}
+
+#[test]
+fn deleted_log_dir_under_the_sandbox_drops_and_counts() {
+    deleted_log_dir_under_the_sandbox("drop");
 }
 
 /// A directory outside the log dir holding decoys with the stream's names:
@@ -768,31 +858,37 @@ fn log_dir_swapped_for_a_symlink_mid_run_is_not_followed() {
 
 /// The log directory deleted and a symlink put in its place before logmon
 /// notices: it is never recreated through the symlink — writing fails
-/// (dropped and counted under `drop`), nothing lands in the target.
+/// (dropped and counted under `drop`), nothing lands in the target — with
+/// the sandbox or without.
 #[test]
 fn deleted_log_dir_replaced_by_a_symlink_is_a_write_error_not_a_redirect() {
-    let d = tempfile::tempdir().unwrap();
-    let lay = Layout::new(d.path());
-    let dm = start(&lay, &["--max-file-size", "4KiB"], None);
-    let fifo = lay.fifo(Stream::Stdout);
-    write_numbered(&fifo, 0, 30);
-    wait_accounted(&lay, 30 * LINE);
-    std::fs::remove_dir_all(&lay.logs).unwrap();
-    let target = d.path().join("elsewhere");
-    std::fs::create_dir(&target).unwrap();
-    std::os::unix::fs::symlink(&target, &lay.logs).unwrap();
+    for extra in [&[][..], &["--no-sandbox"][..]] {
+        let d = tempfile::tempdir().unwrap();
+        let lay = Layout::new(d.path());
+        let mut flags = vec!["--max-file-size", "4KiB"];
+        flags.extend_from_slice(extra);
+        let dm = start(&lay, &flags, None);
+        let fifo = lay.fifo(Stream::Stdout);
+        write_numbered(&fifo, 0, 30);
+        wait_accounted(&lay, 30 * LINE);
+        std::fs::remove_dir_all(&lay.logs).unwrap();
+        let target = d.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        std::os::unix::fs::symlink(&target, &lay.logs).unwrap();
 
-    write_numbered(&fifo, 30, 60);
-    let s = wait_accounted(&lay, 60 * LINE);
-    assert_eq!(s.bytes_dropped, 30 * LINE, "{s:?}");
-    assert!(s.write_errors > 0, "{s:?}");
-    assert_eq!(
-        std::fs::read_dir(&target).unwrap().count(),
-        0,
-        "logmon wrote through the symlink"
-    );
-    stop(dm);
-    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+        write_numbered(&fifo, 30, 60);
+        let s = wait_accounted(&lay, 60 * LINE);
+        assert_eq!(s.bytes_dropped, 30 * LINE, "{extra:?}: {s:?}");
+        assert!(s.write_errors > 0, "{extra:?}: {s:?}");
+        assert!(stats(&lay).log_dir_gone, "{extra:?}");
+        assert_eq!(
+            std::fs::read_dir(&target).unwrap().count(),
+            0,
+            "{extra:?}: logmon wrote through the symlink"
+        );
+        stop(dm);
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    }
 }
 
 /// `chattr -i` on drop.

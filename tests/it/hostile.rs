@@ -1170,12 +1170,14 @@ fn symlink_at_the_lock_name_is_never_followed_and_logmon_starts_anyway() {
     assert_eq!(st.unwrap()["task"], "web");
     stopped.unwrap();
 
-    // Again before `ensure` (the task removes logmon's lock file: the
-    // directory is its to write).
-    attack(&[
-        Op::Unlink(cpath(&lock)),
-        Op::symlink(&s.secret_file(), &lock),
-    ]);
+    // Again before `ensure`. The task can no longer remove logmon's lock
+    // (the directory is sticky since the first start, issue #26.1: its
+    // unlink is refused), so the name is freed as an operator's cleanup
+    // would, and the task plants there again.
+    let refused = std::panic::catch_unwind(|| attack(&[Op::Unlink(cpath(&lock))]));
+    assert!(refused.is_err(), "the task removed logmon's lock");
+    std::fs::remove_file(&lock).unwrap();
+    attack(&[Op::symlink(&s.secret_file(), &lock)]);
     let before = s.snapshot();
     let ensured = ensure_web(&s);
     s.assert_unharmed(&before, &[&s.logs()], &[]);
@@ -1198,7 +1200,15 @@ fn symlink_at_the_diagnostics_log_name_gets_no_diagnostics() {
         "the launched logmon did not stop on SIGTERM"
     );
 
-    attack(&[Op::Unlink(cpath(&log)), Op::symlink(&s.secret_file(), &log)]);
+    // The task cannot remove logmon's log (sticky directory, issue
+    // #26.1): freed as an operator's cleanup would, then planted again.
+    let refused = std::panic::catch_unwind(|| attack(&[Op::Unlink(cpath(&log))]));
+    assert!(
+        refused.is_err(),
+        "the task removed logmon's diagnostics log"
+    );
+    std::fs::remove_file(&log).unwrap();
+    attack(&[Op::symlink(&s.secret_file(), &log)]);
     let before = s.snapshot();
     let ensured = ensure_web(&s).map(|(_, d)| stop_detached(&d));
     s.assert_unharmed(&before, &[&s.logs()], &[]);

@@ -245,6 +245,7 @@ impl Dir {
             path,
             id: FileId::of(&st),
             parent: None,
+            deletion_noticed: AtomicBool::new(false),
         })
     }
 

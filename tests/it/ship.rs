@@ -1567,3 +1567,196 @@ fn purge_racing_a_slow_shipper_loses_nothing_with_keep_unshipped() {
         indices(&logs, "t", Stream::Stdout).len() <= 4
     }));
 }
+
+/// One mistake an operator makes with the shipper: extra flags, extra
+/// variables, the exit code and a word the one line must hold.
+struct Mistake {
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    code: i32,
+    needle: &'static str,
+}
+
+fn mistake(args: &[&str], code: i32, needle: &'static str) -> Mistake {
+    Mistake {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
+        code,
+        needle,
+    }
+}
+
+/// Issue #27: the shipper's mistakes, each checked before connecting
+/// where it can be — one line naming the flag (or the variable it came
+/// from) and the value, the policy's exit code, no panic, no process left
+/// running, and nothing made where the mistake was (no state directory
+/// when the flags were refused).
+#[test]
+fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let closed = format!("nats://127.0.0.1:{}", free_port());
+    let l = logs.to_str().unwrap().to_owned();
+    let f = file.to_str().unwrap().to_owned();
+    let missing = tmp.path().join("missing").to_str().unwrap().to_owned();
+    let mut cases = vec![
+        // --subject, validated before connecting (issue: bound to `*`,
+        // published to literal or wildcard subjects, refused by the server).
+        mistake(&["--subject", "logs {task}"], 2, "--subject"),
+        mistake(&["--subject", "logs.{task"], 2, "never closed"),
+        mistake(&["--subject", "u.*.{task}"], 2, "wildcard"),
+        mistake(&["--subject", "{bad key}"], 2, "not a placeholder"),
+        mistake(&["--subject", "logs..{task}"], 2, "empty token"),
+        mistake(&["--subject", "logs.>.{task}"], 2, "wildcard"),
+        mistake(&["--subject", ""], 2, "--subject"),
+        mistake(&["--subject", "$JS.API.{task}"], 2, "reserves"),
+        mistake(&["--subject", "l.{1}.{task}"], 2, "--pattern"),
+        // --pattern and --watch.
+        mistake(&["--watch", &l, "--pattern", "["], 2, "--pattern"),
+        mistake(&["--watch", &l, "--pattern", "/abs/*"], 2, "absolute"),
+        mistake(&["--watch", &l, "--pattern", ""], 2, "empty"),
+        mistake(&["--watch", &l, "--pattern", "../*"], 2, ".."),
+        mistake(
+            &["--watch", &l, "--pattern", "*/alloc/[a-z]ogs"],
+            2,
+            "not supported",
+        ),
+        mistake(&["--watch", &f, "--pattern", "*"], 2, "not a directory"),
+        mistake(&["--watch", &missing, "--pattern", "*"], 2, "--watch"),
+        // Ranges and conflicts known before connecting.
+        mistake(&["--replicas", "0"], 2, "--replicas"),
+        mistake(&["--replicas", "6"], 2, "--replicas"),
+        mistake(
+            &["--token", "t", "--user", "u", "--password", "p"],
+            2,
+            "--token",
+        ),
+        mistake(&["--max-delay", "forever"], 2, "--max-delay"),
+        // Files the flags name.
+        mistake(&["--tls-ca", &missing], 2, "--tls-ca"),
+        mistake(&["--creds", &missing], 2, "--creds"),
+    ];
+    for c in &mut cases {
+        c.args.extend(["--log-dir".to_string(), l.clone()]);
+    }
+    let mut from_env = mistake(&["--log-dir", &l], 2, "LOGMON_SHIP_REPLICAS");
+    from_env.env.push(("LOGMON_SHIP_REPLICAS", "0".into()));
+    cases.push(from_env);
+    let run = |c: &Mistake, state: &Path| {
+        let mut a = vec!["ship", "--nats", &closed, "--stream", "S"];
+        a.extend(c.args.iter().map(String::as_str));
+        a.extend(["--state-dir", state.to_str().unwrap()]);
+        let mut cmd = logmon(&a);
+        cmd.env("LOGMON_LOG", "warn");
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        finish(cmd)
+    };
+    for (i, c) in cases.iter().enumerate() {
+        let state = tmp.path().join(format!("state{i}"));
+        let out = run(c, &state);
+        let err = assert_exit_naming(&out, c.code, c.needle);
+        assert_eq!(err.trim_end().lines().count(), 1, "{:?}: {err}", c.args);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!state.exists(), "{:?} made the state directory", c.args);
+        let names_flag = c
+            .args
+            .iter()
+            .any(|a| a.starts_with("--") && err.contains(a.as_str()));
+        assert!(names_flag || !c.env.is_empty(), "{:?}: {err}", c.args);
+    }
+    // The state directory: a file, a corrupt or unknown state.
+    let state = tmp.path().join("state");
+    let out = run(&mistake(&["--log-dir", &l], 0, ""), &file);
+    assert_exit_naming(&out, 2, "is not a directory");
+    std::fs::create_dir(&state).unwrap();
+    for (body, needle) in [
+        ("{not json", "not a logmon-ship state"),
+        (r#"{"version":7,"streams":{}}"#, "format version 7"),
+    ] {
+        std::fs::write(state.join("ship.json"), body).unwrap();
+        let out = run(&mistake(&["--log-dir", &l], 0, ""), &state);
+        assert_exit_naming(&out, 2, needle);
+        let st = finish(logmon(&[
+            "ship",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--status",
+        ]));
+        assert_exit_naming(&st, 2, needle);
+        assert_eq!(
+            std::fs::read_to_string(state.join("ship.json")).unwrap(),
+            body,
+            "rewritten"
+        );
+    }
+    // --status: a missing state directory; a full or closed stdout.
+    let st = finish(logmon(&["ship", "--state-dir", &missing, "--status"]));
+    assert_exit_naming(&st, 2, "--state-dir");
+    std::fs::remove_file(state.join("ship.json")).unwrap();
+    let mut full = logmon(&["ship", "--state-dir", state.to_str().unwrap(), "--status"]);
+    full.stdout(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap(),
+    );
+    let out = full.stderr(std::process::Stdio::piped()).output().unwrap();
+    assert_exit_naming(&out, 1, "cannot write the status");
+    let (rd, wr) = nix::unistd::pipe().unwrap();
+    drop(rd);
+    let mut closed_out = logmon(&["ship", "--state-dir", state.to_str().unwrap(), "--status"]);
+    let out = closed_out
+        .stdout(std::process::Stdio::from(wr))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A bad LOGMON_LOG is warned about once, not by both binaries.
+    let out = finish({
+        let mut c = logmon(&["ship", "--state-dir", state.to_str().unwrap(), "--status"]);
+        c.env("LOGMON_LOG", "bogus=level");
+        c
+    });
+    assert_eq!(
+        text(&out.stderr).matches("LOGMON_LOG").count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
+    // An unwritable state directory is a configuration error at start,
+    // not a publish failure retried forever.
+    if nix::unistd::geteuid().is_root() {
+        let ro = tmp.path().join("ro-state");
+        std::fs::create_dir(&ro).unwrap();
+        let bin = bins_for_any_user(tmp.path());
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let mut cmd = logmon_at(
+            &bin,
+            &[
+                "ship",
+                "--nats",
+                &closed,
+                "--stream",
+                "S",
+                "--log-dir",
+                &l,
+                "--state-dir",
+                ro.to_str().unwrap(),
+            ],
+        );
+        run_as(&mut cmd, 65534);
+        let out = finish(cmd);
+        let err = assert_exit_naming(&out, 2, "--state-dir");
+        assert!(err.contains("Permission denied"), "{err}");
+    }
+    assert!(processes_mentioning(tmp.path().to_str().unwrap()).is_empty());
+}

@@ -1066,7 +1066,11 @@ fn an_idle_shipper_does_not_wake_up_and_a_busy_one_does() {
     let state = tmp.path().join("state");
     std::fs::create_dir_all(&logs).unwrap();
     let srv = Server::single(&tmp.path().join("js"));
-    let _d = Daemon::start(&logs, "t", &[]);
+    // With metadata (issue #30: the shipper re-read every metadata file on
+    // each round, and its own opens woke it again, 670 rounds a second),
+    // and a second task that stays silent.
+    let _d = Daemon::start(&logs, "t", &["--meta", "job=web"]);
+    let _quiet = Daemon::start(&logs, "quiet", &["--meta", "job=db"]);
     let ship = Shipper::start(&[
         "--nats",
         &srv.url(),

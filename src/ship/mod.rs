@@ -305,6 +305,7 @@ impl Shipper {
             };
             if let Some(t) = self.streams.map.get_mut(&key) {
                 t.dirty = true;
+                t.partial_written();
                 t.sizes.entry(n).or_insert(0);
                 if let Some(len) = len {
                     t.learn(n, len);

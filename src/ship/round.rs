@@ -1,11 +1,13 @@
 //! One round of the shipper: the streams that may have new bytes each
 //! plan one window (up to [`BATCH`] bytes in all, taking streams in turn
 //! so none is starved), the windows are saved in one journal append, then
-//! published with at most [`MAX_INFLIGHT`] messages awaiting their acks,
-//! which are taken as they come. A window whose every message was
-//! acknowledged moves its stream's cursor; a window that failed (a read,
-//! a publish, an ack) backs its stream off alone and stays saved, to be
-//! replayed with the same message ids.
+//! published together, at most [`MAX_INFLIGHT`] windows at once and their
+//! acks taken as they come — but within a stream one message at a time,
+//! each acknowledged before the next is sent, so a connection lost
+//! mid-window can never get a later line stored before an earlier one. A
+//! window whose every message was acknowledged moves its stream's cursor;
+//! a window that failed (a read, a publish, an ack) backs its stream off
+//! alone and stays saved, to be replayed with the same message ids.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -25,33 +27,13 @@ use crate::dir::Dir;
 pub const BATCH: u64 = 16 * 1024 * 1024;
 /// Windows in one round (many small streams).
 const MAX_WINDOWS: usize = 4096;
-/// Messages published and not yet acknowledged, at most.
+/// Windows (of different streams) being published at once, at most: each
+/// has one message awaiting its ack.
 pub const MAX_INFLIGHT: usize = 512;
 /// Largest message payload used, below the server's max_payload.
 const MAX_MSG: u64 = 1024 * 1024;
 /// At most one warning about failing streams in this long.
 const WARN_EVERY: Duration = Duration::from_secs(10);
-
-type AckFuture = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = (
-                    String,
-                    Result<async_nats::jetstream::publish::PublishAck, String>,
-                ),
-            > + Send,
-    >,
->;
-
-/// A window being shipped.
-struct Progress {
-    pending: Pending,
-    /// Messages not yet acknowledged.
-    left: usize,
-    messages: u64,
-    duplicates: u64,
-    failed: Option<String>,
-}
 
 impl Shipper {
     /// Plans this round's windows (see the module docs); each is stored
@@ -162,68 +144,31 @@ impl Shipper {
             self.hold("not connected to the NATS server");
             return;
         }
-        let mut inflight: FuturesUnordered<AckFuture> = FuturesUnordered::new();
-        let mut progress: HashMap<String, Progress> = HashMap::new();
-        let mut broken: Option<String> = None;
+        let mut inflight: FuturesUnordered<WindowFuture> = FuturesUnordered::new();
+        let mut done: Vec<(String, Pending, Result<Shipped, String>)> = Vec::new();
         for (key, p) in windows {
-            if let Some(why) = &broken {
-                progress.insert(key, failed_progress(p, why.clone()));
-                continue;
-            }
             let msgs = match self.messages(&key, &p) {
                 Ok(m) => m,
                 Err(e) => {
-                    progress.insert(key, failed_progress(p, e.to_string()));
+                    done.push((key, p, Err(e.to_string())));
                     continue;
                 }
             };
-            let mut prog = Progress {
-                pending: p,
-                left: msgs.len(),
-                messages: msgs.len() as u64,
-                duplicates: 0,
-                failed: None,
-            };
-            for (subject, headers, payload) in msgs {
-                while inflight.len() >= MAX_INFLIGHT {
-                    if let Some((k, r)) = inflight.next().await {
-                        acked(&mut progress, &mut prog, &key, k, r);
-                    }
-                }
-                match self
-                    .js
-                    .publish_with_headers(subject.clone(), headers, payload)
-                    .await
-                {
-                    Ok(ack) => {
-                        let k = key.clone();
-                        inflight.push(Box::pin(async move {
-                            (k, ack.await.map_err(|e| e.to_string()))
-                        }));
-                    }
-                    Err(e) => {
-                        // The connection is in trouble: the rest of the
-                        // round waits for the next.
-                        let why = format!("publishing to {subject}: {e}");
-                        prog.failed = Some(why.clone());
-                        broken = Some(why);
-                        break;
-                    }
+            while inflight.len() >= MAX_INFLIGHT {
+                if let Some(d) = inflight.next().await {
+                    done.push(d);
                 }
             }
-            progress.insert(key, prog);
+            inflight.push(Box::pin(publish_window(self.js.clone(), key, p, msgs)));
         }
-        while let Some((k, r)) = inflight.next().await {
-            if let Some(p) = progress.get_mut(&k) {
-                record_ack(p, r);
-            }
+        while let Some(d) = inflight.next().await {
+            done.push(d);
         }
         let now = Instant::now();
-        for (key, p) in progress {
-            match p.failed {
-                None if p.left == 0 => self.finish(&key, &p),
-                None => self.stream_failed(&key, "acknowledgements missing", now),
-                Some(why) => self.stream_failed(&key, &why, now),
+        for (key, p, r) in done {
+            match r {
+                Ok(shipped) => self.finish(&key, &p, shipped),
+                Err(why) => self.stream_failed(&key, &why, now),
             }
         }
     }
@@ -281,7 +226,7 @@ impl Shipper {
     /// Every message of window `p` of stream `key` was acknowledged: the
     /// cursor moves (saved with the next round's plans, when idle, or at
     /// exit; a crash before that only re-sends the window).
-    fn finish(&mut self, key: &str, p: &Progress) {
+    fn finish(&mut self, key: &str, p: &Pending, shipped: Shipped) {
         let (Some(t), Some(st)) = (
             self.streams.map.get_mut(key),
             self.state.streams.get_mut(key),
@@ -289,10 +234,10 @@ impl Shipper {
             return;
         };
         st.pending = None;
-        st.shipped_messages += p.messages;
-        st.duplicates += p.duplicates;
+        st.shipped_messages += shipped.messages;
+        st.duplicates += shipped.duplicates;
         st.last_error = None;
-        match &p.pending.gap {
+        match &p.gap {
             Some(g) => {
                 st.file = g.to_file;
                 st.offset = 0;
@@ -302,8 +247,8 @@ impl Shipper {
                     "log files were purged before they were shipped; published a gap record");
             }
             None => {
-                st.offset = p.pending.end;
-                st.shipped_bytes += p.pending.end - p.pending.start;
+                st.offset = p.end;
+                st.shipped_bytes += p.end - p.start;
             }
         }
         t.moved(st);
@@ -342,39 +287,48 @@ impl Shipper {
     }
 }
 
-fn failed_progress(pending: Pending, why: String) -> Progress {
-    Progress {
-        pending,
-        left: 0,
+/// What an acknowledged window shipped.
+pub(super) struct Shipped {
+    messages: u64,
+    duplicates: u64,
+}
+
+type WindowFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (String, Pending, Result<Shipped, String>)> + Send>,
+>;
+
+/// Publishes the messages of window `p` of stream `key` one after the
+/// other, each acknowledged before the next is sent: a stream never has
+/// two messages in flight, so a connection lost mid-window cannot store a
+/// later message before an earlier one (the replay then sends the rest in
+/// order, and JetStream drops the copies of what it holds).
+async fn publish_window(
+    js: async_nats::jetstream::Context,
+    key: String,
+    p: Pending,
+    msgs: Vec<(String, HeaderMap, Bytes)>,
+) -> (String, Pending, Result<Shipped, String>) {
+    let mut shipped = Shipped {
         messages: 0,
         duplicates: 0,
-        failed: Some(why),
-    }
-}
-
-/// An ack came while `current` (of `key`) was being published.
-fn acked(
-    progress: &mut HashMap<String, Progress>,
-    current: &mut Progress,
-    key: &str,
-    k: String,
-    r: Result<async_nats::jetstream::publish::PublishAck, String>,
-) {
-    if k == key {
-        record_ack(current, r);
-    } else if let Some(p) = progress.get_mut(&k) {
-        record_ack(p, r);
-    }
-}
-
-fn record_ack(p: &mut Progress, r: Result<async_nats::jetstream::publish::PublishAck, String>) {
-    p.left = p.left.saturating_sub(1);
-    match r {
-        Ok(a) => p.duplicates += u64::from(a.duplicate),
-        Err(e) => {
-            p.failed.get_or_insert(e);
+    };
+    for (subject, headers, payload) in msgs {
+        let ack = match js
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+        {
+            Ok(a) => a.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(a) => {
+                shipped.messages += 1;
+                shipped.duplicates += u64::from(a.duplicate);
+            }
+            Err(e) => return (key, p, Err(format!("publishing to {subject}: {e}"))),
         }
     }
+    (key, p, Ok(shipped))
 }
 
 /// The headers every message of a stream carries.

@@ -171,6 +171,14 @@ impl Tracked {
         self.backoff = BACKOFF_MIN;
     }
 
+    /// Its files were written to: a partial line waiting for its newline
+    /// is looked at again now, not at the end of its wait.
+    pub fn partial_written(&mut self) {
+        if self.partial_since.is_some() {
+            self.retry_at = None;
+        }
+    }
+
     /// Whether it may be tried now.
     pub fn ready(&self, now: Instant) -> bool {
         self.dirty && self.retry_at.is_none_or(|t| t <= now)

@@ -8,7 +8,6 @@
 //! Read-only: it creates nothing and never blocks a running shipper.
 //! Tests: `tests/it/ship.rs` (`status_shows_the_lag_…`, the error matrix).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -33,15 +32,18 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
             other => other.to_string(),
         },
     })?;
-    let mut dirs: HashMap<String, Option<Arc<Dir>>> = HashMap::new();
+    // Keys sort by directory: one directory is open at a time, however
+    // many the node has.
+    let mut open: Option<(String, Option<Arc<Dir>>)> = None;
     let streams: Vec<serde_json::Value> = st
         .streams
         .iter()
         .map(|(key, s)| {
-            let d = dirs
-                .entry(dir_key(key).to_owned())
-                .or_insert_with(|| open_same(&s.dir, dir_key(key)))
-                .clone();
+            let id = dir_key(key);
+            if open.as_ref().is_none_or(|(k, _)| k != id) {
+                open = Some((id.to_owned(), open_same(&s.dir, id)));
+            }
+            let d = open.as_ref().and_then(|(_, d)| d.clone());
             let (lag_bytes, lag_seconds) = d.map_or((None, None), |d| lag(&d, s));
             serde_json::json!({
                 "dir": s.dir, "task": s.task, "stream": s.stream,

@@ -539,7 +539,12 @@ pub fn line_bytes(from: u64, to: u64) -> usize {
     (from..to).map(|i| numbered_line(i).len()).sum()
 }
 
+/// `ship --status` of `state`; a state directory the shipper has not made
+/// yet reads as no streams.
 pub fn status(state: &Path) -> serde_json::Value {
+    if !state.exists() {
+        return serde_json::json!({ "streams": [] });
+    }
     let out = logmon(&["ship", "--state-dir", state.to_str().unwrap(), "--status"])
         .output()
         .unwrap();

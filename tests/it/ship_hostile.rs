@@ -498,24 +498,30 @@ fn twenty_thousand_streams_ship_within_the_default_open_file_limit() {
     }));
     ship.log = Some(tmp.path().join("ship.log"));
     ship.spawn();
-    let shipped = || -> usize {
-        status(&state)["streams"].as_array().map_or(0, |a| {
-            a.iter()
-                .filter(|s| s["shipped_bytes"].as_u64() > Some(0))
-                .count()
-        })
-    };
-    assert!(
-        wait_until(Duration::from_secs(240), || shipped() == 2 * TASKS),
-        "{} of {} streams shipped: {}",
-        shipped(),
-        2 * TASKS,
-        ship.diagnostics()
-    );
-    assert!(!ship.diagnostics().contains("Too many open files"));
+    // The stream's own count, polled twice a second (a status reads every
+    // directory: polled in a loop it would be the load under test).
     let r = Reader::new(&srv.url(), "LOGS");
+    let messages = || {
+        r.rt.block_on(r.stream.get_info())
+            .map_or(0, |i| i.state.messages)
+    };
+    let all = 2 * TASKS as u64;
+    let end = Instant::now() + Duration::from_secs(300);
+    while messages() < all && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(messages(), all, "{}", ship.diagnostics());
+    assert!(!ship.diagnostics().contains("Too many open files"));
+    let st = status(&state);
+    let streams = st["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 2 * TASKS);
+    assert!(
+        streams
+            .iter()
+            .all(|s| s["lag_bytes"] == 0 && s["shipped_messages"] == 1),
+        "{st}"
+    );
     let info = r.rt.block_on(r.stream.get_info()).unwrap();
-    assert_eq!(info.state.messages, 2 * TASKS as u64);
     // Caught up, a new line in one stream arrives promptly.
     let victim = root.join("a4242").join("t4242.stdout.0");
     let mut f = std::fs::OpenOptions::new()
@@ -574,21 +580,30 @@ fn three_thousand_real_logmons_are_shipped_and_a_new_line_arrives_within_seconds
     ship.log = Some(tmp.path().join("ship.log"));
     ship.spawn();
     let whole = line_bytes(0, 10) as u64;
-    let done = || -> usize {
-        status(&state)["streams"].as_array().map_or(0, |a| {
-            a.iter()
-                .filter(|s| s["shipped_bytes"].as_u64() == Some(whole))
-                .count()
-        })
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    let bytes = |r: &Reader| {
+        r.rt.block_on(r.stream.get_info())
+            .map_or(0, |i| i.state.bytes)
     };
-    assert!(
-        wait_until(Duration::from_secs(300), || done() == 2 * TASKS),
-        "{} of {} streams shipped whole: {}",
-        done(),
+    let payload = 2 * TASKS as u64 * line_bytes(0, 10) as u64;
+    let end = Instant::now() + Duration::from_secs(300);
+    // Stored bytes count headers too: at least every payload byte.
+    while bytes(&r) < payload && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let whole = line_bytes(0, 10) as u64;
+    let st = status(&state);
+    let done = st["streams"].as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|s| s["shipped_bytes"].as_u64() == Some(whole))
+            .count()
+    });
+    assert_eq!(
+        done,
         2 * TASKS,
+        "streams shipped whole: {}",
         ship.diagnostics()
     );
-    let mut r = Reader::new(&srv.url(), "LOGS");
     let info = r.rt.block_on(r.stream.get_info()).unwrap();
     r.next = info.state.last_sequence + 1;
     write_numbered(&fifo(&dir_of(&root, 1234), "t1234", Stream::Stdout), 10, 11);

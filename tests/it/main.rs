@@ -25,6 +25,7 @@ mod capture;
 mod cli_errors;
 mod control;
 mod daemon_binary;
+mod docs;
 mod ensure;
 mod errors;
 mod faults;

@@ -10,7 +10,8 @@
 //! `--state-dir` and its lock; [`scan`] validates and renders names,
 //! patterns and subjects; [`cli`] is the command line and `--status`.
 //!
-//! Guarantees, and the tests in `tests/it/ship.rs` that prove them:
+//! Guarantees, and the tests that prove them (`tests/it/ship.rs` and
+//! `tests/it/ship_hostile.rs` unless named otherwise):
 //! - **every line exactly once, in order per stream** — messages carry
 //!   whole lines, byte-exact; each message's `Nats-Msg-Id` is
 //!   `<dev>.<ino>/<task>/<stream>/<file>/<offset>` of its first byte; a
@@ -25,7 +26,7 @@
 //!   others go on (`one_unreadable_stream_never_stalls_the_others`); acks
 //!   in flight are bounded and awaited as they come; descriptors are
 //!   bounded within the default `ulimit -n`
-//!   (`twenty_thousand_streams_ship_within_the_default_open_file_limit`);
+//!   (`tests/scale/main.rs::twenty_thousand_streams_ship_within_the_default_open_file_limit`);
 //! - **nothing forged** — only logmon's own files in directories no one
 //!   else can rename names in are read, and a task's identity (name,
 //!   metadata) comes only from them or from the directory tree
@@ -37,7 +38,8 @@
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
-//!   stale listing (`a_caught_up_shipper_never_sleeps_on_unshipped_bytes`);
+//!   stale listing
+//!   (`stream::tests::a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing`);
 //! - **idle costs nothing, busy costs little** — caught up, it sleeps on
 //!   inotify with no timer (one only while a partial line waits or a stream
 //!   backs off); woken, it waits out `--max-delay` so that later writes

@@ -2,7 +2,7 @@
 //! from the files themselves (the cursor file's `fstat`, the next file's
 //! `fstatat`), not from a listing that may be stale, so a caught-up
 //! shipper never sleeps on a stream with unshipped bytes (DESIGN.md §12;
-//! `tests/it/ship.rs::a_caught_up_shipper_never_sleeps_on_unshipped_bytes`).
+//! `tests::a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing`).
 //!
 //! A stream file is read only if it is logmon's own ([`crate::dir::Trust`]:
 //! a regular one-link file of root, the shipper's uid or the directory's

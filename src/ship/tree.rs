@@ -10,19 +10,19 @@
 //!   O_DIRECTORY)` from its parent's descriptor, so a symlink anywhere
 //!   under `--watch` is never followed, and a watch is added on the very
 //!   inode opened (through `/proc/self/fd/N`), never by walking a path
-//!   (`a_symlink_under_watch_is_never_followed`);
+//!   (`tests/it/ship_hostile.rs::a_symlink_under_watch_is_never_followed_and_an_unreadable_directory_is_skipped`);
 //! - **only the pattern's directories are watched** — the root and the
 //!   directories matching the pattern's leading components (for child
 //!   directories coming and going), and the log directories themselves
 //!   (for their files), not whole trees;
 //! - **an unreadable directory is skipped with a warning**, never a
-//!   refusal to start (`an_unreadable_directory_under_watch_is_skipped`);
+//!   refusal to start (the same test);
 //! - **bounded descriptors** — a found log directory's handle is kept in a
 //!   small cache and reopened on demand from the root, component by
 //!   component with `O_NOFOLLOW`, and used only if it is the same
 //!   directory (device and inode) as the one found: a task that swaps a
 //!   path cannot redirect the shipper to another directory
-//!   (`twenty_thousand_streams_ship_within_the_default_open_file_limit`);
+//!   (`tests/scale/main.rs::twenty_thousand_streams_ship_within_the_default_open_file_limit`);
 //! - **events are coalesced** — the watch mask has no `IN_OPEN` or
 //!   `IN_ACCESS` (the shipper's own reads never wake it); the kernel
 //!   merges repeated events while the shipper waits out its delay, and one
@@ -32,7 +32,7 @@
 //!   by others without the sticky bit, [`crate::dir::Trust`]) is not
 //!   shipped from: a task there could have renamed another task's files or
 //!   logmon's into any stream's name. It is reported, and looked at again
-//!   when its mode changes (`forged_by_rename_…`).
+//!   when its mode changes (`tests/it/ship_hostile.rs::forged_by_rename_…`).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};

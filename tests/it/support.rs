@@ -401,23 +401,3 @@ pub fn without_capabilities(cmd: &mut Command) -> &mut Command {
         })
     }
 }
-
-/// Limits `cmd`'s open files to `n` (soft and hard), as a default
-/// `ulimit -n` does.
-pub fn with_open_file_limit(cmd: &mut Command, n: u64) -> &mut Command {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: setrlimit is an async-signal-safe syscall; nothing is
-    // allocated between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            let lim = nix::libc::rlimit {
-                rlim_cur: n,
-                rlim_max: n,
-            };
-            if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}

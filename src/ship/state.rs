@@ -26,8 +26,11 @@
 //! limit over the same immutable file bytes) reproduces them.
 //!
 //! **Upgrades.** A `ship.json` of format 1 (the previous release's
-//! snapshot) is read and carried into the journal on the first start;
-//! a state of a version this build does not know is refused by name, never
+//! snapshot) is read and carried into the journal on the first start, and
+//! replaced by a stub that release refuses by name — a downgraded shipper
+//! must not take a journal it cannot read for no state and ship everything
+//! again (`a_legacy_snapshot_is_carried_over_and_unknown_versions_are_refused`).
+//! A state of a version this build does not know is refused by name, never
 //! rewritten.
 //!
 //! **One shipper per state directory.** [`Lock::take`] holds an exclusive
@@ -51,6 +54,11 @@ use serde::{Deserialize, Serialize};
 pub const STATE_FILE: &str = "ship.state";
 /// The previous release's snapshot (format 1), carried over once.
 pub const LEGACY_FILE: &str = "ship.json";
+/// What `ship.json` holds once its state moved into the journal: the
+/// previous release refuses it by name instead of starting over.
+const LEGACY_STUB: &str =
+    "{\"version\":2,\"streams\":\"moved to ship.state: read by logmon-ship 0.2 and later\"}\n";
+
 /// The lock's name inside `--state-dir`.
 pub const LOCK_FILE: &str = "ship.lock";
 /// The journal format written.
@@ -293,6 +301,14 @@ fn read_legacy(dir: &Path) -> Result<State, StateError> {
     })?;
     match v.get("version").and_then(serde_json::Value::as_u64) {
         Some(1) => {}
+        Some(2) => {
+            return Err(StateError::Corrupt {
+                path,
+                why: format!(
+                    "it is the stub left when the state moved into {STATE_FILE}, which is missing"
+                ),
+            })
+        }
         Some(version) => return Err(StateError::Version { path, version }),
         None => {
             return Err(StateError::Corrupt {
@@ -411,13 +427,33 @@ impl Journal {
             live: 0,
         };
         j.compact(&state)?;
-        // The legacy snapshot is in the journal now.
-        match std::fs::remove_file(dir.join(LEGACY_FILE)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&dir.join(LEGACY_FILE))(e)),
-        }
+        j.leave_a_stub()?;
         Ok((j, state))
+    }
+
+    /// Replaces the previous release's `ship.json` with a stub that
+    /// release refuses by name (its `streams` is not a map): a downgraded
+    /// shipper must not mistake a journal it cannot read for no state and
+    /// ship everything again. Written only where a `ship.json` was.
+    fn leave_a_stub(&self) -> Result<(), StateError> {
+        let path = self.dir.join(LEGACY_FILE);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            _ => return Ok(()),
+        }
+        let tmp = self.dir.join(format!("{LEGACY_FILE}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let io = io_err(&path);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc_nofollow())
+            .open(&tmp)
+            .map_err(&io)?;
+        f.write_all(LEGACY_STUB.as_bytes()).map_err(&io)?;
+        f.sync_data().map_err(&io)?;
+        std::fs::rename(&tmp, &path).map_err(&io)
     }
 
     /// Appends the records of `changed` (a stream absent from `state` is
@@ -565,8 +601,18 @@ mod tests {
         assert_eq!(read(d.path()).unwrap().streams, m);
         let (_, st) = Journal::open(d.path()).unwrap();
         assert_eq!(st.streams, m);
-        assert!(!d.path().join(LEGACY_FILE).exists());
+        // The previous release finds a ship.json it refuses, not no state.
+        let stub = std::fs::read(d.path().join(LEGACY_FILE)).unwrap();
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Release010 {
+            version: u32,
+            streams: BTreeMap<String, StreamState>,
+        }
+        assert!(serde_json::from_slice::<Release010>(&stub).is_err());
         assert_eq!(read(d.path()).unwrap().streams, m);
+        let (_, again) = Journal::open(d.path()).unwrap();
+        assert_eq!(again.streams, m, "the journal wins over the stub");
         let e = tempfile::tempdir().unwrap();
         std::fs::write(e.path().join(LEGACY_FILE), r#"{"version":7,"streams":{}}"#).unwrap();
         assert!(matches!(

@@ -680,7 +680,7 @@ fn the_systemd_unit_verifies() {
     )
     .unwrap();
     let ship = bin().with_file_name("logmon-ship");
-    let unit = unit.replace("/usr/local/bin/logmon-ship", ship.to_str().unwrap());
+    let unit = unit.replace("/usr/bin/logmon-ship", ship.to_str().unwrap());
     let path = tmp.path().join("logmon-ship.service");
     std::fs::write(&path, unit).unwrap();
     let out = Command::new("systemd-analyze")

@@ -681,9 +681,9 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     // verify checks that ExecStart= exists: point it at the binary under test.
     let d = tempfile::tempdir().unwrap();
     let service = std::fs::read_to_string(unit_dir().join("logmon@.service")).unwrap();
-    assert!(service.contains("ExecStart=/usr/local/bin/logmon-run"));
+    assert!(service.contains("ExecStart=/usr/bin/logmon-run"));
     let service = service.replace(
-        "/usr/local/bin/logmon-run",
+        "/usr/bin/logmon-run",
         support::bin()
             .with_file_name("logmon-run")
             .to_str()

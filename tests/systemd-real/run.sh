@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# tests/systemd-real/run.sh -- logmon@.service and logmon@.socket under a
-# real systemd, booted as PID 1 of throwaway namespaces (no VM, no nspawn).
+# tests/systemd-real/run.sh -- the Debian package, and logmon@.service,
+# logmon@.socket and logmon-ship.service from it, under a real systemd,
+# booted as PID 1 of throwaway namespaces (no VM, no nspawn).
 #
-#   tests/systemd-real/run.sh [LOGMON_BINARY]
+#   tests/systemd-real/run.sh [PACKAGE.deb]
 #
-# LOGMON_BINARY defaults to target/x86_64-unknown-linux-gnu/release/logmon
-# (build it first: cargo build --release --locked). Exit status 0: every
-# check passed; 1: a check failed (the output says which and shows the
-# unit's journal); 2: this machine cannot boot a throwaway systemd (the
-# reason is printed).
+# PACKAGE.deb defaults to target/debian/logmon_<version>-1_amd64.deb (build
+# it first: pkg/build-deb.sh). Exit status 0: every check passed; 1: a
+# check failed (the output says which and shows the units' journal); 2:
+# this machine cannot boot a throwaway systemd (the reason is printed).
 #
 # How: the root file system is an overlay of / whose writes go to a tmpfs;
 # fresh PID, mount, UTS, IPC, network and cgroup namespaces and a cgroup2
-# subtree of its own; /lib/systemd/systemd --system runs as PID 1 there with
-# the binary at /usr/local/bin/logmon and systemd/logmon@.{service,socket}
-# in /etc/systemd/system (copied into the overlay, nothing is written to the
-# host). The checks run inside (this same script with --checks) and prove:
+# subtree of its own; /lib/systemd/systemd --system runs as PID 1 there. The
+# checks run inside (this same script with --checks, beside the package
+# and jetstream-lines.py, copied into the overlay: nothing is written to
+# the host) and prove:
+#   0. `dpkg -i` of the package under the running systemd: the binaries in
+#      /usr/bin, the units in /usr/lib/systemd/system with ExecStart= there
+#      (seen by systemd at once: the postinst's daemon-reload), the env
+#      examples as conffiles (the shipper's naming each of its variables),
+#      the man pages (`man -w logmon`, `logmon-ship`)
+#      and a bash completion that completes `logmon ship`'s own flags;
+#      logmon-ship.service neither enabled nor started;
 #   1. `systemctl start logmon@web` returns once logmon sent READY=1
 #      (Type=notify) and the unit is active with logmon's STATUS= line;
 #   2. journald receives logmon's diagnostics through the native protocol
@@ -30,12 +37,27 @@
 #      lines would be lost;
 #   4. socket activation: a connection to logmon@sock.socket starts
 #      logmon@sock.service, which serves it; stopped, logmon leaves
-#      systemd's socket in place and the next connection starts it again.
+#      systemd's socket in place and the next connection starts it again;
+#   5. logmon-ship.service, pointed at a nats-server on loopback by
+#      /etc/logmon/ship.env (--create-stream), publishes every line of
+#      web's files, and lines written through the FIFO of a running
+#      logmon@web, exactly once and in order (the stream's messages read
+#      back through the JetStream API); `logmon ship --status` (logmon
+#      execs logmon-ship beside it) names the task;
+#   6. an upgrade (`dpkg -i` again) restarts the running shipper and not
+#      logmon@web, which goes on capturing from its old, now deleted,
+#      binary; what is written afterwards still reaches the files and the
+#      stream exactly once (the shipper's cursors survived its restart);
+#   7. `dpkg -r` stops the shipper and leaves logmon@web running and the
+#      conffiles in /etc/logmon.
 # Needs root with CAP_SYS_ADMIN, overlayfs, cgroup2 and cgroup namespaces,
-# systemd (Debian package `systemd`) and util-linux. Takes ~10 s.
+# systemd (Debian package `systemd`), util-linux, dpkg, nats-server and
+# python3. Takes ~20 s.
 set -euo pipefail
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 TIMEOUT=${LOGMON_SYSTEMD_REAL_TIMEOUT:-90}
+# Inside the container: the package, this script and the JetStream reader.
+LIBEXEC=/usr/local/libexec/logmon-systemd-real
 
 # =========================================================================
 # --pid1 SCRATCH: PID 1 of the new PID namespace, in a private mount
@@ -45,6 +67,7 @@ TIMEOUT=${LOGMON_SYSTEMD_REAL_TIMEOUT:-90}
 if [ "${1:-}" = --pid1 ]; then
     S=$2
     R=$S/root
+    CHECKS=$R$LIBEXEC
     read -r hostpid _ </proc/self/stat # our pid as the host sees it
     echo "$hostpid" >"$S/pid1.tmp" && mv "$S/pid1.tmp" "$S/pid1"
     # The container's cgroup (its cgroup namespace is rooted there).
@@ -85,11 +108,11 @@ if [ "${1:-}" = --pid1 ]; then
         mount -t tmpfs -o mode=1777,nosuid,nodev "logmon-ci-$d" "$R/$d"
     done
     chmod 0755 "$R/run"
-    # What is under test, and this script for the checks.
-    install -D -m 0755 "$S/logmon" "$R/usr/local/bin/logmon"
-    install -D -m 0755 "$S/logmon-run" "$R/usr/local/bin/logmon-run"
-    install -D -m 0755 "$SELF" "$R/usr/local/libexec/logmon-systemd-checks"
-    install -m 0644 "$S/units/logmon@.service" "$S/units/logmon@.socket" "$R/etc/systemd/system/"
+    # What is under test (installed by the checks, under systemd), and the
+    # checks.
+    install -D -m 0644 "$S/logmon.deb" "$CHECKS/logmon.deb"
+    install -D -m 0755 "$SELF" "$CHECKS/checks"
+    install -D -m 0755 "$(dirname "$SELF")/jetstream-lines.py" "$CHECKS/jetstream-lines.py"
     # Boot only basic.target (journald, sockets); mask what a throwaway
     # container must not or cannot run.
     U=$R/etc/systemd/system
@@ -101,6 +124,13 @@ if [ "${1:-}" = --pid1 ]; then
         ln -s /dev/null "$U/$u"
     done
     printf '# logmon CI: nothing to mount\n' >"$R/etc/fstab"
+    # A container image's "start no service" policy (Docker's, exit 101)
+    # would keep the maintainer scripts from restarting the shipper: this
+    # root is a booted machine.
+    rm -f "$R/usr/sbin/policy-rc.d"
+    # man-db's dpkg trigger would rebuild the index of every page on the
+    # machine at each dpkg run (~15 s); `man` finds the pages without it.
+    rm -f "$R/var/lib/man-db/auto-update"
     rm -f "$R/etc/crypttab"
     cd "$R"
     mkdir -p .oldroot
@@ -127,14 +157,15 @@ if [ "${1:-}" = --checks ]; then
     step() { STEP=$*; echo "== $*"; }
     ok() { echo "   ok: $*"; }
     show() { systemctl show -P "$2" "$1"; }
+    UNITS=(logmon@web.service logmon@sock.service logmon@sock.socket logmon-ship.service nats-ci.service)
     fail() {
         echo "FAIL ($STEP): $*"
-        echo "--- systemctl status logmon@web logmon@sock"
-        systemctl status --no-pager --lines=0 logmon@web.service logmon@sock.service logmon@sock.socket 2>&1 | sed 's/^/    /'
-        echo "--- journal of logmon@web and logmon@sock (last 40 lines)"
-        journalctl --no-pager -o short-monotonic -u logmon@web.service -u logmon@sock.service -u logmon@sock.socket |
-            tail -n 40 | sed 's/^/    /'
+        echo "--- systemctl status ${UNITS[*]}"
+        systemctl status --no-pager --lines=0 "${UNITS[@]}" 2>&1 | sed 's/^/    /'
+        echo "--- their journal (last 40 lines)"
+        journalctl --no-pager -o short-monotonic "${UNITS[@]/#/-u}" | tail -n 40 | sed 's/^/    /'
         [ -s /run/writer.err ] && { echo "--- writer's stderr"; sed 's/^/    /' /run/writer.err; }
+        [ -s /run/dpkg.log ] && { echo "--- dpkg's output"; tail -n 20 /run/dpkg.log | sed 's/^/    /'; }
         exit 1
     }
     # Polls CONDITION (a shell command) every 50 ms for up to $1 seconds.
@@ -151,7 +182,73 @@ if [ "${1:-}" = --checks ]; then
     captured() { cat "$LOG"/web.stdout.* 2>/dev/null | wc -c; }
     captured_more_than() { [ "$(captured)" -gt "$1" ]; }
 
-    mkdir -p /etc/logmon
+    # The stream's files in index order: what it captured, and what the
+    # shipper publishes, in that order.
+    web_files() { (cd "$LOG" && ls | grep -E '^web\.stdout\.[0-9]+$' | sort -t. -k3,3n); }
+    web_bytes() { (cd "$LOG" && web_files | xargs cat); }
+    # Whether the last line in the files is $1.
+    last_line_is() { [ "$(web_bytes | tail -n 1)" = "$1" ]; }
+    # Whether the files and the stream (subject logmon.web.stdout) hold the
+    # same bytes, within 30 s; says how many.
+    shipped_all() {
+        web_bytes >/run/expected
+        python3 "$LIBEXEC/jetstream-lines.py" nats://127.0.0.1:4222 LOGS logmon.web.stdout /run/expected 30
+    }
+    # Writes $2 numbered lines "$1 N" through the FIFO, as a task would,
+    # into a running logmon@web, and waits until the last is in a file.
+    write_lines() {
+        local i
+        for ((i = 0; i < $2; i++)); do printf '%s %04d\n' "$1" "$i"; done >"$FIFO" || fail "cannot write into $FIFO"
+        until_true 10 last_line_is "$(printf '%s %04d' "$1" $(($2 - 1)))" || fail "the $1 lines did not reach the files"
+    }
+    # Installs (or, installed, upgrades to) the package, as an operator would.
+    dpkg_install() {
+        DEBIAN_FRONTEND=noninteractive dpkg -i "$LIBEXEC/logmon.deb" >/run/dpkg.log 2>&1 || fail "dpkg -i failed"
+    }
+
+    step "0. dpkg -i under systemd"
+    dpkg_install
+    for b in logmon logmon-run logmon-ship; do
+        [ -x /usr/bin/$b ] || fail "no /usr/bin/$b"
+    done
+    for u in logmon@.service logmon@.socket logmon-ship.service; do
+        [ -f /usr/lib/systemd/system/$u ] || fail "no /usr/lib/systemd/system/$u"
+    done
+    # systemd sees the new units at once (the postinst's daemon-reload).
+    [ "$(show logmon@web.service ExecStart | sed -n 's/.*path=\([^ ;]*\).*/\1/p')" = /usr/bin/logmon-run ] ||
+        fail "logmon@web.service does not start /usr/bin/logmon-run: $(show logmon@web.service ExecStart)"
+    [ "$(show logmon-ship.service ExecStart | sed -n 's/.*path=\([^ ;]*\).*/\1/p')" = /usr/bin/logmon-ship ] ||
+        fail "logmon-ship.service does not start /usr/bin/logmon-ship"
+    [ "$(systemctl is-enabled logmon-ship.service)" = disabled ] || fail "the install enabled logmon-ship.service"
+    [ "$(show logmon-ship.service ActiveState)" = inactive ] || fail "the install started logmon-ship.service"
+    ok "binaries in /usr/bin, units in /usr/lib/systemd/system (ExecStart there), logmon-ship disabled and stopped"
+    conffiles=$(dpkg-query -W -f='${Conffiles}' logmon)
+    for f in /etc/logmon/logmon.env.example /etc/logmon/ship.env.example; do
+        grep -q "^ $f " <<<"$conffiles" || fail "$f is not a conffile: $conffiles"
+    done
+    # Every setting of the shipper is in its example (--status is no
+    # setting).
+    vars=$(/usr/bin/logmon ship --help | grep -o 'LOGMON_SHIP_[A-Z_]*' | sort -u | grep -vx LOGMON_SHIP_STATUS)
+    [ "$(wc -l <<<"$vars")" -ge 15 ] || fail "logmon ship --help names too few variables: $vars"
+    for v in $vars; do
+        grep -q "^#\?$v=" /etc/logmon/ship.env.example || fail "$v is not in /etc/logmon/ship.env.example"
+    done
+    for p in logmon logmon-run logmon-ship; do
+        page=$(man -w "$p" 2>/dev/null) || fail "man -w $p finds no page"
+        zcat "$page" | grep -q "^\.TH $p 1 " || fail "$page is not the page of $p"
+    done
+    # bash completion: `logmon ship --create-s<TAB>` completes the
+    # shipper's own flag.
+    reply=$(bash -c 'source /usr/share/bash-completion/completions/logmon &&
+        COMP_WORDS=(logmon ship --create-s) && COMP_CWORD=2 && _logmon logmon --create-s ship &&
+        echo "${COMPREPLY[*]}"') || fail "the bash completion of logmon does not load"
+    [ "$reply" = --create-stream ] || fail "logmon ship --create-s<TAB> gives '$reply'"
+    for f in /usr/share/bash-completion/completions/logmon-ship /usr/share/zsh/vendor-completions/_logmon \
+        /usr/share/fish/vendor_completions.d/logmon.fish; do
+        [ -s "$f" ] || fail "no $f"
+    done
+    ok "conffiles in /etc/logmon (ship.env.example names every setting); man logmon, logmon-run, logmon-ship; completions (bash completes logmon ship --create-stream)"
+
     # Many small files: the run rotates, and no file is deleted before the
     # check reads them all.
     printf 'LOGMON_MAX_FILES=100000\nLOGMON_MAX_FILE_SIZE=64KiB\n' >/etc/logmon/web.env
@@ -249,7 +346,7 @@ if [ "${1:-}" = --checks ]; then
     step "4. socket activation"
     systemctl start logmon@sock.socket || fail "cannot start logmon@sock.socket"
     [ "$(show logmon@sock.service ActiveState)" = inactive ] || fail "the service ran before any connection"
-    OUT=$(timeout 30 logmon status --socket /run/logmon/sock.sock) || fail "status through the socket failed"
+    OUT=$(timeout 30 /usr/bin/logmon status --socket /run/logmon/sock.sock) || fail "status through the socket failed"
     grep -q '"stdout"' <<<"$OUT" || fail "status printed no stats: $OUT"
     [ "$(show logmon@sock.service ActiveState)" = active ] || fail "the connection did not start logmon@sock.service"
     PIDS=$(show logmon@sock.service MainPID)
@@ -260,11 +357,56 @@ if [ "${1:-}" = --checks ]; then
     # socket to systemd, and the next connection starts it again.
     timeout 60 systemctl stop logmon@sock.service 2>/dev/null || fail "systemctl stop logmon@sock.service failed"
     [ -S /run/logmon/sock.sock ] || fail "the stopped logmon removed systemd's socket"
-    timeout 30 logmon status --socket /run/logmon/sock.sock >/dev/null || fail "a second connection was not served"
+    timeout 30 /usr/bin/logmon status --socket /run/logmon/sock.sock >/dev/null || fail "a second connection was not served"
     [ "$(show logmon@sock.service MainPID)" != "$PIDS" ] || fail "the second connection did not start a new logmon"
     ok "stopped, logmon left the socket in place; the next connection started it again"
     systemctl stop logmon@sock.service logmon@sock.socket
-    echo "PASS: logmon@.service and logmon@.socket under systemd $(systemctl --version | sed -n '1s/^systemd \([0-9]*\).*/\1/p')"
+
+    step "5. logmon-ship.service into a nats-server on loopback"
+    systemd-run --quiet --unit=nats-ci.service --property=Type=exec \
+        nats-server -js -a 127.0.0.1 -p 4222 -sd /var/lib/nats-ci || fail "cannot start nats-server"
+    nats_up() { (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; }
+    until_true 10 nats_up || fail "nats-server does not listen on 127.0.0.1:4222"
+    printf 'LOGMON_SHIP_NATS=nats://127.0.0.1:4222\nLOGMON_SHIP_STREAM=LOGS\nLOGMON_SHIP_CREATE_STREAM=true\n' \
+        >/etc/logmon/ship.env
+    chmod 0600 /etc/logmon/ship.env
+    timeout 30 systemctl start logmon-ship.service || fail "systemctl start logmon-ship failed or hung"
+    PIDS=$(show logmon-ship.service MainPID)
+    ok "logmon-ship.service started (pid $PIDS)"
+    OUT=$(shipped_all) || fail "$OUT"
+    ok "web's files, as captured in step 3, are in the stream: $OUT"
+    timeout 30 systemctl start logmon@web.service || fail "cannot start logmon@web again"
+    write_lines before 1000
+    OUT=$(shipped_all) || fail "$OUT"
+    ok "1000 more lines through the FIFO: in the files and the stream, $OUT"
+    OUT=$(timeout 30 /usr/bin/logmon ship --state-dir /var/lib/logmon-ship --status) || fail "logmon ship --status failed"
+    grep -q '"web"' <<<"$OUT" || fail "logmon ship --status does not name the task: $OUT"
+    ok "logmon ship --status (logmon execs logmon-ship beside it) names the task"
+
+    step "6. an upgrade restarts the shipper, not logmon@web"
+    PIDW=$(show logmon@web.service MainPID)
+    dpkg_install
+    [ "$(show logmon@web.service MainPID)" = "$PIDW" ] || fail "the upgrade restarted logmon@web"
+    [ "$(readlink "/proc/$PIDW/exe")" = "/usr/bin/logmon-run (deleted)" ] ||
+        fail "logmon@web's binary is $(readlink "/proc/$PIDW/exe"), not the replaced one"
+    P=$(show logmon-ship.service MainPID)
+    [ "$P" != 0 ] && [ "$P" != "$PIDS" ] && [ "$(show logmon-ship.service ActiveState)" = active ] ||
+        fail "the upgrade did not restart logmon-ship (MainPID $PIDS -> $P)"
+    [ "$(readlink "/proc/$P/exe")" = /usr/bin/logmon-ship ] || fail "the shipper runs $(readlink "/proc/$P/exe")"
+    ok "logmon@web still pid $PIDW on its replaced binary; logmon-ship restarted (pid $PIDS -> $P) on the new one"
+    write_lines after 1000
+    OUT=$(shipped_all) || fail "$OUT"
+    ok "1000 lines after the upgrade: in the files and the stream once, $OUT"
+
+    step "7. dpkg -r"
+    DEBIAN_FRONTEND=noninteractive dpkg -r logmon >/run/dpkg.log 2>&1 || fail "dpkg -r failed"
+    [ "$(show logmon-ship.service ActiveState)" = inactive ] || fail "the removal left logmon-ship running"
+    [ "$(show logmon@web.service MainPID)" = "$PIDW" ] || fail "the removal stopped or restarted logmon@web"
+    [ -f /etc/logmon/logmon.env.example ] && [ -f /etc/logmon/ship.env ] || fail "the removal took /etc/logmon's files"
+    timeout 60 systemctl stop logmon@web.service || fail "systemctl stop logmon@web failed"
+    [ "$(show logmon@web.service ExecMainStatus)" = 0 ] || fail "logmon@web did not exit 0 on stop"
+    ok "the shipper stopped; logmon@web ran on until stopped (exit 0); /etc/logmon kept"
+    echo "PASS: the Debian package; logmon@.service, logmon@.socket and logmon-ship.service under systemd $(systemctl --version | sed -n '1s/^systemd \([0-9]*\).*/\1/p')"
     exit 0
 fi
 
@@ -272,11 +414,12 @@ fi
 # The caller's side.
 # =========================================================================
 cd "$(dirname "$SELF")/../.."
-BIN=$(readlink -f "${1:-target/x86_64-unknown-linux-gnu/release/logmon}")
 cannot() { echo "systemd-real: cannot run here: $*" >&2; exit 2; }
-[ -x "$BIN" ] || cannot "no logmon binary at $BIN (cargo build --release --locked)"
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+DEB=$(readlink -f "${1:-target/debian/logmon_${version}-1_amd64.deb}")
+[ -f "$DEB" ] || cannot "no package at $DEB (pkg/build-deb.sh)"
 [ "$(id -u)" = 0 ] || cannot "needs root (mounts, namespaces, cgroups)"
-for c in unshare nsenter setpriv mount umount mknod pivot_root; do
+for c in unshare nsenter setpriv mount umount mknod pivot_root dpkg nats-server python3; do
     command -v "$c" >/dev/null || cannot "$c not found (util-linux)"
 done
 [ -x /lib/systemd/systemd ] || [ -x /usr/lib/systemd/systemd ] || cannot "no systemd (apt-get install systemd)"
@@ -286,12 +429,8 @@ grep -qw cgroup2 /proc/filesystems || cannot "no cgroup2 in the kernel"
 
 S=$(mktemp -d /tmp/logmon-systemd-real.XXXXXX)
 chmod 0700 "$S"
-mkdir "$S/root" "$S/upper" "$S/units"
-cp "$BIN" "$S/logmon"
-# The unit starts the daemon's own binary, built beside logmon.
-[ -x "$(dirname "$BIN")/logmon-run" ] || cannot "no logmon-run beside $BIN (cargo build --release --locked)"
-cp "$(dirname "$BIN")/logmon-run" "$S/logmon-run"
-cp systemd/logmon@.service systemd/logmon@.socket "$S/units/"
+mkdir "$S/root" "$S/upper"
+cp "$DEB" "$S/logmon.deb"
 CGPARENT=$(sed -n 's/^0::\(\/.\+\)$/\1/p' /proc/self/cgroup)
 export CGROUP=$CGPARENT/logmon-systemd-real-${S##*.}
 export MACHINE_ID
@@ -360,7 +499,7 @@ done
 echo "systemd-real: booted systemd as PID 1 of fresh namespaces in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $T0}") s (state $state)"
 rc=0
 timeout "$TIMEOUT" nsenter -t "$P1" -a -- env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 /bin/bash /usr/local/libexec/logmon-systemd-checks --checks || rc=$?
+    LANG=C.UTF-8 /bin/bash "$LIBEXEC/checks" --checks || rc=$?
 [ "$rc" = 124 ] && echo "FAIL: the checks did not finish within $TIMEOUT s"
 echo "systemd-real: done in $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $T0}") s"
 teardown

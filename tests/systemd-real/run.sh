@@ -38,6 +38,8 @@
 #   4. socket activation: a connection to logmon@sock.socket starts
 #      logmon@sock.service, which serves it; stopped, logmon leaves
 #      systemd's socket in place and the next connection starts it again;
+#  4b. every `sh-systemd` block of README.md and docs/*.md runs as written
+#      (tests/doc-blocks.sh extracts them; tests/it/docs.rs runs the rest);
 #   5. logmon-ship.service, pointed at a nats-server on loopback by
 #      /etc/logmon/ship.env (--create-stream), publishes every line of
 #      web's files, and lines written through the FIFO of a running
@@ -113,6 +115,7 @@ if [ "${1:-}" = --pid1 ]; then
     install -D -m 0644 "$S/logmon.deb" "$CHECKS/logmon.deb"
     install -D -m 0755 "$SELF" "$CHECKS/checks"
     install -D -m 0755 "$(dirname "$SELF")/jetstream-lines.py" "$CHECKS/jetstream-lines.py"
+    install -D -m 0644 "$S/doc-examples.sh" "$CHECKS/doc-examples.sh"
     # Boot only basic.target (journald, sockets); mask what a throwaway
     # container must not or cannot run.
     U=$R/etc/systemd/system
@@ -362,6 +365,11 @@ if [ "${1:-}" = --checks ]; then
     ok "stopped, logmon left the socket in place; the next connection started it again"
     systemctl stop logmon@sock.service logmon@sock.socket
 
+    step "4b. the docs' systemd examples, as written"
+    (cd /tmp && bash -euo pipefail "$LIBEXEC/doc-examples.sh") >/run/doc-examples.out 2>&1 ||
+        fail "an example of the docs failed; its output ends: $(tail -n 30 /run/doc-examples.out)"
+    ok "$(grep -c '^# ' "$LIBEXEC/doc-examples.sh") sh-systemd blocks of README.md and docs/ ran as written"
+
     step "5. logmon-ship.service into a nats-server on loopback"
     systemd-run --quiet --unit=nats-ci.service --property=Type=exec \
         nats-server -js -a 127.0.0.1 -p 4222 -sd /var/lib/nats-ci || fail "cannot start nats-server"
@@ -431,6 +439,9 @@ S=$(mktemp -d /tmp/logmon-systemd-real.XXXXXX)
 chmod 0700 "$S"
 mkdir "$S/root" "$S/upper"
 cp "$DEB" "$S/logmon.deb"
+# The docs' examples that need a real systemd (tests/it/docs.rs runs the
+# others), in page order.
+tests/doc-blocks.sh sh-systemd README.md docs/*.md >"$S/doc-examples.sh"
 CGPARENT=$(sed -n 's/^0::\(\/.\+\)$/\1/p' /proc/self/cgroup)
 export CGROUP=$CGPARENT/logmon-systemd-real-${S##*.}
 export MACHINE_ID

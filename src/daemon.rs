@@ -710,8 +710,11 @@ fn serve_until_stopped(
 /// the moment before it noticed, at most [`WRITE_RETRY`] of output, is
 /// dropped, as its policy says). Armed only when all of that holds: the
 /// FIFOs were handed to the fd store, systemd creates this very directory
-/// at start (`$LOGS_DIRECTORY`, [`systemd::creates_at_start`]), and logmon
-/// is confined (without the sandbox it recreates the directory itself).
+/// at start (`$LOGS_DIRECTORY`, [`systemd::creates_at_start`]), logmon is
+/// confined (without the sandbox it recreates the directory itself), and
+/// it was not started by `launch`/`ensure` (an agent running under
+/// systemd passes its own unit's variables on; `ensure` is what replaces
+/// such a logmon).
 /// Anywhere else a restart could not recreate the directory or give the
 /// pipes back, so logmon keeps running per its policy until `ensure` (or
 /// an operator) replaces it.
@@ -722,7 +725,8 @@ fn serve_until_stopped(
 /// nothing while idle.
 ///
 /// Tests: `tests/it/systemd.rs::a_deleted_logs_directory_exits_for_a_restart_that_captures_every_byte`,
-/// `a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy`.
+/// `a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy`,
+/// `a_launched_logmon_does_not_exit_for_its_agents_unit`.
 struct RestartForLostDir {
     armed: bool,
     /// When the directory may be looked at again.
@@ -731,8 +735,10 @@ struct RestartForLostDir {
 
 impl RestartForLostDir {
     fn new(fifos_stored: bool, log_dir: &Dir) -> Self {
-        let armed =
-            fifos_stored && crate::sandbox::confined() && systemd::creates_at_start(log_dir.path());
+        let armed = fifos_stored
+            && crate::sandbox::confined()
+            && !crate::diag::launched()
+            && systemd::creates_at_start(log_dir.path());
         if armed {
             tracing::debug!(
                 "under systemd: a deleted log directory makes logmon exit for a restart"

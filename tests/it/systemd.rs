@@ -919,3 +919,52 @@ fn a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy() {
     assert!(matches!(daemon.child.try_wait(), Ok(None)), "it exited");
     stop(daemon);
 }
+
+/// A logmon that `launch` (or `ensure`) started is not the unit's main
+/// process, even when the agent that started it runs under systemd and
+/// passes its unit's variables on: it never exits for a restart that would
+/// not come; it waits per its policy, for `ensure` to replace it.
+#[test]
+fn a_launched_logmon_does_not_exit_for_its_agents_unit() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let logs = root.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fake = FakeSystemd::new(root);
+    let sock = root.join("job.sock");
+    let out = support::logmon(&[
+        "launch",
+        "--task",
+        "job",
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--socket",
+        sock.to_str().unwrap(),
+        "--on-write-error",
+        "block",
+    ])
+    .env("NOTIFY_SOCKET", &fake.path)
+    .env("LOGS_DIRECTORY", &logs)
+    .output()
+    .unwrap();
+    support::assert_exit(&out, 0);
+    let rc: logmon::protocol::ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
+    let _guard = support::Detached(rc.clone());
+    fake.expect_stored_fifos();
+    let task = logmon::internals::fifo::open_task_end(&fifo(&logs, "job", Stream::Stdout)).unwrap();
+    std::fs::remove_dir_all(&logs).unwrap();
+    write_to(&task, 0, 100);
+    let stats = || {
+        logmon::client::Handle::connect_socket(&sock, PATIENCE)
+            .unwrap()
+            .stats()
+            .unwrap()
+    };
+    assert!(wait_until(PATIENCE, || stats().stdout.write_errors > 2));
+    assert!(stats().log_dir_gone);
+    assert!(logmon::process::is_alive_with(rc.pid, rc.start_time));
+    logmon::client::Handle::connect_socket(&sock, PATIENCE)
+        .unwrap()
+        .stop(PATIENCE)
+        .unwrap();
+}

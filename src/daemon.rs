@@ -26,7 +26,15 @@
 //!   `an_active_file_the_task_renames_away_is_not_appended_to`);
 //! - `status` says when the log directory is gone (`log_dir_gone`: deleted,
 //!   and a confined logmon does not recreate it, DESIGN.md §10:
-//!   `tests/it/faults.rs::deleted_log_dir_under_the_sandbox_*`);
+//!   `tests/it/faults.rs::deleted_log_dir_under_the_sandbox_*`); under
+//!   systemd, when the unit recreates that directory at start
+//!   (`LogsDirectory=`) and holds the FIFOs in its fd store, a confined
+//!   logmon whose log directory is deleted exits with a failure instead,
+//!   without draining, so `Restart=on-failure` brings the next logmon up
+//!   on the same pipes ([`RestartForLostDir`]:
+//!   `tests/it/systemd.rs::a_deleted_logs_directory_exits_for_a_restart_that_captures_every_byte`;
+//!   anywhere else it keeps running per its policy:
+//!   `a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy`);
 //! - the task's metadata (`--meta`) is written for readers to
 //!   `.<task>.logmon.meta` once the lock is held, so the file describes the
 //!   running logmon (removed when it runs without metadata); a name planted
@@ -53,7 +61,7 @@ use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
 use std::time::Instant;
 
-use crate::capture::{Pump, StreamCapture};
+use crate::capture::{Pump, StreamCapture, WRITE_RETRY};
 use crate::config::{CaptureConfig, ConfigError, Stream};
 use crate::dir::{Dir, FileId};
 use crate::fifo::{self, FifoError};
@@ -91,6 +99,13 @@ pub enum DaemonError {
     /// Systemd handed over something unusable.
     #[error(transparent)]
     Systemd(#[from] systemd::SystemdError),
+    /// Under systemd, the log directory was deleted: the daemon exits so
+    /// that the unit's restart recreates it ([`RestartForLostDir`]).
+    #[error("log directory {} was deleted: exiting with a failure so that systemd restarts logmon (Restart=on-failure), recreates the directory (LogsDirectory=) and hands back the FIFOs from its fd store (what waits in them is captured then)", path.display())]
+    LogDirDeleted {
+        /// The log directory.
+        path: PathBuf,
+    },
     /// Anything else.
     #[error("{action}: {source}")]
     Io {
@@ -560,7 +575,7 @@ fn serve_until_stopped(
             cfg.on_write_error,
         )))
     });
-    systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
+    let stored = systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
     let pumps = make_pumps(s.fifos, &captures)?;
     // A launched daemon's stderr moves to its diagnostics log, opened
     // through the log directory's handle (DESIGN.md §9), before the
@@ -572,6 +587,7 @@ fn serve_until_stopped(
         &s.log_dir,
         socket_dir.as_deref(),
     ));
+    let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir);
     let state = ServerState {
         welcome: s.welcome,
         captures,
@@ -602,10 +618,14 @@ fn serve_until_stopped(
     let mut sigio = false;
     loop {
         let now = Instant::now();
+        let mut active = false;
         for slot in &mut pumps {
             let Some(p) = slot else { continue };
             match p.advance(now, sigio) {
-                Ok(true) => status.activity(now),
+                Ok(true) => {
+                    status.activity(now);
+                    active = true;
+                }
                 Ok(false) => {}
                 Err(e) => {
                     // Capture of this stream is over: say so now, and
@@ -617,6 +637,16 @@ fn serve_until_stopped(
             }
         }
         sigio = false;
+        if active && lost_dir.deleted(now, &s.log_dir) {
+            // Without draining: what waits in the pipes stays there, for
+            // the next logmon through the fd store.
+            tracing::error!(dir = %s.log_dir.path().display(),
+                "log directory deleted; exiting so that systemd restarts logmon, recreates the \
+                 directory and hands back the FIFOs from its fd store");
+            return Err(DaemonError::LogDirDeleted {
+                path: s.log_dir.path().to_owned(),
+            });
+        }
         server.on_time(&poller, now);
         status.on_time(now, || state.stats());
         if state.stop.get() {
@@ -669,6 +699,63 @@ fn serve_until_stopped(
             source,
         })
     })
+}
+
+/// Under systemd, when its log directory is deleted, a confined logmon
+/// exits with a failure instead of waiting per its write-error policy
+/// (DESIGN.md §7, §10): the unit's `Restart=on-failure` starts it again,
+/// `LogsDirectory=` recreates the directory first, and the FIFOs come back
+/// from the fd store, so the task's pipe is never broken and, with
+/// `--on-write-error block`, no byte is lost (with `drop`, what came in
+/// the moment before it noticed, at most [`WRITE_RETRY`] of output, is
+/// dropped, as its policy says). Armed only when all of that holds: the
+/// FIFOs were handed to the fd store, systemd creates this very directory
+/// at start (`$LOGS_DIRECTORY`, [`systemd::creates_at_start`]), logmon is
+/// confined (without the sandbox it recreates the directory itself), and
+/// it was not started by `launch`/`ensure` (an agent running under
+/// systemd passes its own unit's variables on; `ensure` is what replaces
+/// such a logmon).
+/// Anywhere else a restart could not recreate the directory or give the
+/// pipes back, so logmon keeps running per its policy until `ensure` (or
+/// an operator) replaces it.
+///
+/// Cost: looked at only when the pumps report activity (bytes moved or a
+/// write failed; a blocked write is retried every [`WRITE_RETRY`]), at
+/// most once per [`WRITE_RETRY`]: one `fstat` a second while data flows,
+/// nothing while idle.
+///
+/// Tests: `tests/it/systemd.rs::a_deleted_logs_directory_exits_for_a_restart_that_captures_every_byte`,
+/// `a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy`,
+/// `a_launched_logmon_does_not_exit_for_its_agents_unit`.
+struct RestartForLostDir {
+    armed: bool,
+    /// When the directory may be looked at again.
+    next: Option<Instant>,
+}
+
+impl RestartForLostDir {
+    fn new(fifos_stored: bool, log_dir: &Dir) -> Self {
+        let armed = fifos_stored
+            && crate::sandbox::confined()
+            && !crate::diag::launched()
+            && systemd::creates_at_start(log_dir.path());
+        if armed {
+            tracing::debug!(
+                "under systemd: a deleted log directory makes logmon exit for a restart"
+            );
+        }
+        RestartForLostDir { armed, next: None }
+    }
+
+    /// Whether the log directory is deleted, looked at if armed and due at
+    /// `now`.
+    fn deleted(&mut self, now: Instant, log_dir: &Dir) -> bool {
+        if !self.armed || self.next.is_some_and(|t| t > now) {
+            return false;
+        }
+        self.next = Some(now + WRITE_RETRY);
+        log_dir.is_deleted()
+    }
 }
 
 /// One pump per stream, each with its scratch pipe.

@@ -25,6 +25,13 @@
 //!   (`tests/it/systemd.rs::listen_pid_of_another_process_is_ignored`,
 //!   `tests/it/systemd.rs::an_unknown_fd_name_is_warned_about_and_closed`,
 //!   `tests/it/systemd.rs::a_stored_fd_that_is_not_a_fifo_is_refused_by_name`).
+//! - **A deleted log directory comes back with a restart.** When the log
+//!   directory is one the unit creates at start ([`creates_at_start`]:
+//!   `LogsDirectory=`) and the FIFOs went into the fd store
+//!   ([`store_fifos`] says so), a confined logmon whose log directory is
+//!   deleted exits with a failure, and the restart finds the directory
+//!   and the pipes again (the daemon's `RestartForLostDir`;
+//!   `tests/it/systemd.rs::a_deleted_logs_directory_exits_for_a_restart_that_captures_every_byte`).
 //! - **Socket activation.** A listening socket passed under the name
 //!   `control` (`FileDescriptorName=control` in `logmon@.socket`) is the
 //!   control socket; logmon never unlinks it
@@ -377,11 +384,13 @@ thread_local! {
 /// FIFO, named by [`fifo_fd_name`]. systemd ignores a descriptor it already
 /// stores, so storing the adopted ones again after a restart is harmless.
 /// A failure is logged, never fatal: the FIFOs can still be reopened by
-/// path.
-pub fn store_fifos(fds: &[&OwnedFd; 2]) {
+/// path. Returns whether both were sent (under systemd, and accepted by
+/// the notify socket).
+pub fn store_fifos(fds: &[&OwnedFd; 2]) -> bool {
     if !notify_socket_set() {
-        return;
+        return false;
     }
+    let mut stored = true;
     for (stream, fd) in Stream::ALL.into_iter().zip(fds) {
         let name = fifo_fd_name(stream);
         if let Err(e) = sd_notify::notify_with_fds(
@@ -389,8 +398,18 @@ pub fn store_fifos(fds: &[&OwnedFd; 2]) {
             &[fd.as_fd()],
         ) {
             tracing::warn!(error = %e, fd_name = name, "cannot put the {stream} FIFO into systemd's fd store (is FileDescriptorStoreMax= set?); a restart will reopen it by path");
+            stored = false;
         }
     }
+    stored
+}
+
+/// Whether systemd creates `dir` whenever it starts this unit: `dir` is
+/// one of the unit's `LogsDirectory=`, whose absolute paths systemd lists
+/// in `$LOGS_DIRECTORY` (colon-separated).
+pub fn creates_at_start(dir: &std::path::Path) -> bool {
+    std::env::var_os("LOGS_DIRECTORY")
+        .is_some_and(|v| std::env::split_paths(&v).any(|p| !p.as_os_str().is_empty() && p == dir))
 }
 
 fn human(n: u64) -> String {

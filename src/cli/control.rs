@@ -15,7 +15,6 @@
 use std::io;
 
 use crate::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
-use crate::config::CaptureConfig;
 use crate::daemon;
 use crate::hook::{Action, Hook, Policy, StateFile};
 use crate::launch::Footprint;
@@ -86,10 +85,18 @@ fn state_write_why(e: &io::Error) -> String {
 }
 
 /// `logmon ensure`. Failed, it removes what it made for a logmon that
-/// does not run ([`Footprint`]).
+/// does not run ([`Footprint`]). A log directory missing while a state
+/// names a logmon launched for it (deleted under it) is recreated before
+/// the FIFOs are made ([`Hook::recreate_log_dir`]); without a state, a
+/// missing log directory is a usage error (exit 2), before anything is
+/// made.
 pub fn ensure(a: &EnsureArgs) -> CliResult {
     let cfg = a.run.to_config()?;
-    super::check_log_dir(&cfg)?;
+    let read = client::read_state(&a.state);
+    let previous = read.as_ref().ok().cloned();
+    if previous.is_none() {
+        super::check_log_dir(&cfg)?;
+    }
     // Before anything is made or launched: an ensure that cannot record
     // its logmon must not start one.
     let state_file = StateFile::prepare(&a.state).map_err(|e| {
@@ -102,27 +109,35 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
             ),
         )
     })?;
-    let footprint = Footprint::before(&cfg);
-    ensure_prepared(a, cfg, state_file).inspect_err(|_| {
-        footprint.clean_up();
-    })
-}
-
-/// [`ensure`] once its state file is prepared.
-fn ensure_prepared(a: &EnsureArgs, cfg: CaptureConfig, state_file: StateFile) -> CliResult {
-    super::check_fifos(&cfg)?;
-    let previous = match client::read_state(&a.state) {
-        Ok(c) => Some(c),
-        Err(ReattachError::NoState { .. }) => None,
-        Err(e) => {
-            note(format_args!("{e}; launching a fresh logmon"));
-            None
-        }
-    };
+    match read {
+        Ok(_) | Err(ReattachError::NoState { .. }) => {}
+        Err(e) => note(format_args!("{e}; launching a fresh logmon")),
+    }
     let mut h = Hook::new(cfg);
     if a.conservative {
         h.policy = Policy::Conservative;
     }
+    if previous.is_some() {
+        if let Some(n) = h.recreate_log_dir(previous.as_ref())? {
+            note(n);
+        }
+        super::check_log_dir(&h.config)?;
+    }
+    let footprint = Footprint::before(&h.config);
+    ensure_prepared(a, &h, previous, state_file).inspect_err(|_| {
+        footprint.clean_up();
+    })
+}
+
+/// [`ensure`] once its state file is prepared and its log directory is
+/// there.
+fn ensure_prepared(
+    a: &EnsureArgs,
+    h: &Hook,
+    previous: Option<crate::protocol::ReattachConfig>,
+    state_file: StateFile,
+) -> CliResult {
+    super::check_fifos(&h.config)?;
     let outcome = h.prestart(previous.as_ref())?;
     for n in &outcome.notes {
         note(n);

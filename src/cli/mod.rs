@@ -104,7 +104,7 @@ pub fn exit_code_launch(e: &crate::client::LaunchError) -> i32 {
 pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
     use crate::hook::HookError as H;
     match e {
-        H::Recoverable(_) => EXIT_TEMPFAIL,
+        H::Recoverable(_) | H::LogDirGone { .. } => EXIT_TEMPFAIL,
         H::LogDir { .. } => EXIT_USAGE,
         H::Launch(l) => exit_code_launch(l),
         H::OldStillRunning { .. } | H::NotOwner { .. } => EXIT_FAILURE,

@@ -794,3 +794,303 @@ fn a_refused_launch_through_the_hook_leaves_nothing_it_made() {
         .collect();
     assert_eq!(names, ["file"]);
 }
+
+// ------------------------------------------- a deleted log directory (§10)
+
+/// Where a task's FIFOs and socket live, beside its log directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    /// Nothing: all in the log directory (the default).
+    Nothing,
+    /// The socket.
+    Socket,
+    /// The FIFOs and the socket.
+    FifosAndSocket,
+}
+
+/// A task whose log directory can be deleted: the state file, and what
+/// `beside` says, live beside it, not in it.
+struct Lost {
+    root: tempfile::TempDir,
+    beside: Beside,
+}
+
+impl Lost {
+    fn new(beside: Beside) -> Lost {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("logs")).unwrap();
+        Lost { root, beside }
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.root.path().join("logs")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.root.path().join("state.json")
+    }
+
+    fn fifo(&self) -> PathBuf {
+        let dir = if self.beside == Beside::FifosAndSocket {
+            self.root.path().to_owned()
+        } else {
+            self.logs()
+        };
+        fifo(&dir, "t", Stream::Stdout)
+    }
+
+    fn ensure(&self, extra: &[&str]) -> Output {
+        let (state, logs) = (self.state(), self.logs());
+        let mut args = vec![
+            "ensure",
+            "--state",
+            state.to_str().unwrap(),
+            "--task",
+            "t",
+            "--log-dir",
+            logs.to_str().unwrap(),
+            "--on-write-error",
+            "block",
+        ];
+        let root = self.root.path().to_str().unwrap();
+        let paths = [
+            format!("{root}/.t.stdout.fifo"),
+            format!("{root}/.t.stderr.fifo"),
+            format!("{root}/t.sock"),
+        ];
+        let flags = ["--stdout-fifo", "--stderr-fifo", "--socket"];
+        let skip = match self.beside {
+            Beside::Nothing => 3,
+            Beside::Socket => 2,
+            Beside::FifosAndSocket => 0,
+        };
+        for (flag, p) in flags.iter().zip(&paths).skip(skip) {
+            args.extend([*flag, p.as_str()]);
+        }
+        args.extend_from_slice(extra);
+        logmon(&args).output().unwrap()
+    }
+
+    /// Runs `ensure`, expects success; returns its JSON and its notes.
+    fn ensure_ok(&self) -> (serde_json::Value, String) {
+        let out = self.ensure(&[]);
+        let err = assert_exit(&out, 0);
+        (serde_json::from_slice(&out.stdout).unwrap(), err)
+    }
+
+    fn stdout(&self) -> Vec<u8> {
+        read_stream(&self.logs(), "t", Stream::Stdout)
+    }
+
+    fn daemons(&self) -> Vec<u32> {
+        daemons_of(self.root.path())
+    }
+}
+
+impl Drop for Lost {
+    fn drop(&mut self) {
+        for pid in self.daemons() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The config in an `ensure` JSON.
+fn config_of(v: &serde_json::Value) -> ReattachConfig {
+    serde_json::from_value(v["config"].clone()).unwrap()
+}
+
+/// DESIGN.md §10, issue #26.5: the log directory deleted under a confined
+/// logmon in the default layout (FIFOs, socket and lock in it). The next
+/// `ensure` recreates the directory (the last component only, sticky,
+/// 0755 less the umask), proves the old logmon is this task's by the lock
+/// it still holds in the deleted directory, stops it with SIGTERM (it
+/// drains per its policy; not killed), and launches a fresh one that
+/// captures into the recreated directory through new FIFOs: one logmon
+/// for the task afterwards.
+#[test]
+fn ensure_after_the_log_dir_was_deleted_recreates_it_and_a_fresh_logmon_captures_into_it() {
+    let t = Lost::new(Beside::Nothing);
+    let (v, _) = t.ensure_ok();
+    let first = config_of(&v);
+    write_numbered(&t.fifo(), 0, 100);
+    assert!(wait_until(LONG, || t.stdout().len() as u64 == 100 * LINE));
+    std::fs::remove_dir_all(t.logs()).unwrap();
+
+    let (v, notes) = t.ensure_ok();
+    let second = config_of(&v);
+    assert_eq!(v["action"], "launched", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.starts_with("LogDirGone"), "{reason}");
+    assert_eq!(v["stopped"], first.pid, "{v}");
+    assert!(
+        notes.contains("recreated the log directory") && notes.contains("with SIGTERM"),
+        "{notes}"
+    );
+    assert!(!notes.contains("killed"), "{notes}");
+    assert!(
+        logmon::process::wait_gone(first.pid, first.start_time, LONG).unwrap(),
+        "the old logmon still runs"
+    );
+    let meta = std::fs::metadata(t.logs()).unwrap();
+    assert!(meta.is_dir());
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+    let mode = meta.permissions().mode() & 0o7777;
+    assert!(
+        mode & 0o1000 != 0 && mode & 0o022 == 0 && mode & 0o700 == 0o700,
+        "mode {mode:o}"
+    );
+    assert_eq!(t.daemons(), vec![second.pid], "one logmon for the task");
+    assert_eq!(logmon::client::read_state(&t.state()).unwrap(), second);
+
+    // The task, restarted, opens the new FIFO: captured into the new
+    // directory.
+    write_numbered(&t.fifo(), 100, 200);
+    assert!(wait_until(LONG, || t.stdout().len() as u64 == 100 * LINE));
+    let out = logmon(&["stop", "--state", t.state().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
+    assert_numbered(&t.stdout(), 100, 200);
+}
+
+/// The log directory deleted under a confined logmon whose FIFOs and
+/// socket live outside it (`--on-write-error block`), then recreated by
+/// someone else; with the state kept, or lost. The logmon still answers,
+/// says `log_dir_gone`, and holds back the task's lines in its pipe. A
+/// conservative `ensure` only says so (exit 75, the logmon left running);
+/// `ensure` stops it through its socket (it leaves what it could not write
+/// in the pipe) and the fresh logmon reads the same FIFOs: every line the
+/// task wrote after the deletion reaches the recreated directory, and no
+/// FIFO ever has two readers.
+fn deleted_and_recreated_by_someone_else(lost_state: bool) {
+    let t = Lost::new(Beside::FifosAndSocket);
+    let (v, _) = t.ensure_ok();
+    let first = config_of(&v);
+    // The task's end, kept open as a task does.
+    let _task = logmon::internals::fifo::open_task_end(&t.fifo()).unwrap();
+    write_numbered(&t.fifo(), 0, 100);
+    assert!(wait_until(LONG, || t.stdout().len() as u64 == 100 * LINE));
+    std::fs::remove_dir_all(t.logs()).unwrap();
+    write_numbered(&t.fifo(), 100, 200);
+    let status = || {
+        let out = logmon(&["status", "--socket", first.socket.to_str().unwrap()])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()
+    };
+    assert!(
+        wait_until(LONG, || status()["stdout"]["write_errors"].as_u64()
+            > Some(0)),
+        "{}",
+        status()
+    );
+    assert_eq!(status()["log_dir_gone"], true);
+    std::fs::create_dir(t.logs()).unwrap();
+
+    let out = t.ensure(&["--conservative"]);
+    assert_exit_naming(&out, 75, "LogDirGone");
+    assert!(logmon::process::is_alive_with(first.pid, first.start_time));
+
+    if lost_state {
+        std::fs::remove_file(t.state()).unwrap();
+    }
+    let (v, notes) = t.ensure_ok();
+    let second = config_of(&v);
+    assert_eq!(v["action"], "launched", "{v}");
+    assert_eq!(v["stopped"], first.pid, "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    if lost_state {
+        assert_eq!(reason, "no previous state");
+    } else {
+        assert!(reason.starts_with("LogDirGone"), "{reason}");
+    }
+    assert!(notes.contains("lost its log directory"), "{notes}");
+    assert!(
+        logmon::process::wait_gone(first.pid, first.start_time, LONG).unwrap(),
+        "the old logmon still runs"
+    );
+    assert_eq!(t.daemons(), vec![second.pid], "one reader per FIFO");
+    write_numbered(&t.fifo(), 200, 300);
+    assert!(
+        wait_until(LONG, || t.stdout().len() as u64 == 200 * LINE),
+        "{} of {} bytes",
+        t.stdout().len(),
+        200 * LINE
+    );
+    let out = logmon(&["stop", "--state", t.state().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
+    assert_numbered(&t.stdout(), 100, 300);
+}
+
+#[test]
+fn ensure_after_the_log_dir_was_deleted_and_recreated_hands_every_held_line_to_a_fresh_logmon() {
+    deleted_and_recreated_by_someone_else(false);
+}
+
+#[test]
+fn ensure_without_a_state_replaces_the_logmon_on_the_socket_that_lost_its_log_dir() {
+    deleted_and_recreated_by_someone_else(true);
+}
+
+/// A logmon run with `--no-sandbox` recreates (or adopts) its deleted log
+/// directory itself at its next write: `ensure` still reaches it (its
+/// socket lives beside the directory), keeps it, says so, and the task's
+/// running pipe — its FIFOs went with the directory — goes on being
+/// captured into the directory at the path. Replacing it would have left
+/// that pipe without a reader. (With its socket deleted too, it could
+/// never be reattached to, and is replaced as a confined one is.)
+#[test]
+fn ensure_keeps_a_logmon_that_recreates_its_deleted_log_dir_itself() {
+    let t = Lost::new(Beside::Socket);
+    let out = t.ensure(&["--no-sandbox"]);
+    assert_exit(&out, 0);
+    let first = logmon::client::read_state(&t.state()).unwrap();
+    let task = logmon::internals::fifo::open_task_end(&t.fifo()).unwrap();
+    write_numbered(&t.fifo(), 0, 100);
+    assert!(wait_until(LONG, || t.stdout().len() as u64 == 100 * LINE));
+    std::fs::remove_dir_all(t.logs()).unwrap();
+
+    for _ in 0..2 {
+        let out = t.ensure(&["--no-sandbox"]);
+        let notes = assert_exit(&out, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["action"], "reattached", "{v} {notes}");
+        assert_eq!(config_of(&v), first);
+        assert!(notes.contains("recreates or adopts"), "{notes}");
+    }
+    {
+        use std::io::Write;
+        let mut w = &task;
+        w.write_all(&numbered(100, 200)).unwrap();
+    }
+    assert!(
+        wait_until(LONG, || t.stdout().len() as u64 == 100 * LINE),
+        "{} bytes",
+        t.stdout().len()
+    );
+    assert_eq!(t.daemons(), vec![first.pid]);
+    drop(task);
+    let out = logmon(&["stop", "--state", t.state().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
+    assert_numbered(&t.stdout(), 100, 200);
+}
+
+/// The hook's stop ([`Hook::stop`], from the state alone) of a logmon whose
+/// log directory, lock and socket were deleted: it cannot be asked through
+/// its socket, and is proven a logmon by the deleted lock it holds; it gets
+/// SIGTERM and exits.
+#[test]
+fn hook_stop_of_a_logmon_whose_log_dir_was_deleted_succeeds() {
+    let t = Lost::new(Beside::Nothing);
+    let (v, _) = t.ensure_ok();
+    let first = config_of(&v);
+    std::fs::remove_dir_all(t.logs()).unwrap();
+    Hook::stop(&first, LONG).expect("stopped");
+    assert!(logmon::process::wait_gone(first.pid, first.start_time, LONG).unwrap());
+}

@@ -799,3 +799,172 @@ fn the_example_env_file_names_every_flag_variable() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// A deleted log directory (DESIGN.md §7, §10).
+
+/// `logmon run` as `logmon@.service` runs it: the FIFOs in the log
+/// directory, the socket beside it, `--on-write-error block`, and
+/// `$LOGS_DIRECTORY` naming the log directory when `logs_directory`.
+fn as_the_unit<'a>(
+    root: &Path,
+    logs: &'a Path,
+    fake: &FakeSystemd,
+    logs_directory: bool,
+) -> Start<'a> {
+    let mut s = Start::new(logs, "job")
+        .notify(fake)
+        .arg("--socket")
+        .arg(root.join("job.sock").to_str().unwrap())
+        .arg("--on-write-error")
+        .arg("block");
+    if logs_directory {
+        s.env
+            .push(("LOGS_DIRECTORY".into(), logs.to_str().unwrap().into()));
+    }
+    s
+}
+
+/// Writes numbered lines `from..to` into the task's end `w`.
+fn write_to(w: &File, from: u64, to: u64) {
+    write_lines(w.try_clone().unwrap(), from, to, None).unwrap();
+}
+
+/// Under systemd, with the log directory one the unit creates at start
+/// (`LogsDirectory=`) and the FIFOs in the fd store, a confined logmon whose
+/// log directory is deleted exits with a failure (so `Restart=on-failure`
+/// restarts it) and says why; restarted the way systemd does it (the
+/// directory made again, the stored FIFOs in `LISTEN_FDS`), the next logmon
+/// captures every line the task wrote after the deletion, through the
+/// same pipe.
+#[test]
+fn a_deleted_logs_directory_exits_for_a_restart_that_captures_every_byte() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let logs = root.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fake = FakeSystemd::new(root);
+    let err_log = root.join("logmon.err");
+    let mut first = as_the_unit(root, &logs, &fake, true).start(&err_log);
+    let (out_fd, err_fd) = fake.expect_stored_fifos();
+    fake.expect("READY=1", |m| m.get("READY") == Some("1"));
+    let task = logmon::internals::fifo::open_task_end(&fifo(&logs, "job", Stream::Stdout)).unwrap();
+    write_to(&task, 0, 100);
+    assert!(wait_until(PATIENCE, || read_stream(
+        &logs,
+        "job",
+        Stream::Stdout
+    )
+    .len()
+        == 100 * numbered_line(0).len()));
+
+    std::fs::remove_dir_all(&logs).unwrap();
+    write_to(&task, 100, 200);
+    assert!(
+        wait_until(PATIENCE, || matches!(first.child.try_wait(), Ok(Some(_)))),
+        "logmon keeps running without its log directory"
+    );
+    assert_eq!(first.wait(), Some(1), "a failure, for Restart=on-failure");
+    let said = std::fs::read_to_string(&err_log).unwrap();
+    assert!(
+        said.contains("was deleted: exiting with a failure so that systemd restarts logmon"),
+        "{said}"
+    );
+
+    // systemd: LogsDirectory= makes the directory, the stored FIFOs come
+    // back in LISTEN_FDS.
+    std::fs::create_dir(&logs).unwrap();
+    let second = as_the_unit(root, &logs, &fake, true)
+        .pass(out_fd, "stdout-fifo")
+        .pass(err_fd, "stderr-fifo")
+        .start(&err_log);
+    write_to(&task, 200, 300);
+    assert!(wait_until(PATIENCE, || read_stream(
+        &logs,
+        "job",
+        Stream::Stdout
+    )
+    .len()
+        == 200 * numbered_line(0).len()));
+    stop(second);
+    assert_numbered(&read_stream(&logs, "job", Stream::Stdout), 100, 300);
+}
+
+/// Under systemd, but with a log directory the unit does not create at
+/// start (no `$LOGS_DIRECTORY` naming it), a restart could not bring it
+/// back: logmon keeps running, waits per its policy (`block`: the task's
+/// lines stay in the pipe) and says `log_dir_gone`.
+#[test]
+fn a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let logs = root.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fake = FakeSystemd::new(root);
+    let mut daemon = as_the_unit(root, &logs, &fake, false).start(&root.join("logmon.err"));
+    fake.expect_stored_fifos();
+    let task = logmon::internals::fifo::open_task_end(&fifo(&logs, "job", Stream::Stdout)).unwrap();
+    std::fs::remove_dir_all(&logs).unwrap();
+    write_to(&task, 0, 100);
+    let stats = || {
+        logmon::client::Handle::connect_socket(&root.join("job.sock"), PATIENCE)
+            .unwrap()
+            .stats()
+            .unwrap()
+    };
+    assert!(wait_until(PATIENCE, || stats().stdout.write_errors > 1));
+    let st = stats();
+    assert!(st.log_dir_gone, "{st:?}");
+    assert_eq!(st.stdout.bytes_dropped, 0, "{st:?}");
+    assert!(matches!(daemon.child.try_wait(), Ok(None)), "it exited");
+    stop(daemon);
+}
+
+/// A logmon that `launch` (or `ensure`) started is not the unit's main
+/// process, even when the agent that started it runs under systemd and
+/// passes its unit's variables on: it never exits for a restart that would
+/// not come; it waits per its policy, for `ensure` to replace it.
+#[test]
+fn a_launched_logmon_does_not_exit_for_its_agents_unit() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    let logs = root.join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let fake = FakeSystemd::new(root);
+    let sock = root.join("job.sock");
+    let out = support::logmon(&[
+        "launch",
+        "--task",
+        "job",
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--socket",
+        sock.to_str().unwrap(),
+        "--on-write-error",
+        "block",
+    ])
+    .env("NOTIFY_SOCKET", &fake.path)
+    .env("LOGS_DIRECTORY", &logs)
+    .output()
+    .unwrap();
+    support::assert_exit(&out, 0);
+    let rc: logmon::protocol::ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
+    let _guard = support::Detached(rc.clone());
+    fake.expect_stored_fifos();
+    let task = logmon::internals::fifo::open_task_end(&fifo(&logs, "job", Stream::Stdout)).unwrap();
+    std::fs::remove_dir_all(&logs).unwrap();
+    write_to(&task, 0, 100);
+    let stats = || {
+        logmon::client::Handle::connect_socket(&sock, PATIENCE)
+            .unwrap()
+            .stats()
+            .unwrap()
+    };
+    assert!(wait_until(PATIENCE, || stats().stdout.write_errors > 2));
+    assert!(stats().log_dir_gone);
+    assert!(logmon::process::is_alive_with(rc.pid, rc.start_time));
+    logmon::client::Handle::connect_socket(&sock, PATIENCE)
+        .unwrap()
+        .stop(PATIENCE)
+        .unwrap();
+}

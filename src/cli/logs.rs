@@ -400,10 +400,11 @@ enum Ended {
     Failed(io::Error),
 }
 
-/// Watches for a stop signal without taking it: a second signalfd for the
-/// blocked SIGINT and SIGTERM (the runtime's reads the signal itself),
-/// readable while one is pending. For the waits outside the runtime: a
-/// write to a stalled pipe, the reading loop between two awaits.
+/// A second signalfd for the blocked SIGINT and SIGTERM (the runtime
+/// watches the first), readable while one is pending: for the waits
+/// outside the runtime (a write to a stalled pipe) and the reading loop
+/// between two awaits. A signal seen here is taken off: left pending, it
+/// would kill the process once the mask is restored on the way out.
 struct StopProbe(SignalFd);
 
 impl StopProbe {
@@ -422,10 +423,13 @@ impl StopProbe {
         self.0.as_fd()
     }
 
-    /// Whether a stop signal is pending.
-    fn pending(&self) -> bool {
-        let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];
-        matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    /// Whether a stop signal was pending (taken off: the caller stops).
+    fn take(&self) -> bool {
+        let mut any = false;
+        while let Ok(Some(_)) = self.0.read_signal() {
+            any = true;
+        }
+        any
     }
 }
 
@@ -493,7 +497,7 @@ impl Out {
                         Ok(_) | Err(Errno::EINTR) => {}
                         Err(e) => return Err(Ended::Failed(e.into())),
                     }
-                    if fds[1].any().unwrap_or(false) {
+                    if fds[1].any().unwrap_or(false) && stop.take() {
                         return Err(Ended::Stopped);
                     }
                 }
@@ -811,7 +815,7 @@ impl Drive<'_> {
         let mut out = Vec::new();
         loop {
             // A stop between two awaits (a long read never awaits).
-            if self.stop.pending() {
+            if self.stop.take() {
                 return Ok(0);
             }
             // Read what is there.

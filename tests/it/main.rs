@@ -31,6 +31,7 @@ mod faults;
 mod fuzz_decoders;
 mod handshake;
 mod hostile;
+mod hostile_readers;
 mod logs;
 mod reattach;
 mod rotation_props;

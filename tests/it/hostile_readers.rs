@@ -570,12 +570,21 @@ fn a_sparse_gigabyte_cursor_is_a_clear_error_and_costs_no_memory() {
 
 #[test]
 fn a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader() {
-    let Some(s) = scene(true) else { return };
+    // Opened, the FIFO (mode 0666: writable by a root without
+    // capabilities) would block for good; in a sticky directory the
+    // kernel's protected_fifos, when set, refuses that open instead.
+    for sticky in [false, true] {
+        fifo_at_the_cursors_temporary_name(sticky);
+    }
+}
+
+fn fifo_at_the_cursors_temporary_name(sticky: bool) {
+    let Some(s) = scene(sticky) else { return };
     let web = lines("web", 0, 3);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     let cursor = s.at("web.cursor");
     let cursor_arg = cursor.to_str().unwrap();
-    s.task_ok("mkfifo .web.cursor.tmp");
+    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
     let r = run(s.logs_cmd(&["--cursor", cursor_arg]));
     assert_eq!(r.code, Some(0), "{}", r.err);
     assert_eq!(r.out, joined(&web));
@@ -583,7 +592,7 @@ fn a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader() {
 
     // Following: planted again while it runs, then more lines; SIGTERM
     // ends it.
-    s.task_ok("mkfifo .web.cursor.tmp");
+    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
     let (child, out, err) = spawn(s.logs_cmd(&["-f", "--cursor", cursor_arg]), Stdio::piped());
     std::thread::sleep(Duration::from_millis(300));
     s.put("web.stdout.1", b"web line 00003\n");
@@ -592,7 +601,7 @@ fn a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader() {
         "{}",
         err.text()
     );
-    s.task_ok("rm -f .web.cursor.tmp; mkfifo .web.cursor.tmp");
+    s.task_ok("rm -f .web.cursor.tmp; mkfifo -m 666 .web.cursor.tmp");
     s.put("web.stdout.2", b"web line 00004\n");
     assert!(
         wait_until(PATIENCE, || out.text().contains("web line 00004")),

@@ -17,16 +17,22 @@
 //!   So the directory is opened once, as a [`Dir`], and every later access
 //!   goes through its descriptor: listing, `fstatat(AT_SYMLINK_NOFOLLOW)`,
 //!   and `openat2` refusing any symlink; its path is never walked again.
-//!   Only a regular file with exactly one link at a name
-//!   `<task>.<stream>.<N>` is read: it is looked at first (a FIFO or device
-//!   is never opened), opened `O_NONBLOCK` (a FIFO swapped in meanwhile
-//!   cannot hang the open) and checked again with `fstat` on what was
-//!   opened. Anything else there — a symlink, a hard link (maybe to a host
-//!   file), a FIFO, a directory, a device, a socket — is not read, is not a
-//!   file of the stream (it neither completes the file before it nor counts
-//!   as purged bytes) and is reported once per name ([`Event::NotALogFile`],
-//!   `logmon: note: skipping …` on stderr) when a listing shows it at or
-//!   after the reader's position; reading goes on with the next file. A
+//!   Only a file logmon wrote at a name `<task>.<stream>.<N>` is read: a
+//!   regular file with exactly one link that the directory's [`Trust`]
+//!   accepts (owned by root, the reader or the directory's owner: a
+//!   task's own file is never read, whatever it holds). It is looked at
+//!   first (a FIFO or device is never opened), opened `O_NONBLOCK` (a FIFO
+//!   swapped in meanwhile cannot hang the open) and checked again with
+//!   `fstat` on what was opened. Anything else there — a task's file, a
+//!   symlink, a hard link (maybe to a host file), a FIFO, a directory, a
+//!   device, a socket — is not read, is not a file of the stream (it
+//!   neither completes the file before it nor counts as purged bytes) and
+//!   is reported once per name ([`Event::NotALogFile`], `logmon: note:
+//!   skipping …` on stderr) when a listing shows it at or after the
+//!   reader's position; reading goes on with the next file. What this
+//!   cannot see is one of logmon's own files renamed by the task into the
+//!   stream's names, which only a directory without the sticky bit allows:
+//!   `logs` warns about such a directory (see `cli/logs.rs`). A
 //!   follower renamed away from, or whose path is replaced by a symlink to
 //!   another directory, goes on in the directory it opened: the inotify
 //!   watch is registered on the open directory (`/proc/self/fd/<fd>`, which
@@ -42,7 +48,9 @@
 //!   binary: `a_symlink_at_an_index_is_never_read`,
 //!   `a_hard_link_to_a_file_outside_is_never_read`,
 //!   `a_fifo_or_directory_at_an_index_does_not_hang_logs`,
-//!   `following_never_reads_a_symlink`,
+//!   `following_never_reads_a_symlink`, `many_skipped_names_are_counted`;
+//!   as uid 65534: `tests/it/hostile_readers.rs`
+//!   `in_a_sticky_directory_the_task_can_neither_rename_nor_pass_off_its_own_file`,
 //!   `following_goes_on_in_the_directory_it_opened_when_the_path_is_swapped`.)
 //! - **Every byte once, in order.** A file is left only when a higher index
 //!   holding a log file exists *and* a read after that was seen returned
@@ -1709,6 +1717,13 @@ mod tests {
         assert_eq!(what("link"), "a symlink");
         assert_eq!(what("hard"), "a regular file with 2 links");
         assert_eq!(what("dir"), "a directory");
+        if nix::unistd::geteuid().is_root() {
+            // A file of another user (the task's): never read, whatever
+            // it holds.
+            std::fs::write(logs.join("theirs"), b"forged\n").unwrap();
+            std::os::unix::fs::chown(logs.join("theirs"), Some(65534), None).unwrap();
+            assert!(what("theirs").starts_with("a file of uid 65534"));
+        }
         assert!(matches!(
             open_checked(&dir, &trust, "gone").unwrap(),
             Opened::Gone

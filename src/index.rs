@@ -17,11 +17,38 @@
 //! nanoseconds since the Unix epoch. Records are appended after the data
 //! they describe, so a record never names bytes that are not in the file;
 //! a logmon killed between the two leaves bytes without a record, never a
-//! record without bytes. Readers ([`Index::parse`]) keep the longest valid
-//! prefix: a torn last record, a bad header, offsets that go backwards or
-//! past the file's end end the usable part, and lines past it get an
-//! estimated time ([`Stamp::Estimated`]). Losing or corrupting an index
-//! never loses a line: the log file is read the same way with or without it.
+//! record without bytes. Readers keep the longest valid prefix: a bad
+//! header, a record that goes backwards (offset or time) or names a byte
+//! past the log file's end ends the usable part, and lines past it get an
+//! estimated time ([`Stamp::Estimated`]); so does a torn last record. A
+//! record of sixteen zero bytes ends the records: without damage when
+//! only zeros follow it (see recycling below), else the rest is damaged.
+//! The size of the index is never trusted: it is one bound, the log
+//! file's length the other. Losing or corrupting an index never loses a
+//! line: the log file is read the same way with or without it.
+//!
+//! **Read in place, bounded** ([`IndexFile`], what the readers and the
+//! shipper use): an index is never read whole. One pass in 4 KiB blocks
+//! finds the usable prefix (keeping only its first and last records), and
+//! goes on from there when the index has grown; `SEEK_DATA` skips holes,
+//! and past a record of zeros at most 1 MiB of allocated zeros is looked
+//! through before the rest is called damaged. Lookups are binary searches
+//! with `pread` through a cache of four 1 KiB blocks and the record the
+//! last lookup found, so stamping a stream in order reads each block
+//! once. A sparse 1 GiB index costs a few reads and no memory
+//! (`tests/it/hostile_readers.rs`
+//! `a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped`
+//! measures the reader's peak RSS). [`Index::parse`], the in-memory
+//! reference, and [`IndexWriter::resume`] run the same scan; the property
+//! test `the_file_reader_answers_as_the_in_memory_parse` checks that every
+//! lookup in place answers as the reference, also on an index that grew
+//! after it was opened.
+//!
+//! Which index a reader believes is not this module's concern: the
+//! caller opens it through the log directory's handle, non-blocking, and
+//! checks what it opened with [`crate::dir::Trust`] (a task's own file, a
+//! hard link, a FIFO at an index name is skipped and its file's times are
+//! estimated: see [`crate::timeline`]).
 //!
 //! The header names the file it belongs to, and zero bytes after the last
 //! record end the index without damage: at rotation the purged file's index
@@ -41,13 +68,18 @@
 //!
 //! The writer (end of this file, used by [`crate::rotate::Rotator`]) opens
 //! a new file's index with the header, and resumes an existing one after
-//! its last whole record (a torn tail cut off); a resumed file whose index
-//! is missing or unusable gets a fresh one with records for the new
-//! batches only, so readers estimate the earlier lines' times.
+//! its last whole record (a torn tail cut off; read in place like the
+//! readers do, never whole); a resumed file whose index is missing or
+//! unusable gets a fresh one with records for the new batches only, so
+//! readers estimate the earlier lines' times. A reader takes the
+//! high-water mark only from a small file it trusts
+//! ([`read_hwm_trusted`]).
 //!
 //! Tests: the unit tests below (format round trip, torn and corrupt
-//! indexes, lookups, the writer, the high-water mark), the rotator's
-//! (`crate::rotate`) and `tests/it/capture.rs`.
+//! indexes, lookups, the in-place reader against the reference, a sparse
+//! 1 GiB index, a rewritten index, the writer, the high-water mark), the
+//! rotator's (`crate::rotate`), `tests/it/capture.rs` and
+//! `tests/it/hostile_readers.rs`.
 
 use crate::config::{Stream, TaskName};
 

@@ -46,6 +46,44 @@
 //!   is lost; bytes purged before they were read are reported as skipped.
 //!   (`tests/it/timeline_props.rs`
 //!   `a_killed_reader_resumed_from_its_cursor_loses_nothing_and_repeats_at_most_one_write`.)
+//!
+//! Against a hostile task (DESIGN.md §9; the CLI's side is in
+//! `cli/logs.rs`):
+//!
+//! - **Only logmon's indexes are believed.** An index is opened through
+//!   the log directory's handle, non-blocking, no link followed, and used
+//!   only if what was opened is a regular file with one link that the
+//!   directory's [`Trust`] accepts; anything else (a task's own file with
+//!   forged times, a hard link to another stream's index, a FIFO) is never
+//!   read: its file's times are estimated, and the name is reported once
+//!   ([`Stamper::take_skipped`]). (`tests/it/hostile_readers.rs`
+//!   `an_index_the_task_made_or_a_hard_link_is_never_believed`.)
+//! - **No index costs memory.** Each is read in place a few KiB at a time
+//!   ([`IndexFile`]), and only one file's is held open per stream (while
+//!   `--since` walks back, the files passed are closed again): a sparse
+//!   1 GiB index, the task's or logmon's, leaves the reader's peak RSS
+//!   where it was (`a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped`).
+//! - **The cursor is bounded and checked** ([`CursorFile`]): read with a
+//!   cap of [`CURSOR_MAX`] bytes (a sparse 1 GiB cursor is an error naming
+//!   it, `a_sparse_gigabyte_cursor_is_a_clear_error_and_costs_no_memory`),
+//!   only a regular file with one link of a trusted owner; a symlink, a
+//!   directory or a device at its path is a usage error naming the path,
+//!   and never advice to remove it. Its temporary file is always made
+//!   afresh (`O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK`, whatever was
+//!   planted at the name removed, never opened), so a FIFO there cannot
+//!   block a save
+//!   (`a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader`).
+//!   It records its task and the log directory's identity (device and
+//!   inode, format version [`CURSOR_VERSION`]); a version 1 cursor (no
+//!   identity) is still read, its positions taken as they are, and saved
+//!   in the current version. A lock beside it (`.<name>.lock`, `flock`,
+//!   holding the holder's pid) keeps a second reader out. What the reader
+//!   does with a cursor that does not fit is `cli/logs.rs`'s
+//!   (`tests/it/errors.rs` `logs_errors`).
+//! - **Time flags say what is wrong** ([`TimeError`]): a valid RFC 3339
+//!   time outside what nanoseconds since the epoch hold names the range, a
+//!   duration too long says it overflows, a signed duration (`-5m`) says
+//!   durations take no sign (unit test below; `logs_errors`).
 
 use crate::error::PathIo;
 use std::collections::BTreeMap;
@@ -1233,5 +1271,78 @@ mod tests {
             Err(TimeError::OutOfRange(_))
         ));
         assert_eq!(format_rfc3339(i64::MAX), "2262-04-11T23:47:16.854775807Z");
+    }
+
+    fn task() -> TaskName {
+        TaskName::new("web").unwrap()
+    }
+
+    #[test]
+    fn a_cursor_is_locked_by_one_reader_and_names_its_task_and_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("c");
+        let mut a = CursorFile::open(&path).unwrap();
+        a.lock().unwrap();
+        assert_eq!(a.load(&task()).unwrap(), None);
+        // A second reader (another open of the lock) is refused, naming
+        // the first's pid.
+        let mut b = CursorFile::open(&path).unwrap();
+        match b.lock() {
+            Err(CursorError::Busy { holder, .. }) => {
+                assert_eq!(holder, format!("pid {}", std::process::id()))
+            }
+            other => panic!("{other:?}"),
+        }
+        let id = FileId { dev: 1, ino: 2 };
+        let mut st = CursorState::new(&task(), id);
+        st.set(
+            Stream::Stdout,
+            StreamCursor {
+                index: 3,
+                offset: 9,
+                mid_line: false,
+            },
+        );
+        a.save(&st).unwrap();
+        assert_eq!(a.load(&task()).unwrap(), Some(st.clone()));
+        let other = TaskName::new("api").unwrap();
+        assert!(matches!(
+            a.load(&other),
+            Err(CursorError::OtherTask { ref saved, .. }) if saved == "web"
+        ));
+        drop(a);
+        b.lock().unwrap();
+        // Version 1 (no directory) is still read.
+        std::fs::write(
+            &path,
+            br#"{"version":1,"task":"web","stdout":{"index":4,"offset":2}}"#,
+        )
+        .unwrap();
+        let v1 = b.load(&task()).unwrap().unwrap();
+        assert_eq!(
+            (v1.log_dir, v1.get(Stream::Stdout).unwrap().index),
+            (None, 4)
+        );
+    }
+
+    #[test]
+    fn a_planted_temporary_file_is_replaced_and_a_huge_cursor_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("c");
+        let mut c = CursorFile::open(&path).unwrap();
+        c.lock().unwrap();
+        // A FIFO nobody reads at the temporary name: opened, it would
+        // block the save for good.
+        nix::unistd::mkfifo(&d.path().join(".c.tmp"), Mode::from_bits_truncate(0o666)).unwrap();
+        c.save(&CursorState::new(&task(), FileId { dev: 1, ino: 2 }))
+            .unwrap();
+        assert!(c.load(&task()).unwrap().is_some());
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        let e = c.load(&task()).unwrap_err();
+        assert!(e.to_string().contains("1073741824 bytes"), "{e}");
+        assert!(!e.is_usage());
     }
 }

@@ -769,3 +769,31 @@ fn following_goes_on_in_the_directory_it_opened_when_the_path_is_swapped() {
     assert_eq!((code, err.as_str()), (Some(0), ""));
     assert_eq!(out, b"one\ntwo\nthree\nfour\n");
 }
+
+#[test]
+fn many_skipped_names_are_counted() {
+    let h = Hostile::new();
+    put(&h.logs, "web.stdout.0", b"one\n");
+    for i in 1..=25 {
+        h.symlink_at(&format!("web.stdout.{i}"));
+    }
+    put(&h.logs, "web.stdout.26", b"two\n");
+    for extra in [&[][..], &["--timestamps"]] {
+        let o = logs(&h.logs, extra);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert!(o.stdout.ends_with(b"two\n"), "{extra:?}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.contains("estimated")).collect();
+        // Ten named, then one line saying the rest is counted, then the
+        // total at the end.
+        assert_eq!(lines.len(), 12, "{extra:?}: {err}");
+        assert!(lines[..10]
+            .iter()
+            .all(|l| l.starts_with("logmon: note: skipping ")));
+        assert!(lines[10].contains("counting them"), "{}", lines[10]);
+        assert_eq!(
+            lines[11],
+            "logmon: note: skipped 25 names in all that are not logmon's files (none was read)"
+        );
+    }
+}

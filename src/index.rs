@@ -708,12 +708,17 @@ impl Records for IndexFile {
     /// Tries the record of the last lookup and the next one first.
     fn partition(&mut self, pred: &dyn Fn(&Record) -> bool) -> Option<u64> {
         let count = self.prefix.count;
+        let mut found = None;
         for h in [self.hint, self.hint + 1] {
             if h < count && pred(&self.get(h)?) && (h + 1 == count || !pred(&self.get(h + 1)?)) {
-                return Some(h + 1);
+                found = Some(h + 1);
+                break;
             }
         }
-        let found = bisect(self, pred, count)?;
+        let found = match found {
+            Some(f) => f,
+            None => bisect(self, pred, count)?,
+        };
         self.hint = found.saturating_sub(1);
         Some(found)
     }

@@ -35,7 +35,10 @@
 //! through before the rest is called damaged. Lookups are binary searches
 //! with `pread` through a cache of four 1 KiB blocks and the record the
 //! last lookup found, so stamping a stream in order reads each block
-//! once. A sparse 1 GiB index costs a few reads and no memory
+//! once; opened [`IndexFile::released`] (as the readers and the shipper
+//! do) it holds no descriptor between calls, opening the index again, and
+//! reading it only if it is the same file, when a lookup must read. A
+//! sparse 1 GiB index costs a few reads and no memory
 //! (`tests/it/hostile_readers.rs`
 //! `a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped`
 //! measures the reader's peak RSS). [`Index::parse`], the in-memory
@@ -556,15 +559,36 @@ struct BlockCache {
     blocks: Vec<(u64, Box<[u8; CACHE_BLOCK]>)>,
 }
 
+/// How an [`IndexFile`] that holds no descriptor between calls opens its
+/// index again when a read needs it: the caller's checked open of the
+/// same name (`None`: nothing there, or nothing to believe).
+#[derive(Clone)]
+pub struct Reopen(pub std::sync::Arc<dyn Fn() -> Option<std::fs::File> + Send + Sync>);
+
+impl std::fmt::Debug for Reopen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reopen")
+    }
+}
+
 /// The index of one log file, read in place (see the module docs for
 /// what is usable): at most a few KiB of it are ever in memory, however
 /// large the file — a sparse 1 GiB index costs one read past its header.
 /// Lookups are binary searches with `pread`, through a cache of
 /// four 1 KiB blocks and the last record found (reading a stream
 /// stamps its lines in order: most lookups read nothing).
+///
+/// Opened with [`IndexFile::released`], it holds no descriptor between
+/// calls (a shipper follows thousands of streams within its open-file
+/// limit): a call that must read opens the index again, and reads it
+/// only if it is still the same file (device and inode); a refresh that
+/// finds another file at the name starts over with it.
 #[derive(Debug)]
 pub struct IndexFile {
-    file: std::fs::File,
+    file: Option<std::fs::File>,
+    reopen: Option<Reopen>,
+    /// The index read (device, inode).
+    id: crate::dir::FileId,
     n: u64,
     /// The index's size and the log file's, when the prefix was found.
     len: u64,
@@ -577,12 +601,15 @@ pub struct IndexFile {
 
 impl IndexFile {
     /// Reads the index `file` (opened and checked by the caller) of log
-    /// file `n`, `file_len` bytes long.
+    /// file `n`, `file_len` bytes long, and keeps it open.
     pub fn open(file: std::fs::File, n: u64, file_len: u64) -> std::io::Result<IndexFile> {
-        let len = file.metadata()?.len();
+        let st = nix::sys::stat::fstat(&file)?;
+        let len = u64::try_from(st.st_size).unwrap_or(0);
         let prefix = scan(&file, len, n, file_len, None)?;
         Ok(IndexFile {
-            file,
+            file: Some(file),
+            reopen: None,
+            id: crate::dir::FileId::of(&st),
             n,
             len,
             file_len,
@@ -592,12 +619,67 @@ impl IndexFile {
         })
     }
 
+    /// As [`IndexFile::open`], then lets the descriptor go: later calls
+    /// that must read open the index again through `reopen`.
+    pub fn released(
+        file: std::fs::File,
+        n: u64,
+        file_len: u64,
+        reopen: Reopen,
+    ) -> std::io::Result<IndexFile> {
+        let mut ix = IndexFile::open(file, n, file_len)?;
+        ix.reopen = Some(reopen);
+        ix.release();
+        Ok(ix)
+    }
+
+    /// Lets the descriptor go if it can be opened again.
+    fn release(&mut self) {
+        if self.reopen.is_some() {
+            self.file = None;
+        }
+    }
+
+    /// The index's descriptor: held, or opened again if what sits at the
+    /// name is still the file read (`None` otherwise).
+    fn file(&mut self) -> Option<&std::fs::File> {
+        if self.file.is_none() {
+            let f = (self.reopen.as_ref()?.0)()?;
+            let st = nix::sys::stat::fstat(&f).ok()?;
+            if crate::dir::FileId::of(&st) != self.id {
+                return None;
+            }
+            self.file = Some(f);
+        }
+        self.file.as_ref()
+    }
+
     /// Takes in what was appended since (the log file is `file_len` bytes
     /// long now): the scan goes on after the records already found. An
     /// index or log file that became shorter, or whose last record found
-    /// changed (rewritten), is read again from its start.
+    /// changed (rewritten), is read again from its start; so is another
+    /// file found at the index's name.
     pub fn refresh(&mut self, file_len: u64) -> std::io::Result<()> {
-        let len = self.file.metadata()?.len();
+        let r = self.refresh_held(file_len);
+        self.release();
+        r
+    }
+
+    fn refresh_held(&mut self, file_len: u64) -> std::io::Result<()> {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        if self.file.is_none() {
+            let reopen = self.reopen.clone().ok_or_else(gone)?;
+            let f = (reopen.0)().ok_or_else(gone)?;
+            if crate::dir::FileId::of(&nix::sys::stat::fstat(&f)?) != self.id {
+                let mut fresh = IndexFile::open(f, self.n, file_len)?;
+                fresh.reopen = Some(reopen);
+                *self = fresh;
+                return Ok(());
+            }
+            self.file = Some(f);
+        }
+        let file = self.file.as_ref().ok_or_else(gone)?;
+        let len = file.metadata()?.len();
         // Even at the same sizes: records may have been written over the
         // zeros of a reused index.
         let same = len >= self.len
@@ -607,7 +689,7 @@ impl IndexFile {
                 Some(last) => {
                     let mut b = [0u8; RECORD_LEN];
                     let at = HEADER_LEN as u64 + (self.prefix.count - 1) * RECORD_LEN as u64;
-                    read_full(&self.file, &mut b, at)? == RECORD_LEN && Record::decode(&b) == last
+                    read_full(file, &mut b, at)? == RECORD_LEN && Record::decode(&b) == last
                 }
             };
         let from = if same {
@@ -616,7 +698,7 @@ impl IndexFile {
             self.hint = 0;
             None
         };
-        let prefix = scan(&self.file, len, self.n, file_len, from)?;
+        let prefix = scan(file, len, self.n, file_len, from)?;
         if prefix.count != self.prefix.count || from.is_none() {
             // A cached block may hold what preceded new records (zeros).
             self.cache.blocks.clear();
@@ -644,12 +726,16 @@ impl IndexFile {
 
     /// As [`Index::time_at`].
     pub fn time_at(&mut self, offset: u64, fallback_ns: i64) -> Stamp {
-        time_at(self, offset, fallback_ns)
+        let s = time_at(self, offset, fallback_ns);
+        self.release();
+        s
     }
 
     /// As [`Index::offset_at_or_after`].
     pub fn offset_at_or_after(&mut self, time_ns: i64) -> Option<u64> {
-        offset_at_or_after(self, time_ns)
+        let o = offset_at_or_after(self, time_ns);
+        self.release();
+        o
     }
 
     /// Where to start reading for the lines captured at or after
@@ -658,30 +744,29 @@ impl IndexFile {
     /// time) or a record cannot be read; the last batch when all are
     /// older (its bytes past the record may be newer: filter them).
     pub fn start_for_since(&mut self, time_ns: i64) -> u64 {
-        match self.partition(&|r| r.time_ns < time_ns) {
+        let o = match self.partition(&|r| r.time_ns < time_ns) {
             None | Some(0) => 0,
             Some(i) if i < self.prefix.count => self.get(i).map_or(0, |r| r.offset),
             Some(_) => self.prefix.last.map_or(0, |r| r.offset),
-        }
+        };
+        self.release();
+        o
     }
 
     /// The block `b` of the file, from the cache or read.
     fn block(&mut self, b: u64) -> Option<&[u8; CACHE_BLOCK]> {
-        let blocks = &mut self.cache.blocks;
-        let at = match blocks.iter().position(|(k, _)| *k == b) {
-            Some(i) => i,
-            None => {
-                let mut data = match blocks.len() {
-                    CACHE_BLOCKS => blocks.pop().map(|(_, d)| d),
-                    _ => None,
-                }
-                .unwrap_or_else(|| Box::new([0u8; CACHE_BLOCK]));
-                let got = read_full(&self.file, &mut data[..], b * CACHE_BLOCK as u64).ok()?;
-                data[got..].fill(0);
-                blocks.push((b, data));
-                blocks.len() - 1
+        if !self.cache.blocks.iter().any(|(k, _)| *k == b) {
+            let mut data = match self.cache.blocks.len() {
+                CACHE_BLOCKS => self.cache.blocks.pop().map(|(_, d)| d),
+                _ => None,
             }
-        };
+            .unwrap_or_else(|| Box::new([0u8; CACHE_BLOCK]));
+            let got = read_full(self.file()?, &mut data[..], b * CACHE_BLOCK as u64).ok()?;
+            data[got..].fill(0);
+            self.cache.blocks.push((b, data));
+        }
+        let blocks = &mut self.cache.blocks;
+        let at = blocks.iter().position(|(k, _)| *k == b)?;
         let hit = blocks.remove(at);
         blocks.insert(0, hit);
         blocks.first().map(|(_, d)| &**d)
@@ -1412,5 +1497,41 @@ mod tests {
         assert_eq!(ix.count(), 4);
         assert_eq!(ix.time_at(25, 0), Stamp::Indexed(700));
         assert_eq!(ix.time_at(2, 0), Stamp::Indexed(500));
+    }
+
+    #[test]
+    fn a_released_index_holds_no_descriptor_and_starts_over_when_replaced() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        std::fs::write(&p, bytes(&[(0, 100), (10, 200)])).unwrap();
+        let path = p.clone();
+        let reopen = Reopen(std::sync::Arc::new(move || std::fs::File::open(&path).ok()));
+        let mut ix = IndexFile::released(std::fs::File::open(&p).unwrap(), N, 40, reopen).unwrap();
+        assert!(ix.file.is_none());
+        assert_eq!(ix.time_at(15, 0), Stamp::Indexed(200));
+        assert!(ix.file.is_none(), "let go after the lookup");
+        // Appended: found by a refresh.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(
+                &Record {
+                    offset: 20,
+                    time_ns: 300,
+                }
+                .encode(),
+            )
+            .unwrap();
+        ix.refresh(40).unwrap();
+        assert!(ix.file.is_none());
+        assert_eq!(ix.time_at(25, 0), Stamp::Indexed(300));
+        // Another file at the name: never read as the old one; a refresh
+        // starts over with it.
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, bytes(&[(0, 900)])).unwrap();
+        ix.refresh(40).unwrap();
+        assert_eq!((ix.count(), ix.time_at(5, 0)), (1, Stamp::Indexed(900)));
     }
 }

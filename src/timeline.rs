@@ -73,6 +73,11 @@
 //!   planted at the name removed, never opened), so a FIFO there cannot
 //!   block a save
 //!   (`a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader`).
+//!   In a directory others can rename names in (no sticky bit), the task
+//!   can still swap the temporary file between its creation and the
+//!   rename: that save then fails (the sandbox refuses to move a FIFO in;
+//!   a file of the task's is refused at the next load), and `logs` warns
+//!   about such a cursor directory.
 //!   It records its task and the log directory's identity (device and
 //!   inode, format version [`CURSOR_VERSION`]); a version 1 cursor (no
 //!   identity) is still read, its positions taken as they are, and saved
@@ -103,7 +108,7 @@ use std::os::unix::ffi::OsStrExt;
 use crate::config::{Stream, TaskName};
 use crate::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
 use crate::follow::{not_logmons, open_log, pread, Chunk, Opened, Position};
-use crate::index::{index_name, IndexFile, Record, Stamp};
+use crate::index::{index_name, IndexFile, Record, Reopen, Stamp};
 use crate::rotate::{file_name, scan_indices_in};
 
 /// The longest piece: a longer line is cut in pieces of this size (the
@@ -372,7 +377,9 @@ const SKIPPED_KEPT: usize = 16;
 
 /// Reads the capture times of one stream's files, lazily and once per
 /// file (again only for bytes written since): each index is read in place
-/// ([`IndexFile`]) and only if the directory's [`Trust`] accepts it.
+/// ([`IndexFile`]) and only if the directory's [`Trust`] accepts it. It
+/// holds no descriptor between calls: an index is opened again (and
+/// checked again) when a lookup must read it.
 #[derive(Debug)]
 pub struct Stamper {
     dir: Arc<Dir>,
@@ -429,7 +436,17 @@ impl Stamper {
         };
         let name = index_name(&self.task, self.stream, n);
         match open_log(&self.dir, &trust, &name) {
-            Ok(Opened::File(f, _)) => IndexFile::open(f, n, len).map_err(|_| Absent::Unreadable),
+            Ok(Opened::File(f, _)) => {
+                // No descriptor held between stamps (a shipper follows
+                // thousands of streams): opened again, checked again.
+                let dir = Arc::clone(&self.dir);
+                let again = name.clone();
+                let reopen = Reopen(Arc::new(move || match open_log(&dir, &trust, &again) {
+                    Ok(Opened::File(f, _)) => Some(f),
+                    _ => None,
+                }));
+                IndexFile::released(f, n, len, reopen).map_err(|_| Absent::Unreadable)
+            }
             Ok(Opened::Gone) => Err(Absent::Missing),
             Ok(Opened::Foreign(what)) => {
                 if self.skipped_seen.insert(n) && self.skipped.len() < SKIPPED_KEPT {

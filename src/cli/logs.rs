@@ -672,6 +672,15 @@ fn run_timeline(
         Some(p) => {
             let mut c = CursorFile::open(p).map_err(cursor_error)?;
             c.lock().map_err(cursor_error)?;
+            let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
+            // (The log directory's own warning covers a cursor kept there.)
+            if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
+                warn(&format!(
+                    "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
+                    c.dir().path().display(),
+                    c.path()
+                ));
+            }
             Some(c)
         }
         None => None,

@@ -601,7 +601,13 @@ fn fifo_at_the_cursors_temporary_name(sticky: bool) {
         "{}",
         err.text()
     );
-    s.task_ok("rm -f .web.cursor.tmp; mkfifo -m 666 .web.cursor.tmp");
+    // Once that line's save is done (in a directory without the sticky
+    // bit the task could also swap the temporary file mid-save: the
+    // reader then fails that save, it does not hang).
+    assert!(wait_until(PATIENCE, || {
+        std::fs::read_to_string(&cursor).is_ok_and(|c| c.contains(r#""index":1"#))
+    }));
+    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
     s.put("web.stdout.2", b"web line 00004\n");
     assert!(
         wait_until(PATIENCE, || out.text().contains("web line 00004")),

@@ -600,16 +600,16 @@ const TASK_DOTFILES: [&str; 10] = [
 
 /// What a log directory holds of tasks: whether anything of `task` is
 /// there (a name of its streams, whatever sits at it, or one of its
-/// dotfiles), and the tasks with log files there (names of
-/// `<task>.<stream>.<N>` holding a file `trust` accepts), for the message
-/// of a mistyped `--task`.
+/// dotfiles), and, only when nothing is, the tasks with log files there
+/// (names `<task>.<stream>.<N>` holding a file `trust` accepts), for the
+/// message of a mistyped `--task`. One listing; names are looked at
+/// (`fstatat`) only in that case, one file a task.
 pub(crate) fn tasks_in(
     dir: &Dir,
     trust: &Trust,
     task: &TaskName,
 ) -> io::Result<(bool, std::collections::BTreeSet<String>)> {
-    let mut known = false;
-    let mut with_logs = std::collections::BTreeSet::new();
+    let mut candidates: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for name in dir.list()? {
         let Some(name) = name.to_str() else { continue };
         if let Some(suffix) = name
@@ -617,10 +617,13 @@ pub(crate) fn tasks_in(
             .and_then(|n| n.strip_prefix(task.as_str()))
             .and_then(|n| n.strip_prefix('.'))
         {
-            known |= TASK_DOTFILES.contains(&suffix)
+            if TASK_DOTFILES.contains(&suffix)
                 || Stream::ALL
                     .iter()
-                    .any(|&s| crate::index::parse_index_name(name, task, s).is_some());
+                    .any(|&s| crate::index::parse_index_name(name, task, s).is_some())
+            {
+                return Ok((true, Default::default()));
+            }
             continue;
         }
         let mut parts = name.rsplitn(3, '.');
@@ -637,15 +640,26 @@ pub(crate) fn tasks_in(
             continue;
         }
         if owner == *task {
-            known = true;
-        } else if dir
-            .stat(name)?
-            .is_some_and(|st| not_logmons(trust, &st).is_none())
-        {
-            with_logs.insert(owner.as_str().to_owned());
+            return Ok((true, Default::default()));
+        }
+        candidates
+            .entry(owner.as_str().to_owned())
+            .or_default()
+            .push(name.to_owned());
+    }
+    let mut with_logs = std::collections::BTreeSet::new();
+    for (owner, names) in candidates {
+        for name in names {
+            if dir
+                .stat(&name)?
+                .is_some_and(|st| not_logmons(trust, &st).is_none())
+            {
+                with_logs.insert(owner);
+                break;
+            }
         }
     }
-    Ok((known, with_logs))
+    Ok((false, with_logs))
 }
 
 /// The outcome of opening a file of the stream (or its index).

@@ -17,16 +17,22 @@
 //!   So the directory is opened once, as a [`Dir`], and every later access
 //!   goes through its descriptor: listing, `fstatat(AT_SYMLINK_NOFOLLOW)`,
 //!   and `openat2` refusing any symlink; its path is never walked again.
-//!   Only a regular file with exactly one link at a name
-//!   `<task>.<stream>.<N>` is read: it is looked at first (a FIFO or device
-//!   is never opened), opened `O_NONBLOCK` (a FIFO swapped in meanwhile
-//!   cannot hang the open) and checked again with `fstat` on what was
-//!   opened. Anything else there — a symlink, a hard link (maybe to a host
-//!   file), a FIFO, a directory, a device, a socket — is not read, is not a
-//!   file of the stream (it neither completes the file before it nor counts
-//!   as purged bytes) and is reported once per name ([`Event::NotALogFile`],
-//!   `logmon: note: skipping …` on stderr) when a listing shows it at or
-//!   after the reader's position; reading goes on with the next file. A
+//!   Only a file logmon wrote at a name `<task>.<stream>.<N>` is read: a
+//!   regular file with exactly one link that the directory's [`Trust`]
+//!   accepts (owned by root, the reader or the directory's owner: a
+//!   task's own file is never read, whatever it holds). It is looked at
+//!   first (a FIFO or device is never opened), opened `O_NONBLOCK` (a FIFO
+//!   swapped in meanwhile cannot hang the open) and checked again with
+//!   `fstat` on what was opened. Anything else there — a task's file, a
+//!   symlink, a hard link (maybe to a host file), a FIFO, a directory, a
+//!   device, a socket — is not read, is not a file of the stream (it
+//!   neither completes the file before it nor counts as purged bytes) and
+//!   is reported once per name ([`Event::NotALogFile`], `logmon: note:
+//!   skipping …` on stderr) when a listing shows it at or after the
+//!   reader's position; reading goes on with the next file. What this
+//!   cannot see is one of logmon's own files renamed by the task into the
+//!   stream's names, which only a directory without the sticky bit allows:
+//!   `logs` warns about such a directory (see `cli/logs.rs`). A
 //!   follower renamed away from, or whose path is replaced by a symlink to
 //!   another directory, goes on in the directory it opened: the inotify
 //!   watch is registered on the open directory (`/proc/self/fd/<fd>`, which
@@ -42,7 +48,9 @@
 //!   binary: `a_symlink_at_an_index_is_never_read`,
 //!   `a_hard_link_to_a_file_outside_is_never_read`,
 //!   `a_fifo_or_directory_at_an_index_does_not_hang_logs`,
-//!   `following_never_reads_a_symlink`,
+//!   `following_never_reads_a_symlink`, `many_skipped_names_are_counted`;
+//!   as uid 65534: `tests/it/hostile_readers.rs`
+//!   `in_a_sticky_directory_the_task_can_neither_rename_nor_pass_off_its_own_file`,
 //!   `following_goes_on_in_the_directory_it_opened_when_the_path_is_swapped`.)
 //! - **Every byte once, in order.** A file is left only when a higher index
 //!   holding a log file exists *and* a read after that was seen returned
@@ -119,7 +127,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 
 use crate::config::{Stream, TaskName};
-use crate::dir::{is_type, kind_of, Dir, FileId};
+use crate::dir::{is_type, kind_of, Dir, FileId, Trust};
 use crate::rotate::{file_name, parse_index};
 
 /// The largest chunk one read returns.
@@ -513,23 +521,36 @@ impl Listing {
     }
 }
 
-/// Why a name of the stream is not a log file, or `None` if it is one: a
-/// regular file with one link (or none, once purged). logmon creates its files with one
-/// link; a second one may be a hard link to a file outside the directory
-/// (e.g. `/etc/shadow`) that the task made, so it is never read. The owner
-/// is not checked: `logs` may read another user's logs.
-fn not_a_log_file(st: &FileStat) -> Option<String> {
+/// Why a name of the stream (or its index) is not a file logmon wrote,
+/// or `None` if it is one (DESIGN.md §9): a regular file with one link
+/// (or none, once purged after it was opened) that `trust` accepts —
+/// owned by root, by the reader or by the directory's owner. A second
+/// link may be a hard link to a file outside the directory (e.g.
+/// `/etc/shadow`); a file of another owner is the task's own, whatever
+/// it holds: neither is ever read.
+pub(crate) fn not_logmons(trust: &Trust, st: &FileStat) -> Option<String> {
     if !is_type(st, SFlag::S_IFREG) {
         return Some(format!("a {}", kind_of(st)));
     }
+    if st.st_nlink > 1 {
+        return Some(format!("a regular file with {} links", st.st_nlink));
+    }
     // No link at all: a log file purged since it was opened, still ours
-    // to read to its end.
-    (st.st_nlink > 1).then(|| format!("a regular file with {} links", st.st_nlink))
+    // to read to its end. `foreign_file` also counts links: ask it about
+    // the owner alone.
+    let mut one_link = *st;
+    one_link.st_nlink = 1;
+    trust.foreign_file(&one_link).map(|_| {
+        format!(
+            "a file of uid {} (neither root, you, nor the directory's owner)",
+            st.st_uid
+        )
+    })
 }
 
 /// Lists the stream's names through the directory handle and classifies
 /// each with `fstatat(AT_SYMLINK_NOFOLLOW)`: nothing is opened or followed.
-fn scan(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Listing> {
+fn scan(dir: &Dir, trust: &Trust, task: &TaskName, stream: Stream) -> io::Result<Listing> {
     let mut l = Listing::default();
     for name in dir.list()? {
         let Some(index) = name.to_str().and_then(|n| parse_index(n, task, stream)) else {
@@ -537,7 +558,7 @@ fn scan(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Listing> {
         };
         match dir.stat(&name)? {
             None => l.vanished.push(index),
-            Some(st) => match not_a_log_file(&st) {
+            Some(st) => match not_logmons(trust, &st) {
                 None => l
                     .files
                     .push((index, u64::try_from(st.st_size).unwrap_or(0))),
@@ -550,9 +571,100 @@ fn scan(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Listing> {
     Ok(l)
 }
 
-/// The outcome of opening a file of the stream.
+/// The highest index of a log file of the stream (see [`not_logmons`]),
+/// if there is one.
+pub(crate) fn newest_file(
+    dir: &Dir,
+    trust: &Trust,
+    task: &TaskName,
+    stream: Stream,
+) -> io::Result<Option<u64>> {
+    Ok(scan(dir, trust, task, stream)?.top())
+}
+
+/// The dotfiles of a task besides its indexes (`.<task>.<suffix>`): its
+/// FIFOs, high-water marks, shipper positions, lock, socket, metadata and
+/// diagnostics log.
+const TASK_DOTFILES: [&str; 10] = [
+    "stdout.fifo",
+    "stderr.fifo",
+    "stdout.hwm",
+    "stderr.hwm",
+    "stdout.shipped",
+    "stderr.shipped",
+    "logmon.lock",
+    "logmon.sock",
+    "logmon.meta",
+    "logmon.log",
+];
+
+/// What a log directory holds of tasks: whether anything of `task` is
+/// there (a name of its streams, whatever sits at it, or one of its
+/// dotfiles), and, only when nothing is, the tasks with log files there
+/// (names `<task>.<stream>.<N>` holding a file `trust` accepts), for the
+/// message of a mistyped `--task`. One listing; names are looked at
+/// (`fstatat`) only in that case, one file a task.
+pub(crate) fn tasks_in(
+    dir: &Dir,
+    trust: &Trust,
+    task: &TaskName,
+) -> io::Result<(bool, std::collections::BTreeSet<String>)> {
+    let mut candidates: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in dir.list()? {
+        let Some(name) = name.to_str() else { continue };
+        if let Some(suffix) = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_prefix(task.as_str()))
+            .and_then(|n| n.strip_prefix('.'))
+        {
+            if TASK_DOTFILES.contains(&suffix)
+                || Stream::ALL
+                    .iter()
+                    .any(|&s| crate::index::parse_index_name(name, task, s).is_some())
+            {
+                return Ok((true, Default::default()));
+            }
+            continue;
+        }
+        let mut parts = name.rsplitn(3, '.');
+        let (Some(_), Some(_), Some(owner)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(owner) = TaskName::new(owner) else {
+            continue;
+        };
+        if !Stream::ALL
+            .iter()
+            .any(|&s| parse_index(name, &owner, s).is_some())
+        {
+            continue;
+        }
+        if owner == *task {
+            return Ok((true, Default::default()));
+        }
+        candidates
+            .entry(owner.as_str().to_owned())
+            .or_default()
+            .push(name.to_owned());
+    }
+    let mut with_logs = std::collections::BTreeSet::new();
+    for (owner, names) in candidates {
+        for name in names {
+            if dir
+                .stat(&name)?
+                .is_some_and(|st| not_logmons(trust, &st).is_none())
+            {
+                with_logs.insert(owner);
+                break;
+            }
+        }
+    }
+    Ok((false, with_logs))
+}
+
+/// The outcome of opening a file of the stream (or its index).
 #[derive(Debug)]
-enum Opened {
+pub(crate) enum Opened {
     /// A log file, and its `fstat`.
     File(File, FileStat),
     /// Nothing at the name any more (purged).
@@ -564,12 +676,12 @@ enum Opened {
 /// Opens `name` for reading only if it is a log file: a look with
 /// [`Dir::stat`] first (a FIFO or device is never opened), then
 /// [`open_checked`].
-fn open_log(dir: &Dir, name: &str) -> io::Result<Opened> {
+pub(crate) fn open_log(dir: &Dir, trust: &Trust, name: &str) -> io::Result<Opened> {
     match dir.stat(name)? {
         None => Ok(Opened::Gone),
-        Some(st) => match not_a_log_file(&st) {
+        Some(st) => match not_logmons(trust, &st) {
             Some(what) => Ok(Opened::Foreign(what)),
-            None => open_checked(dir, name),
+            None => open_checked(dir, trust, name),
         },
     }
 }
@@ -577,7 +689,7 @@ fn open_log(dir: &Dir, name: &str) -> io::Result<Opened> {
 /// Opens `name` through the directory handle (no symlink followed, no
 /// escape), non-blocking so that a FIFO swapped in since the look cannot
 /// hang the open, and checks what was opened with `fstat`.
-fn open_checked(dir: &Dir, name: &str) -> io::Result<Opened> {
+fn open_checked(dir: &Dir, trust: &Trust, name: &str) -> io::Result<Opened> {
     let file = match dir.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
         Ok(f) => f,
         Err(e) => {
@@ -593,7 +705,7 @@ fn open_checked(dir: &Dir, name: &str) -> io::Result<Opened> {
         }
     };
     let st = nix::sys::stat::fstat(&file)?;
-    Ok(match not_a_log_file(&st) {
+    Ok(match not_logmons(trust, &st) {
         None => Opened::File(file, st),
         Some(what) => Opened::Foreign(what),
     })
@@ -606,6 +718,8 @@ fn open_checked(dir: &Dir, name: &str) -> io::Result<Opened> {
 pub struct Follower {
     /// The log directory, opened once: every name is resolved from it.
     dir: Arc<Dir>,
+    /// Which of its files may be believed (from its `fstat` at open).
+    trust: Trust,
     task: TaskName,
     stream: Stream,
     follow: bool,
@@ -649,15 +763,24 @@ impl Follower {
         stream: Stream,
         opts: Options,
     ) -> Result<Self, FollowError> {
+        let trust = dir.trust().map_err(|source| {
+            FollowError::Io(PathIo {
+                what: "",
+                action: "stat",
+                path: dir.path().to_path_buf(),
+                source,
+            })
+        })?;
         let shared = Arc::new(Shared::default());
         let watcher = if opts.follow {
-            Some(watch(&dir, task, stream, &shared)?)
+            Some(watch(&dir, trust, task, stream, &shared)?)
         } else {
             None
         };
-        let want = resolve_start(&dir, task, stream, opts.start)?;
+        let want = resolve_start(&dir, &trust, task, stream, opts.start)?;
         let mut f = Follower {
             dir,
+            trust,
             task: task.clone(),
             stream,
             follow: opts.follow,
@@ -773,7 +896,7 @@ impl Follower {
             l.is_none_or(|l| l.files.is_empty() && l.foreign.is_empty() && l.vanished.is_empty())
                 && self.dir.is_deleted()
         };
-        let listing = match scan(&self.dir, &self.task, self.stream) {
+        let listing = match scan(&self.dir, &self.trust, &self.task, self.stream) {
             Ok(l) if removed(Some(&l)) => {
                 return Err(FollowError::DirRemoved {
                     path: self.dir.path().to_path_buf(),
@@ -919,7 +1042,9 @@ impl Follower {
     fn check_replaced(&mut self, cur: Current) -> Result<Flow, FollowError> {
         let name = self.name(cur.index);
         match self.dir.stat(&name) {
-            Ok(Some(st)) if not_a_log_file(&st).is_none() && FileId::of(&st) != cur.id => {
+            Ok(Some(st))
+                if not_logmons(&self.trust, &st).is_none() && FileId::of(&st) != cur.id =>
+            {
                 let size = match cur.file.metadata() {
                     Ok(m) => m.len(),
                     Err(e) => {
@@ -971,7 +1096,7 @@ impl Follower {
         let listing = self.list(want.index)?;
         let top = listing.top();
         for &(index, _) in listing.files.iter().filter(|&&(i, _)| i >= want.index) {
-            let (file, st) = match open_log(&self.dir, &self.name(index))
+            let (file, st) = match open_log(&self.dir, &self.trust, &self.name(index))
                 .map_err(self.io_err("open", self.path(index)))?
             {
                 Opened::File(f, st) => (f, st),
@@ -1030,17 +1155,6 @@ impl Follower {
     }
 }
 
-/// Opens `name` in `dir` for reading only if it is a regular file with one
-/// link (the checks of the log files, [`open_log`]): the capture-time
-/// index and the log files read by [`crate::timeline`]. `None` when
-/// nothing or something else is there.
-pub(crate) fn open_regular(dir: &Dir, name: &str) -> io::Result<Option<(File, FileStat)>> {
-    Ok(match open_log(dir, name)? {
-        Opened::File(f, st) => Some((f, st)),
-        Opened::Gone | Opened::Foreign(_) => None,
-    })
-}
-
 /// `pread` that retries when interrupted (see [`read_at`]).
 pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     read_at(file, buf, offset)
@@ -1080,6 +1194,7 @@ fn watch_target(dir: &Dir) -> (PathBuf, bool) {
 /// while the reader is blocked elsewhere).
 fn watch(
     dir: &Arc<Dir>,
+    trust: Trust,
     task: &TaskName,
     stream: Stream,
     shared: &Arc<Shared>,
@@ -1136,7 +1251,7 @@ fn watch(
             s.renamed.store(true, Ordering::SeqCst);
         }
         if rescan || created {
-            match scan(&d, &t, stream) {
+            match scan(&d, &trust, &t, stream) {
                 Ok(listing) => {
                     s.ledger().record(&listing);
                     if rescan {
@@ -1177,6 +1292,7 @@ fn watch(
 
 fn resolve_start(
     dir: &Dir,
+    trust: &Trust,
     task: &TaskName,
     stream: Stream,
     start: Start,
@@ -1184,9 +1300,9 @@ fn resolve_start(
     match start {
         Start::Beginning => Ok(Position::default()),
         Start::At(p) => Ok(p),
-        Start::End => last_bytes(dir, task, stream, 0),
-        Start::LastBytes(n) => last_bytes(dir, task, stream, n),
-        Start::LastLines(n) => last_lines(dir, task, stream, n, BACK_BLOCK),
+        Start::End => last_bytes(dir, trust, task, stream, 0),
+        Start::LastBytes(n) => last_bytes(dir, trust, task, stream, n),
+        Start::LastLines(n) => last_lines(dir, trust, task, stream, n, BACK_BLOCK),
     }
 }
 
@@ -1203,9 +1319,15 @@ fn list_err(dir: &Dir) -> impl FnOnce(io::Error) -> FollowError + '_ {
 
 /// The position `n` bytes before the end of the stream (its log files:
 /// anything else at its names counts for nothing).
-fn last_bytes(dir: &Dir, task: &TaskName, stream: Stream, n: u64) -> Result<Position, FollowError> {
+fn last_bytes(
+    dir: &Dir,
+    trust: &Trust,
+    task: &TaskName,
+    stream: Stream,
+    n: u64,
+) -> Result<Position, FollowError> {
     let mut remaining = n;
-    let listing = scan(dir, task, stream).map_err(list_err(dir))?;
+    let listing = scan(dir, trust, task, stream).map_err(list_err(dir))?;
     let (files, after_purge) = listing.newest_first();
     for &(index, size) in files {
         if size >= remaining {
@@ -1226,19 +1348,20 @@ fn last_bytes(dir: &Dir, task: &TaskName, stream: Stream, n: u64) -> Result<Posi
 /// unread.
 fn last_lines(
     dir: &Dir,
+    trust: &Trust,
     task: &TaskName,
     stream: Stream,
     n: u64,
     block: usize,
 ) -> Result<Position, FollowError> {
     if n == 0 {
-        return last_bytes(dir, task, stream, 0);
+        return last_bytes(dir, trust, task, stream, 0);
     }
     let mut remaining = n;
     // Nothing seen yet: the next byte looked at is the stream's last.
     let mut at_stream_end = true;
     let mut buf = vec![0u8; block.max(1)];
-    let listing = scan(dir, task, stream).map_err(list_err(dir))?;
+    let listing = scan(dir, trust, task, stream).map_err(list_err(dir))?;
     let (files, after_purge) = listing.newest_first();
     for &(index, _) in files {
         let name = file_name(task, stream, index);
@@ -1253,7 +1376,7 @@ fn last_lines(
                 })
             }
         };
-        let (file, st) = match open_log(dir, &name).map_err(io_err("open"))? {
+        let (file, st) = match open_log(dir, trust, &name).map_err(io_err("open"))? {
             Opened::File(f, st) => (f, st),
             // Purged: the lines before are gone; start after it.
             Opened::Gone => {
@@ -1355,7 +1478,8 @@ mod tests {
             let named: Vec<(u64, &[u8])> = files.iter().enumerate().map(|(i, b)| (i as u64 * 2, b.as_slice())).collect();
             write_files(d.path(), &named);
             let all: Vec<u8> = files.concat();
-            let pos = last_lines(&Dir::open(d.path()).unwrap(), &task(), Stream::Stdout, n, block).unwrap();
+            let dir = Dir::open(d.path()).unwrap();
+            let pos = last_lines(&dir, &dir.trust().unwrap(), &task(), Stream::Stdout, n, block).unwrap();
             let mut f = Follower::open(d.path(), &task(), Stream::Stdout, Options { start: Start::At(pos), follow: false }).unwrap();
             let mut got = Vec::new();
             while let Some(ev) = f.next_now().unwrap() {
@@ -1598,7 +1722,8 @@ mod tests {
         std::fs::create_dir(logs.join("dir")).unwrap();
         std::fs::write(logs.join("ok"), b"fine").unwrap();
         let dir = Dir::open(&logs).unwrap();
-        let what = |name| match open_checked(&dir, name).unwrap() {
+        let trust = dir.trust().unwrap();
+        let what = |name| match open_checked(&dir, &trust, name).unwrap() {
             Opened::Foreign(w) => w,
             other => panic!("{name}: {other:?}"),
         };
@@ -1606,14 +1731,27 @@ mod tests {
         assert_eq!(what("link"), "a symlink");
         assert_eq!(what("hard"), "a regular file with 2 links");
         assert_eq!(what("dir"), "a directory");
-        assert!(matches!(open_checked(&dir, "gone").unwrap(), Opened::Gone));
+        if nix::unistd::geteuid().is_root() {
+            // A file of another user (the task's): never read, whatever
+            // it holds.
+            std::fs::write(logs.join("theirs"), b"forged\n").unwrap();
+            std::os::unix::fs::chown(logs.join("theirs"), Some(65534), None).unwrap();
+            assert!(what("theirs").starts_with("a file of uid 65534"));
+        }
+        assert!(matches!(
+            open_checked(&dir, &trust, "gone").unwrap(),
+            Opened::Gone
+        ));
         // A log file purged right after it was opened has no link left: it
         // is still read to its end.
         std::fs::write(logs.join("purged"), b"x").unwrap();
         let held = File::open(logs.join("purged")).unwrap();
         std::fs::remove_file(logs.join("purged")).unwrap();
-        assert_eq!(not_a_log_file(&nix::sys::stat::fstat(&held).unwrap()), None);
-        let Opened::File(f, _) = open_checked(&dir, "ok").unwrap() else {
+        assert_eq!(
+            not_logmons(&trust, &nix::sys::stat::fstat(&held).unwrap()),
+            None
+        );
+        let Opened::File(f, _) = open_checked(&dir, &trust, "ok").unwrap() else {
             panic!()
         };
         let mut buf = [0u8; 4];

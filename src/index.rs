@@ -17,11 +17,41 @@
 //! nanoseconds since the Unix epoch. Records are appended after the data
 //! they describe, so a record never names bytes that are not in the file;
 //! a logmon killed between the two leaves bytes without a record, never a
-//! record without bytes. Readers ([`Index::parse`]) keep the longest valid
-//! prefix: a torn last record, a bad header, offsets that go backwards or
-//! past the file's end end the usable part, and lines past it get an
-//! estimated time ([`Stamp::Estimated`]). Losing or corrupting an index
-//! never loses a line: the log file is read the same way with or without it.
+//! record without bytes. Readers keep the longest valid prefix: a bad
+//! header, a record that goes backwards (offset or time) or names a byte
+//! past the log file's end ends the usable part, and lines past it get an
+//! estimated time ([`Stamp::Estimated`]); so does a torn last record. A
+//! record of sixteen zero bytes ends the records: without damage when
+//! only zeros follow it (see recycling below), else the rest is damaged.
+//! The size of the index is never trusted: it is one bound, the log
+//! file's length the other. Losing or corrupting an index never loses a
+//! line: the log file is read the same way with or without it.
+//!
+//! **Read in place, bounded** ([`IndexFile`], what the readers and the
+//! shipper use): an index is never read whole. One pass in 4 KiB blocks
+//! finds the usable prefix (keeping only its first and last records), and
+//! goes on from there when the index has grown; `SEEK_DATA` skips holes,
+//! and past a record of zeros at most 1 MiB of allocated zeros is looked
+//! through before the rest is called damaged. Lookups are binary searches
+//! with `pread` through a cache of four 1 KiB blocks and the record the
+//! last lookup found, so stamping a stream in order reads each block
+//! once; opened [`IndexFile::released`] (as the readers and the shipper
+//! do) it holds no descriptor between calls, opening the index again, and
+//! reading it only if it is the same file, when a lookup must read. A
+//! sparse 1 GiB index costs a few reads and no memory
+//! (`tests/it/hostile_readers.rs`
+//! `a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped`
+//! measures the reader's peak RSS). [`Index::parse`], the in-memory
+//! reference, and [`IndexWriter::resume`] run the same scan; the property
+//! test `the_file_reader_answers_as_the_in_memory_parse` checks that every
+//! lookup in place answers as the reference, also on an index that grew
+//! after it was opened.
+//!
+//! Which index a reader believes is not this module's concern: the
+//! caller opens it through the log directory's handle, non-blocking, and
+//! checks what it opened with [`crate::dir::Trust`] (a task's own file, a
+//! hard link, a FIFO at an index name is skipped and its file's times are
+//! estimated: see [`crate::timeline`]).
 //!
 //! The header names the file it belongs to, and zero bytes after the last
 //! record end the index without damage: at rotation the purged file's index
@@ -41,13 +71,18 @@
 //!
 //! The writer (end of this file, used by [`crate::rotate::Rotator`]) opens
 //! a new file's index with the header, and resumes an existing one after
-//! its last whole record (a torn tail cut off); a resumed file whose index
-//! is missing or unusable gets a fresh one with records for the new
-//! batches only, so readers estimate the earlier lines' times.
+//! its last whole record (a torn tail cut off; read in place like the
+//! readers do, never whole); a resumed file whose index is missing or
+//! unusable gets a fresh one with records for the new batches only, so
+//! readers estimate the earlier lines' times. A reader takes the
+//! high-water mark only from a small file it trusts
+//! ([`read_hwm_trusted`]).
 //!
 //! Tests: the unit tests below (format round trip, torn and corrupt
-//! indexes, lookups, the writer, the high-water mark), the rotator's
-//! (`crate::rotate`) and `tests/it/capture.rs`.
+//! indexes, lookups, the in-place reader against the reference, a sparse
+//! 1 GiB index, a rewritten index, the writer, the high-water mark), the
+//! rotator's (`crate::rotate`), `tests/it/capture.rs` and
+//! `tests/it/hostile_readers.rs`.
 
 use crate::config::{Stream, TaskName};
 
@@ -60,9 +95,6 @@ const VERSION_1: u32 = 1;
 /// Past this size, a recycled index's old records are cut off
 /// (`ftruncate`) rather than overwritten with zeros.
 const ZERO_FILL_MAX: u64 = 64 * 1024;
-/// The largest index [`IndexWriter::resume`] reads back (one for a 10 MiB
-/// file of 100-byte lines, each its own batch, is 1.6 MiB).
-const RESUME_READ_MAX: u64 = 64 * 1024 * 1024;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 16;
 /// Record size in bytes.
@@ -155,7 +187,10 @@ impl Stamp {
     }
 }
 
-/// The usable records of one file's index.
+/// The usable records of one file's index, held in memory: the reference
+/// reading of an index's bytes ([`Index::parse`]), for the writer's tests
+/// and the model of the property tests. Readers use [`IndexFile`], which
+/// reads the same way in place, a few records at a time.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
     records: Vec<Record>,
@@ -175,33 +210,22 @@ impl Index {
                 damaged: file_len > 0,
             };
         };
-        if !header_fits(bytes, n) {
-            return Index {
-                records: Vec::new(),
-                damaged: true,
-            };
+        let p = match scan(bytes, bytes.len() as u64, n, file_len, None) {
+            Ok(p) => p,
+            // Reading from memory cannot fail.
+            Err(_) => Prefix::unusable(),
+        };
+        let end = HEADER_LEN + RECORD_LEN * usize::try_from(p.count).unwrap_or(0);
+        let records = bytes
+            .get(HEADER_LEN..end)
+            .unwrap_or_default()
+            .chunks_exact(RECORD_LEN)
+            .map(Record::decode)
+            .collect();
+        Index {
+            records,
+            damaged: p.damaged,
         }
-        let body = &bytes[HEADER_LEN..];
-        // Zeros after the last record end the index (a recycled one).
-        let end = body.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        let body = &body[..end.next_multiple_of(RECORD_LEN).min(body.len())];
-        let mut damaged = body.len() % RECORD_LEN != 0;
-        let mut records: Vec<Record> = Vec::with_capacity(body.len() / RECORD_LEN);
-        for chunk in body.chunks_exact(RECORD_LEN) {
-            let r = Record::decode(chunk);
-            let ordered = records
-                .last()
-                .is_none_or(|p| r.offset > p.offset && r.time_ns >= p.time_ns);
-            if !ordered || r.offset >= file_len.max(1) && r.offset != 0 {
-                damaged = true;
-                break;
-            }
-            records.push(r);
-        }
-        if records.first().is_some_and(|r| r.offset != 0) {
-            damaged = true;
-        }
-        Index { records, damaged }
     }
 
     /// The usable records, in offset order.
@@ -219,31 +243,573 @@ impl Index {
     /// (the file's mtime, the time of its last write) bounds the estimate
     /// for bytes past the last record.
     pub fn time_at(&self, offset: u64, fallback_ns: i64) -> Stamp {
-        let i = self.records.partition_point(|r| r.offset <= offset);
-        match (i, self.damaged) {
-            (0, _) => Stamp::Estimated(self.records.first().map_or(fallback_ns, |r| r.time_ns)),
-            (n, false) => Stamp::Indexed(self.records[n - 1].time_ns),
-            // Past the usable prefix of a damaged index: the bytes may
-            // belong to a later batch; only the last record's time or the
-            // mtime bound it.
-            (n, true) if n == self.records.len() => {
-                Stamp::Estimated(fallback_ns.max(self.records[n - 1].time_ns))
-            }
-            (n, true) => Stamp::Indexed(self.records[n - 1].time_ns),
-        }
+        time_at(&mut &*self, offset, fallback_ns)
     }
 
     /// The offset of the first batch captured at or after `time_ns`, or
     /// `None` if every recorded batch is older (binary search: a few
     /// comparisons, no scan of the log file).
     pub fn offset_at_or_after(&self, time_ns: i64) -> Option<u64> {
-        let i = self.records.partition_point(|r| r.time_ns < time_ns);
-        self.records.get(i).map(|r| r.offset)
+        offset_at_or_after(&mut &*self, time_ns)
     }
 
     /// Capture time of the file's first batch, if recorded.
     pub fn first_time(&self) -> Option<i64> {
         self.records.first().map(|r| r.time_ns)
+    }
+}
+
+// ---------------------------------------------------------------------
+// Reading an index in place: the usable prefix found by one pass in
+// blocks (incremental as the index grows), lookups by binary search with
+// `pread` and a small cache. Nothing is ever held whole: a sparse 1 GiB
+// index costs one block of memory and, thanks to `SEEK_DATA`, a few reads.
+// ---------------------------------------------------------------------
+
+/// Bytes read at once when finding the usable prefix.
+const SCAN_BLOCK: usize = 4096;
+/// Bytes of a cached block of records (64 records).
+const CACHE_BLOCK: usize = 1024;
+/// Blocks an [`IndexFile`] keeps (4 KiB at most).
+const CACHE_BLOCKS: usize = 4;
+/// After a record of zeros, how many bytes of (allocated) zeros are read
+/// looking for anything else before the rest is called damaged (an index
+/// reused at rotation has at most [`ZERO_FILL_MAX`] of them).
+const ZERO_CHECK_MAX: u64 = 1024 * 1024;
+
+/// Where an index's bytes come from: memory ([`Index::parse`]) or the
+/// file ([`IndexFile`]).
+trait Source {
+    /// `pread`: bytes at `pos`, fewer at the end.
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<usize>;
+
+    /// The first offset at or after `pos` that may hold data, `None` when
+    /// only a hole follows (`SEEK_DATA`).
+    fn data_from(&self, pos: u64) -> std::io::Result<Option<u64>>;
+}
+
+impl Source for [u8] {
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+        let from = usize::try_from(pos).unwrap_or(usize::MAX).min(self.len());
+        let n = buf.len().min(self.len() - from);
+        buf[..n].copy_from_slice(&self[from..from + n]);
+        Ok(n)
+    }
+
+    fn data_from(&self, pos: u64) -> std::io::Result<Option<u64>> {
+        Ok((pos < self.len() as u64).then_some(pos))
+    }
+}
+
+impl Source for std::fs::File {
+    fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        loop {
+            match FileExt::read_at(self, buf, pos) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+    }
+
+    fn data_from(&self, pos: u64) -> std::io::Result<Option<u64>> {
+        let Ok(at) = i64::try_from(pos) else {
+            return Ok(None);
+        };
+        match nix::unistd::lseek(self, at, nix::unistd::Whence::SeekData) {
+            Ok(d) => Ok(u64::try_from(d).ok()),
+            Err(nix::errno::Errno::ENXIO) => Ok(None),
+            // A file system without SEEK_DATA: read it all.
+            Err(_) => Ok(Some(pos)),
+        }
+    }
+}
+
+/// Reads into all of `buf` from `pos`, less only at the end of `src`.
+fn read_full<S: Source + ?Sized>(src: &S, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match src.read_at(&mut buf[got..], pos + got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+/// Whether a byte other than zero sits in `src` between `pos` and `len`;
+/// past [`ZERO_CHECK_MAX`] bytes of zeros read, the answer is yes
+/// (damaged is the safe side: times get estimated, no line is lost).
+fn nonzero_between<S: Source + ?Sized>(src: &S, mut pos: u64, len: u64) -> std::io::Result<bool> {
+    let mut buf = [0u8; SCAN_BLOCK];
+    let mut read = 0u64;
+    while pos < len {
+        let Some(data) = src.data_from(pos)?.filter(|&d| d < len) else {
+            return Ok(false);
+        };
+        let want = usize::try_from(len - data)
+            .unwrap_or(SCAN_BLOCK)
+            .min(SCAN_BLOCK);
+        let got = read_full(src, &mut buf[..want], data)?;
+        if got == 0 {
+            return Ok(false);
+        }
+        if buf[..got].iter().any(|&b| b != 0) {
+            return Ok(true);
+        }
+        read += got as u64;
+        if read >= ZERO_CHECK_MAX {
+            return Ok(true);
+        }
+        pos = data + got as u64;
+    }
+    Ok(false)
+}
+
+/// Why the usable part of an index ends where it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// No usable header (too short, another version, another file's).
+    Header,
+    /// At the last whole record (a torn one may follow).
+    Records,
+    /// At a record of zeros: the end of the records (a reused index).
+    Zeros,
+    /// At a record whose offset or time goes backwards.
+    Backwards,
+    /// At a record naming a byte past the log file's end.
+    PastFile,
+}
+
+/// The usable prefix of an index: its first `count` records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Prefix {
+    count: u64,
+    first: Option<Record>,
+    last: Option<Record>,
+    end: End,
+    /// Some of the file's bytes have no usable record (see the module docs).
+    damaged: bool,
+}
+
+impl Prefix {
+    fn unusable() -> Prefix {
+        Prefix {
+            count: 0,
+            first: None,
+            last: None,
+            end: End::Header,
+            damaged: true,
+        }
+    }
+}
+
+/// Finds the usable prefix of the `len` bytes of `src`, the index of log
+/// file `n` of `file_len` bytes, going on from `from` (a prefix found
+/// earlier in the same, since grown, index) when given. One pass in
+/// blocks; nothing is kept but the first and last records.
+fn scan<S: Source + ?Sized>(
+    src: &S,
+    len: u64,
+    n: u64,
+    file_len: u64,
+    from: Option<Prefix>,
+) -> std::io::Result<Prefix> {
+    let mut p = match from {
+        Some(p) if p.end != End::Header => p,
+        _ => {
+            let mut h = [0u8; HEADER_LEN];
+            if read_full(src, &mut h, 0)? < HEADER_LEN || !header_fits(&h, n) {
+                return Ok(Prefix::unusable());
+            }
+            Prefix {
+                count: 0,
+                first: None,
+                last: None,
+                end: End::Records,
+                damaged: false,
+            }
+        }
+    };
+    p.end = End::Records;
+    let whole = len.saturating_sub(HEADER_LEN as u64) / RECORD_LEN as u64;
+    let mut buf = vec![0u8; SCAN_BLOCK];
+    'blocks: while p.count < whole {
+        let pos = HEADER_LEN as u64 + p.count * RECORD_LEN as u64;
+        let want = usize::try_from((whole - p.count) * RECORD_LEN as u64)
+            .unwrap_or(SCAN_BLOCK)
+            .min(SCAN_BLOCK);
+        let got = read_full(src, &mut buf[..want], pos)?;
+        if got < RECORD_LEN {
+            break; // Shorter than it was a moment ago.
+        }
+        for chunk in buf[..got].chunks_exact(RECORD_LEN) {
+            let r = Record::decode(chunk);
+            let end = if chunk.iter().all(|&b| b == 0) {
+                Some(End::Zeros)
+            } else if p
+                .last
+                .is_some_and(|l| r.offset <= l.offset || r.time_ns < l.time_ns)
+            {
+                Some(End::Backwards)
+            } else if r.offset != 0 && r.offset >= file_len {
+                Some(End::PastFile)
+            } else {
+                None
+            };
+            if let Some(end) = end {
+                p.end = end;
+                break 'blocks;
+            }
+            p.first.get_or_insert(r);
+            p.last = Some(r);
+            p.count += 1;
+        }
+    }
+    let stop = HEADER_LEN as u64 + p.count * RECORD_LEN as u64;
+    let clean = match p.end {
+        // Zeros (or a torn tail of zeros) end an index without damage
+        // when nothing but zeros follows them.
+        End::Records | End::Zeros => !nonzero_between(src, stop, len)?,
+        End::Header | End::Backwards | End::PastFile => false,
+    };
+    p.damaged = !clean || p.first.is_some_and(|r| r.offset != 0);
+    Ok(p)
+}
+
+/// Lookups shared by [`Index`] and [`IndexFile`]: records `0..count()`,
+/// ascending in offset and time.
+trait Records {
+    fn count(&self) -> u64;
+    fn damaged(&self) -> bool;
+    /// Record `i` (`None`: it could not be read).
+    fn get(&mut self, i: u64) -> Option<Record>;
+
+    /// How many records (a prefix) satisfy `pred`, true then false along
+    /// the records; `None` if a record could not be read.
+    fn partition(&mut self, pred: &dyn Fn(&Record) -> bool) -> Option<u64> {
+        let count = self.count();
+        bisect(self, pred, count)
+    }
+}
+
+/// Binary search of [`Records::partition`] over the first `count` records.
+fn bisect<R: Records + ?Sized>(
+    r: &mut R,
+    pred: &dyn Fn(&Record) -> bool,
+    count: u64,
+) -> Option<u64> {
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(&r.get(mid)?) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+impl Records for &Index {
+    fn count(&self) -> u64 {
+        self.records.len() as u64
+    }
+
+    fn damaged(&self) -> bool {
+        self.damaged
+    }
+
+    fn get(&mut self, i: u64) -> Option<Record> {
+        self.records.get(usize::try_from(i).ok()?).copied()
+    }
+}
+
+/// See [`Index::time_at`].
+fn time_at(r: &mut impl Records, offset: u64, fallback_ns: i64) -> Stamp {
+    let Some(i) = r.partition(&|x| x.offset <= offset) else {
+        return Stamp::Estimated(fallback_ns);
+    };
+    let count = r.count();
+    match i {
+        0 if count == 0 => Stamp::Estimated(fallback_ns),
+        0 => Stamp::Estimated(r.get(0).map_or(fallback_ns, |x| x.time_ns)),
+        // Past the usable prefix of a damaged index: the bytes may
+        // belong to a later batch; only the last record's time or the
+        // mtime bound it.
+        n if n == count && r.damaged() => Stamp::Estimated(
+            r.get(n - 1)
+                .map_or(fallback_ns, |x| x.time_ns.max(fallback_ns)),
+        ),
+        n => r
+            .get(n - 1)
+            .map_or(Stamp::Estimated(fallback_ns), |x| Stamp::Indexed(x.time_ns)),
+    }
+}
+
+/// See [`Index::offset_at_or_after`].
+fn offset_at_or_after(r: &mut impl Records, time_ns: i64) -> Option<u64> {
+    let i = r.partition(&|x| x.time_ns < time_ns)?;
+    r.get(i).map(|x| x.offset)
+}
+
+/// A few blocks of an index's records, most recently used first.
+#[derive(Debug, Default)]
+struct BlockCache {
+    blocks: Vec<(u64, Box<[u8; CACHE_BLOCK]>)>,
+}
+
+/// How an [`IndexFile`] that holds no descriptor between calls opens its
+/// index again when a read needs it: the caller's checked open of the
+/// same name (`None`: nothing there, or nothing to believe).
+#[derive(Clone)]
+pub struct Reopen(pub std::sync::Arc<dyn Fn() -> Option<std::fs::File> + Send + Sync>);
+
+impl std::fmt::Debug for Reopen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reopen")
+    }
+}
+
+/// The index of one log file, read in place (see the module docs for
+/// what is usable): at most a few KiB of it are ever in memory, however
+/// large the file — a sparse 1 GiB index costs one read past its header.
+/// Lookups are binary searches with `pread`, through a cache of
+/// four 1 KiB blocks and the last record found (reading a stream
+/// stamps its lines in order: most lookups read nothing).
+///
+/// Opened with [`IndexFile::released`], it holds no descriptor between
+/// calls (a shipper follows thousands of streams within its open-file
+/// limit): a call that must read opens the index again, and reads it
+/// only if it is still the same file (device and inode); a refresh that
+/// finds another file at the name starts over with it.
+#[derive(Debug)]
+pub struct IndexFile {
+    file: Option<std::fs::File>,
+    reopen: Option<Reopen>,
+    /// The index read (device, inode).
+    id: crate::dir::FileId,
+    n: u64,
+    /// The index's size and the log file's, when the prefix was found.
+    len: u64,
+    file_len: u64,
+    prefix: Prefix,
+    cache: BlockCache,
+    /// The record the last lookup landed in.
+    hint: u64,
+}
+
+impl IndexFile {
+    /// Reads the index `file` (opened and checked by the caller) of log
+    /// file `n`, `file_len` bytes long, and keeps it open.
+    pub fn open(file: std::fs::File, n: u64, file_len: u64) -> std::io::Result<IndexFile> {
+        let st = nix::sys::stat::fstat(&file)?;
+        let len = u64::try_from(st.st_size).unwrap_or(0);
+        let prefix = scan(&file, len, n, file_len, None)?;
+        Ok(IndexFile {
+            file: Some(file),
+            reopen: None,
+            id: crate::dir::FileId::of(&st),
+            n,
+            len,
+            file_len,
+            prefix,
+            cache: BlockCache::default(),
+            hint: 0,
+        })
+    }
+
+    /// As [`IndexFile::open`], then lets the descriptor go: later calls
+    /// that must read open the index again through `reopen`.
+    pub fn released(
+        file: std::fs::File,
+        n: u64,
+        file_len: u64,
+        reopen: Reopen,
+    ) -> std::io::Result<IndexFile> {
+        let mut ix = IndexFile::open(file, n, file_len)?;
+        ix.reopen = Some(reopen);
+        ix.release();
+        Ok(ix)
+    }
+
+    /// Lets the descriptor go if it can be opened again.
+    fn release(&mut self) {
+        if self.reopen.is_some() {
+            self.file = None;
+        }
+    }
+
+    /// The index's descriptor: held, or opened again if what sits at the
+    /// name is still the file read (`None` otherwise).
+    fn file(&mut self) -> Option<&std::fs::File> {
+        if self.file.is_none() {
+            let f = (self.reopen.as_ref()?.0)()?;
+            let st = nix::sys::stat::fstat(&f).ok()?;
+            if crate::dir::FileId::of(&st) != self.id {
+                return None;
+            }
+            self.file = Some(f);
+        }
+        self.file.as_ref()
+    }
+
+    /// Takes in what was appended since (the log file is `file_len` bytes
+    /// long now): the scan goes on after the records already found. An
+    /// index or log file that became shorter, or whose last record found
+    /// changed (rewritten), is read again from its start; so is another
+    /// file found at the index's name.
+    pub fn refresh(&mut self, file_len: u64) -> std::io::Result<()> {
+        let r = self.refresh_held(file_len);
+        self.release();
+        r
+    }
+
+    fn refresh_held(&mut self, file_len: u64) -> std::io::Result<()> {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        if self.file.is_none() {
+            let reopen = self.reopen.clone().ok_or_else(gone)?;
+            let f = (reopen.0)().ok_or_else(gone)?;
+            if crate::dir::FileId::of(&nix::sys::stat::fstat(&f)?) != self.id {
+                let mut fresh = IndexFile::open(f, self.n, file_len)?;
+                fresh.reopen = Some(reopen);
+                *self = fresh;
+                return Ok(());
+            }
+            self.file = Some(f);
+        }
+        let file = self.file.as_ref().ok_or_else(gone)?;
+        let len = file.metadata()?.len();
+        // Even at the same sizes: records may have been written over the
+        // zeros of a reused index.
+        let same = len >= self.len
+            && file_len >= self.file_len
+            && match self.prefix.last {
+                None => true,
+                Some(last) => {
+                    let mut b = [0u8; RECORD_LEN];
+                    let at = HEADER_LEN as u64 + (self.prefix.count - 1) * RECORD_LEN as u64;
+                    read_full(file, &mut b, at)? == RECORD_LEN && Record::decode(&b) == last
+                }
+            };
+        let from = if same {
+            Some(self.prefix)
+        } else {
+            self.hint = 0;
+            None
+        };
+        let prefix = scan(file, len, self.n, file_len, from)?;
+        if prefix.count != self.prefix.count || from.is_none() {
+            // A cached block may hold what preceded new records (zeros).
+            self.cache.blocks.clear();
+        }
+        self.prefix = prefix;
+        self.len = len;
+        self.file_len = file_len;
+        Ok(())
+    }
+
+    /// How many records are usable.
+    pub fn count(&self) -> u64 {
+        self.prefix.count
+    }
+
+    /// Whether some of the file's bytes have no usable record.
+    pub fn damaged(&self) -> bool {
+        self.prefix.damaged
+    }
+
+    /// The last usable record.
+    pub fn last(&self) -> Option<Record> {
+        self.prefix.last
+    }
+
+    /// As [`Index::time_at`].
+    pub fn time_at(&mut self, offset: u64, fallback_ns: i64) -> Stamp {
+        let s = time_at(self, offset, fallback_ns);
+        self.release();
+        s
+    }
+
+    /// As [`Index::offset_at_or_after`].
+    pub fn offset_at_or_after(&mut self, time_ns: i64) -> Option<u64> {
+        let o = offset_at_or_after(self, time_ns);
+        self.release();
+        o
+    }
+
+    /// Where to start reading for the lines captured at or after
+    /// `time_ns`: the first batch at or after it; 0 when that is the
+    /// first batch (bytes before the first record are stamped with its
+    /// time) or a record cannot be read; the last batch when all are
+    /// older (its bytes past the record may be newer: filter them).
+    pub fn start_for_since(&mut self, time_ns: i64) -> u64 {
+        let o = match self.partition(&|r| r.time_ns < time_ns) {
+            None | Some(0) => 0,
+            Some(i) if i < self.prefix.count => self.get(i).map_or(0, |r| r.offset),
+            Some(_) => self.prefix.last.map_or(0, |r| r.offset),
+        };
+        self.release();
+        o
+    }
+
+    /// The block `b` of the file, from the cache or read.
+    fn block(&mut self, b: u64) -> Option<&[u8; CACHE_BLOCK]> {
+        if !self.cache.blocks.iter().any(|(k, _)| *k == b) {
+            let mut data = match self.cache.blocks.len() {
+                CACHE_BLOCKS => self.cache.blocks.pop().map(|(_, d)| d),
+                _ => None,
+            }
+            .unwrap_or_else(|| Box::new([0u8; CACHE_BLOCK]));
+            let got = read_full(self.file()?, &mut data[..], b * CACHE_BLOCK as u64).ok()?;
+            data[got..].fill(0);
+            self.cache.blocks.push((b, data));
+        }
+        let blocks = &mut self.cache.blocks;
+        let at = blocks.iter().position(|(k, _)| *k == b)?;
+        let hit = blocks.remove(at);
+        blocks.insert(0, hit);
+        blocks.first().map(|(_, d)| &**d)
+    }
+}
+
+impl Records for IndexFile {
+    fn count(&self) -> u64 {
+        self.prefix.count
+    }
+
+    fn damaged(&self) -> bool {
+        self.prefix.damaged
+    }
+
+    fn get(&mut self, i: u64) -> Option<Record> {
+        if i >= self.prefix.count {
+            return None;
+        }
+        let pos = HEADER_LEN as u64 + i * RECORD_LEN as u64;
+        let b = self.block(pos / CACHE_BLOCK as u64)?;
+        // A record never straddles blocks: the header and the blocks are
+        // multiples of the record size.
+        let at = usize::try_from(pos % CACHE_BLOCK as u64).ok()?;
+        Some(Record::decode(&b[at..at + RECORD_LEN]))
+    }
+
+    /// Tries the record of the last lookup and the next one first.
+    fn partition(&mut self, pred: &dyn Fn(&Record) -> bool) -> Option<u64> {
+        let count = self.prefix.count;
+        let mut found = None;
+        for h in [self.hint, self.hint + 1] {
+            if h < count && pred(&self.get(h)?) && (h + 1 == count || !pred(&self.get(h + 1)?)) {
+                found = Some(h + 1);
+                break;
+            }
+        }
+        let found = match found {
+            Some(f) => f,
+            None => bisect(self, pred, count)?,
+        };
+        self.hint = found.saturating_sub(1);
+        Some(found)
     }
 }
 
@@ -348,39 +914,24 @@ impl IndexWriter {
     /// else is started afresh ([`IndexWriter::fresh`]): the bytes already
     /// in the file then have no record and readers estimate their times.
     pub fn resume(file: std::fs::File, n: u64, file_len: u64) -> std::io::Result<IndexWriter> {
-        use std::io::Read;
+        // Read in place, a block at a time (never whole: an index is as
+        // large as its file's batches are many).
         let len = file.metadata()?.len();
-        if len > RESUME_READ_MAX {
+        let p = scan(&file, len, n, file_len, None)?;
+        if matches!(p.end, End::Header | End::PastFile) {
+            // Another file's index, or the file is shorter than its
+            // index says (truncated while logmon was down): its records
+            // cannot be trusted.
             return IndexWriter::fresh(file, n);
         }
-        let mut bytes = Vec::with_capacity(len as usize);
-        (&file).take(RESUME_READ_MAX).read_to_end(&mut bytes)?;
-        if !header_fits(&bytes, n) {
-            return IndexWriter::fresh(file, n);
-        }
-        let body = &bytes[HEADER_LEN..];
-        let used = body.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        let last_raw = used
-            .div_ceil(RECORD_LEN)
-            .checked_sub(1)
-            .map(|i| i * RECORD_LEN);
-        if let Some(at) = last_raw.filter(|&at| at + RECORD_LEN <= body.len()) {
-            let r = Record::decode(&body[at..at + RECORD_LEN]);
-            if r.offset >= file_len.max(1) && r.offset != 0 {
-                // The file is shorter than its index says (truncated while
-                // logmon was down): its records cannot be trusted.
-                return IndexWriter::fresh(file, n);
-            }
-        }
-        let ix = Index::parse(Some(&bytes), n, file_len);
-        let end = (HEADER_LEN + ix.records.len() * RECORD_LEN) as u64;
-        if bytes[end as usize..].iter().any(|&b| b != 0) {
+        let end = HEADER_LEN as u64 + p.count * RECORD_LEN as u64;
+        if nonzero_between(&file, end, len)? {
             file.set_len(end)?;
         }
         Ok(IndexWriter {
             file,
             end,
-            last: ix.records.last().copied(),
+            last: p.last,
             pending: Vec::new(),
             pending_since: None,
         })
@@ -474,6 +1025,23 @@ pub fn read_hwm(dir: &crate::dir::Dir, task: &TaskName, stream: Stream) -> Optio
         .ok()??;
     let mut text = Vec::with_capacity(24);
     f.take(64).read_to_end(&mut text).ok()?;
+    parse_hwm(&text).map(|n| n.min(crate::rotate::MAX_INDEX))
+}
+
+/// The stream's high-water mark as a reader may believe it: `None` unless
+/// a small regular file that `trust` accepts sits at the name (read with
+/// [`crate::dir::Dir::read_small`]: capped, non-blocking, no link
+/// followed), and holds a number.
+pub fn read_hwm_trusted(
+    dir: &crate::dir::Dir,
+    trust: &crate::dir::Trust,
+    task: &TaskName,
+    stream: Stream,
+) -> Option<u64> {
+    let (text, st) = dir.read_small(hwm_name(task, stream), 64).ok()??;
+    if trust.foreign_file(&st).is_some() {
+        return None;
+    }
     parse_hwm(&text).map(|n| n.min(crate::rotate::MAX_INDEX))
 }
 
@@ -798,5 +1366,172 @@ mod tests {
             None
         );
         assert_eq!(parse_index_name("web.stdout.3", &t, Stream::Stdout), None);
+    }
+
+    /// An index file of `bytes` in a temp dir, opened for reading.
+    fn index_file(d: &tempfile::TempDir, bytes: &[u8]) -> std::fs::File {
+        let p = d.path().join("ix");
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::File::open(&p).unwrap()
+    }
+
+    /// Index bytes: a header (for `N`, or another file), records from
+    /// ascending steps, then any tail (garbage, zeros, a torn record).
+    fn arb_index() -> impl proptest::strategy::Strategy<Value = (Vec<u8>, u64)> {
+        use proptest::prelude::*;
+        (
+            prop_oneof![8 => Just(N), 1 => Just(N + 1)],
+            proptest::collection::vec((0u64..40, 0i64..5), 0..300),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            0usize..3,
+            0u64..6000,
+        )
+            .prop_map(|(n, steps, tail, tail_kind, file_len)| {
+                let mut v = header(n).to_vec();
+                let (mut off, mut t) = (0u64, 1_000i64);
+                for (i, (d_off, d_t)) in steps.into_iter().enumerate() {
+                    // Mostly ascending; a step of 0 goes nowhere (backwards).
+                    if i > 0 {
+                        off += d_off;
+                    }
+                    t += d_t;
+                    v.extend_from_slice(
+                        &Record {
+                            offset: off,
+                            time_ns: t,
+                        }
+                        .encode(),
+                    );
+                }
+                match tail_kind {
+                    0 => v.extend_from_slice(&tail),
+                    1 => v.extend(std::iter::repeat_n(0u8, tail.len() * 16)),
+                    _ => {
+                        v.extend(std::iter::repeat_n(0u8, 32));
+                        v.extend_from_slice(&tail);
+                    }
+                }
+                (v, file_len)
+            })
+    }
+
+    proptest::proptest! {
+        /// The in-place reader answers exactly as the in-memory reference,
+        /// for every lookup, also when the index grew after it was opened.
+        #[test]
+        fn the_file_reader_answers_as_the_in_memory_parse(
+            (bytes, file_len) in arb_index(),
+            cut in 0usize..2000,
+        ) {
+            let d = tempfile::tempdir().unwrap();
+            let model = Index::parse(Some(&bytes), N, file_len);
+            // Opened while only a prefix was written, then refreshed.
+            let cut = cut.min(bytes.len());
+            let p = d.path().join("ix");
+            std::fs::write(&p, &bytes[..cut]).unwrap();
+            let mut f = IndexFile::open(std::fs::File::open(&p).unwrap(), N, file_len / 2).unwrap();
+            let early = Index::parse(Some(&bytes[..cut]), N, file_len / 2);
+            proptest::prop_assert_eq!(f.count(), early.records().len() as u64);
+            proptest::prop_assert_eq!(f.damaged(), early.damaged());
+            // Looked up before it grew (the blocks read then are cached).
+            for off in (0..file_len / 2 + 20).step_by(11) {
+                proptest::prop_assert_eq!(f.time_at(off, 77), early.time_at(off, 77), "early offset {}", off);
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            f.refresh(file_len).unwrap();
+            proptest::prop_assert_eq!(f.count(), model.records().len() as u64);
+            proptest::prop_assert_eq!(f.damaged(), model.damaged());
+            proptest::prop_assert_eq!(f.last(), model.records().last().copied());
+            for off in (0..file_len + 20).step_by(7) {
+                proptest::prop_assert_eq!(f.time_at(off, 77), model.time_at(off, 77), "offset {}", off);
+            }
+            for t in (900..2_600).step_by(13) {
+                proptest::prop_assert_eq!(f.offset_at_or_after(t), model.offset_at_or_after(t), "time {}", t);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sparse_gigabyte_index_is_read_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        std::fs::write(&p, bytes(&[(0, 100), (10, 200)])).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(1 << 30).unwrap();
+        // The zeros end the records: no damage, and only the data part
+        // and one hole lookup are read (SEEK_DATA).
+        let mut ix = IndexFile::open(std::fs::File::open(&p).unwrap(), N, 40).unwrap();
+        assert_eq!((ix.count(), ix.damaged()), (2, false));
+        assert_eq!(ix.time_at(39, 0), Stamp::Indexed(200));
+        // A record at its very end: damaged, the two records kept.
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(
+            &Record {
+                offset: 20,
+                time_ns: 300,
+            }
+            .encode(),
+            (1 << 30) - 16,
+        )
+        .unwrap();
+        ix.refresh(40).unwrap();
+        assert_eq!((ix.count(), ix.damaged()), (2, true));
+        assert_eq!(ix.time_at(39, 500), Stamp::Estimated(500));
+        // Nothing but a sparse tail after the header.
+        let empty = index_file(&d, &header(N));
+        empty.set_len(1 << 30).ok();
+        let ix = IndexFile::open(std::fs::File::open(d.path().join("ix")).unwrap(), N, 40).unwrap();
+        assert_eq!((ix.count(), ix.damaged()), (0, false));
+    }
+
+    #[test]
+    fn a_rewritten_index_is_read_again_from_its_start() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        std::fs::write(&p, bytes(&[(0, 100), (10, 200), (20, 300)])).unwrap();
+        let mut ix = IndexFile::open(std::fs::File::open(&p).unwrap(), N, 40).unwrap();
+        assert_eq!(ix.time_at(25, 0), Stamp::Indexed(300));
+        // The writer reset it (the log file was truncated) and wrote anew.
+        std::fs::write(&p, bytes(&[(0, 500), (5, 600), (8, 700), (30, 800)])).unwrap();
+        ix.refresh(40).unwrap();
+        assert_eq!(ix.count(), 4);
+        assert_eq!(ix.time_at(25, 0), Stamp::Indexed(700));
+        assert_eq!(ix.time_at(2, 0), Stamp::Indexed(500));
+    }
+
+    #[test]
+    fn a_released_index_holds_no_descriptor_and_starts_over_when_replaced() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ix");
+        std::fs::write(&p, bytes(&[(0, 100), (10, 200)])).unwrap();
+        let path = p.clone();
+        let reopen = Reopen(std::sync::Arc::new(move || std::fs::File::open(&path).ok()));
+        let mut ix = IndexFile::released(std::fs::File::open(&p).unwrap(), N, 40, reopen).unwrap();
+        assert!(ix.file.is_none());
+        assert_eq!(ix.time_at(15, 0), Stamp::Indexed(200));
+        assert!(ix.file.is_none(), "let go after the lookup");
+        // Appended: found by a refresh.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(
+                &Record {
+                    offset: 20,
+                    time_ns: 300,
+                }
+                .encode(),
+            )
+            .unwrap();
+        ix.refresh(40).unwrap();
+        assert!(ix.file.is_none());
+        assert_eq!(ix.time_at(25, 0), Stamp::Indexed(300));
+        // Another file at the name: never read as the old one; a refresh
+        // starts over with it.
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, bytes(&[(0, 900)])).unwrap();
+        ix.refresh(40).unwrap();
+        assert_eq!((ix.count(), ix.time_at(5, 0)), (1, Stamp::Indexed(900)));
     }
 }

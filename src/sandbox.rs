@@ -330,7 +330,23 @@ pub fn confine(policy: &Policy<'_>) -> Status {
     } else {
         confine_now(policy)
     };
-    if status.is_full() || status == Status::off() {
+    // `logs` run by a user other than root cannot empty its capability
+    // bounding set (that takes CAP_SETPCAP); it holds no capability and
+    // no_new_privs keeps any from coming back, so that is no gap: said at
+    // debug level, not as a warning on every run.
+    let reader = matches!(policy.profile, Profile::Logs | Profile::LogsCursor);
+    let bounding_only = Status {
+        capabilities: "none".into(),
+        ..status.clone()
+    };
+    if reader && status.capabilities.starts_with("none (") && bounding_only.is_full() {
+        tracing::debug!(
+            capabilities = %status.capabilities,
+            landlock = %status.landlock,
+            seccomp = %status.seccomp,
+            "sandbox in force (the bounding set needs no emptying without capabilities)"
+        );
+    } else if status.is_full() || status == Status::off() {
         tracing::info!(
             no_new_privs = status.no_new_privs,
             capabilities = %status.capabilities,

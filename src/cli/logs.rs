@@ -3,12 +3,8 @@
 //! The reading is [`crate::follow::Follower`]; this module runs it on a
 //! current-thread runtime and writes each chunk to stdout as soon as it is
 //! read (unbuffered: a partial line shows up at once). Notices (bytes
-//! skipped after a purge, a truncated or replaced file, a name of the stream
-//! that is not a log file and is skipped unread: `logmon: note: skipping
-//! /l/web.stdout.3: a symlink, not a log file`) go to stderr, one line
-//! each, prefixed `logmon: `. Only regular files with one link, inside the
-//! log directory opened once, are read (DESIGN.md §9; see
-//! [`crate::follow`]).
+//! skipped after a purge, a truncated or replaced file) go to stderr, one
+//! line each, prefixed `logmon: `.
 //!
 //! With `--timestamps`, `--since`/`--until`, `--merged`, `--format cri|json`
 //! or `--cursor`, the bytes are cut into stamped pieces of lines
@@ -25,33 +21,101 @@
 //! more to read. `--cursor FILE` resumes from FILE when it exists (instead
 //! of `-n`/`-c`/`--since`) and saves it after each write to stdout.
 //!
-//! Exit codes: 0 at the end of the stream, when stdout is closed by its
-//! reader (`logmon logs | head`: EPIPE, or, while following an idle log,
-//! the pipe reporting that its reader is gone), and on SIGINT (Ctrl-C) or
-//! SIGTERM; 2 when the log directory does not exist; 1 on any other error
-//! (the log directory deleted while it was read included).
+//! # Against a hostile task (DESIGN.md §9)
+//!
+//! `logs` often runs as root on an operator's behalf, in a directory the
+//! task can write. What it guarantees, in every mode:
+//!
+//! - **Nothing forged is read.** A file at a stream's or an index's name is
+//!   read only if what was opened (non-blocking, no link followed, checked
+//!   with `fstat`) is a regular file with one link that the directory's
+//!   [`crate::dir::Trust`] accepts: owned by root, the reader or the
+//!   directory's owner. A task's own file (whatever it holds), a hard link,
+//!   a FIFO, a directory, a device is skipped: the first
+//!   [`SKIPS_NAMED`] such names are noted one line each
+//!   (`logmon: note: skipping /l/web.stdout.3: a file of uid 65534 (…), not
+//!   a log file`), the others counted and said once at the end; a skipped
+//!   index only makes its file's times estimated. The task can still
+//!   *rename* logmon's own files (another stream's, another task's) into a
+//!   stream's names when the directory is writable by others without the
+//!   sticky bit: `logs` cannot tell those from the real ones, so it says so
+//!   in one warning line first, and goes on (logmon sets the sticky bit on
+//!   a directory it owns, or on any as root; in a sticky directory such a
+//!   rename fails). The task's metadata (`--format json`) comes from
+//!   [`crate::meta::load`], which reads only a file of root or the reader.
+//! - **Nothing makes it hang or swell.** Every read in the directory is
+//!   bounded: log files are streamed, an index is read in place a few KiB
+//!   at a time ([`crate::index::IndexFile`]), a cursor is read with a cap;
+//!   every open is non-blocking; the cursor's temporary file is created
+//!   anew, whatever was planted at its name removed unopened. SIGINT and
+//!   SIGTERM end it (exit 0) in every mode, also while a write to a stalled
+//!   pipe waits: stdout, when a pipe, is written through a non-blocking
+//!   description of its own (a socket with `MSG_DONTWAIT`), and the wait
+//!   watches the signals too.
+//! - **The cursor fits its reader.** It names its task and the log
+//!   directory's identity (device and inode). Another task's cursor is a
+//!   usage error; a directory deleted and made again, or a cursor past
+//!   every file of the stream (the stream started afresh), gets one
+//!   warning line and the reading starts at the first file present —
+//!   never "nothing, exit 0". A second reader of the same cursor fails at
+//!   once naming the first's pid (an `flock` beside it). A cursor of
+//!   version 1 (no directory identity) is taken as it is and saved as
+//!   version 2.
+//!
+//! Tests: `tests/it/hostile_readers.rs` (as uid 65534 against a root
+//! reader: a forged rename, a task-owned file and index, a sparse 1 GiB
+//! index and cursor with the reader's peak RSS, a FIFO at the cursor's
+//! temporary name), `tests/it/errors.rs` (`logs_errors`: the cursor, time
+//! and task mistakes, one line each), `tests/it/logs.rs`,
+//! `tests/it/timeline.rs`.
+//!
+//! # Exit codes
+//!
+//! 0 at the end of the stream, when stdout is closed by its reader
+//! (`logmon logs | head`: EPIPE, or, while following an idle log, the pipe
+//! reporting that its reader is gone), and on SIGINT (Ctrl-C) or SIGTERM;
+//! 2 for what the command line got wrong: a missing log directory, a bad or
+//! reversed `--since`/`--until`, a `--cursor` that cannot be a cursor (a
+//! directory, a device, a symlink, in a missing directory) or is another
+//! task's; 75 when another reader holds the cursor (retry once it ended);
+//! 1 on any other error: no file of the task at all (without `-f`), the
+//! log directory deleted while it was read, an unreadable or invalid
+//! cursor.
+//!
+//! # The sandbox
+//!
+//! `logs` confines itself read-only ([`crate::sandbox`]). Run by a user
+//! other than root it cannot empty its capability bounding set (that takes
+//! `CAP_SETPCAP`); it holds no capability and `no_new_privs` keeps any from
+//! coming back, so that is no gap, and it is said at debug level only. A
+//! layer really missing (an old kernel without Landlock) is one warning.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::signals::Blocked;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::config::Stream;
+use crate::config::{Stream, TaskName};
 use crate::dir::{Dir, LogDirError};
 use crate::follow::{Event, FollowError, Follower, Options, Start};
 use crate::timeline::{
-    locate_since, now_ns, parse_time, Assembler, CursorFile, CursorState, Format, Piece, Stamper,
-    StreamCursor, Style, PARTIAL_WAIT,
+    format_rfc3339, locate_since, now_ns, parse_time, Assembler, CursorError, CursorFile,
+    CursorState, Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
 
-use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_USAGE};
+use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
+
+/// How many names that are not logmon's files are noted one line each;
+/// the others are counted and said once at the end.
+pub const SKIPS_NAMED: usize = 10;
 
 /// `logmon logs`.
 pub fn run(a: &LogsArgs) -> CliResult {
@@ -59,15 +123,189 @@ pub fn run(a: &LogsArgs) -> CliResult {
     // mask): see crate::signals.
     let signals = Blocked::new(&crate::signals::STOP)
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
-    if a.timestamps
-        || a.since.is_some()
-        || a.until.is_some()
+    let stop = StopProbe::new()?;
+    let range = Range::parse(a)?;
+    // The one walk of the path; confined to that very directory (not to
+    // whatever the path names by then), before the runtime and the
+    // `notify` thread exist (DESIGN.md §9, §10).
+    let dir = open_log_dir(a)?;
+    let out = Out::new();
+    let mut skips = Skips::default();
+    let code = if a.timestamps
+        || range.since.is_some()
+        || range.until.is_some()
         || a.merged
         || a.format != Format::Raw
         || a.cursor.is_some()
     {
-        return run_timeline(a, signals);
+        run_timeline(a, dir, &range, signals, &stop, &out, &mut skips)
+    } else {
+        run_plain(a, dir, signals, &stop, &out, &mut skips)
+    };
+    skips.finish();
+    code
+}
+
+/// Opens the log directory, warns once when other users could have
+/// renamed files in it, and checks that the task has anything there.
+fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
+    let dir = Dir::open_log_dir(&a.log_dir)
+        .map_err(FollowError::from)
+        .map_err(cli_error)?;
+    let trust = dir.trust().map_err(|e| {
+        CliError::new(
+            EXIT_FAILURE,
+            format!("cannot look at {}: {e}", dir.path().display()),
+        )
+    })?;
+    if let Some(why) = trust.renamable_by_others() {
+        warn(&format!(
+            "warning: other users can rename files in {} ({why}): a task could pass logmon's files of another stream or task off as these; logmon sets the sticky bit on a log directory it owns, or on any when it runs as root",
+            dir.path().display()
+        ));
     }
+    let (known, others) = crate::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
+        CliError::new(
+            EXIT_FAILURE,
+            format!("cannot list {}: {e}", dir.path().display()),
+        )
+    })?;
+    if !known {
+        let there = match others.len() {
+            0 => "no task has log files there".to_owned(),
+            n if n <= 10 => {
+                format!(
+                    "tasks there: {}",
+                    others.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            }
+            n => format!(
+                "tasks there: {}, and {} more",
+                others
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                n - 10
+            ),
+        };
+        let what = format!(
+            "no log files of task {} in {} ({there})",
+            a.task.as_str(),
+            dir.path().display()
+        );
+        if !a.follow {
+            return Err(CliError::new(EXIT_FAILURE, what));
+        }
+        warn(&format!("note: {what}: waiting for its first file"));
+    }
+    Ok(Arc::new(dir))
+}
+
+/// One line on stderr, prefixed `logmon: `; best effort (a closed stderr
+/// must not stop the output).
+fn warn(text: &str) {
+    let _ = writeln!(io::stderr(), "logmon: {text}");
+}
+
+/// Names skipped because they are not logmon's files (module docs).
+#[derive(Debug, Default)]
+struct Skips {
+    named: usize,
+    counted: u64,
+}
+
+impl Skips {
+    /// Notes one skipped name (`text` names it).
+    fn note(&mut self, text: &str) {
+        if self.named < SKIPS_NAMED {
+            self.named += 1;
+            warn(text);
+        } else {
+            if self.counted == 0 {
+                warn("note: more names that are not logmon's files: counting them, the total comes at the end");
+            }
+            self.counted += 1;
+        }
+    }
+
+    /// Says how many were counted without a line of their own.
+    fn finish(&self) {
+        if self.counted > 0 {
+            warn(&format!(
+                "note: skipped {} names in all that are not logmon's files (none was read)",
+                self.named as u64 + self.counted
+            ));
+        }
+    }
+
+    /// Notes the index names `stamper` skipped since the last call.
+    fn take_from(&mut self, stamper: &mut Stamper) {
+        for (path, what) in stamper.take_skipped() {
+            self.note(&format!(
+                "note: skipping {}: {what}, not a capture-time index logmon wrote",
+                path.display()
+            ));
+        }
+    }
+}
+
+/// A notice of the follower: skipped names are counted, the rest said.
+fn notice(ev: &Event, f: &Follower, skips: &mut Skips) {
+    if let Some(text) = ev.notice(f.task(), f.stream()) {
+        match ev {
+            Event::NotALogFile { .. } => skips.note(&text),
+            _ => warn(&text),
+        }
+    }
+}
+
+/// `--since`/`--until`, checked before anything is opened.
+#[derive(Debug, Clone, Copy, Default)]
+struct Range {
+    since: Option<i64>,
+    until: Option<i64>,
+}
+
+impl Range {
+    fn parse(a: &LogsArgs) -> Result<Range, CliError> {
+        let now = now_ns();
+        let parse = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| parse_time(s, now))
+                .transpose()
+                .map_err(|e| CliError::new(EXIT_USAGE, e))
+        };
+        let r = Range {
+            since: parse(&a.since)?,
+            until: parse(&a.until)?,
+        };
+        if let (Some(s), Some(u), Some(st), Some(ut)) = (r.since, r.until, &a.since, &a.until) {
+            if s > u {
+                return Err(CliError::new(
+                    EXIT_USAGE,
+                    format!(
+                        "--since {st} ({}) is later than --until {ut} ({}): no line can be in between; swap them",
+                        format_rfc3339(s),
+                        format_rfc3339(u)
+                    ),
+                ));
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The reader's plain mode: the bytes as they are.
+fn run_plain(
+    a: &LogsArgs,
+    dir: Arc<Dir>,
+    signals: Blocked,
+    stop: &StopProbe,
+    out: &Out,
+    skips: &mut Skips,
+) -> CliResult {
     let stream = if a.stderr {
         Stream::Stderr
     } else {
@@ -82,23 +320,19 @@ pub fn run(a: &LogsArgs) -> CliResult {
         start,
         follow: a.follow,
     };
-    // The one walk of the path; confined to that very directory (not to
-    // whatever the path names by then), before the runtime and the
-    // `notify` thread exist (DESIGN.md §9, §10).
-    let dir = Arc::new(
-        Dir::open_log_dir(&a.log_dir)
-            .map_err(FollowError::from)
-            .map_err(cli_error)?,
-    );
     crate::sandbox::confine(&crate::sandbox::Policy::logs(&dir));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
+    let rt = runtime()?;
     rt.block_on(async {
         let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
-        pump(follower, signals).await
+        pump(follower, signals, stop, out, skips).await
     })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the runtime: {e}")))
 }
 
 /// SIGINT or SIGTERM ends the output (exit 0).
@@ -116,9 +350,24 @@ fn cli_error(e: FollowError) -> CliError {
     CliError::new(code, e)
 }
 
+fn cursor_error(e: CursorError) -> CliError {
+    let code = match e {
+        CursorError::Busy { .. } => EXIT_TEMPFAIL,
+        ref e if e.is_usage() => EXIT_USAGE,
+        _ => EXIT_FAILURE,
+    };
+    CliError::new(code, e)
+}
+
 /// Copies the follower's bytes to stdout until the end, a signal, or stdout
 /// going away.
-async fn pump(mut f: Follower, signals: Blocked) -> CliResult {
+async fn pump(
+    mut f: Follower,
+    signals: Blocked,
+    stop: &StopProbe,
+    out: &Out,
+    skips: &mut Skips,
+) -> CliResult {
     let mut signals = watch(signals)?;
     let stdout_watch = stdout_error_watch();
     loop {
@@ -128,43 +377,135 @@ async fn pump(mut f: Follower, signals: Blocked) -> CliResult {
             () = stdout_gone(stdout_watch.as_ref()) => return Ok(0),
             item = f.next() => match item {
                 None => return Ok(0),
-                Some(Ok(Event::Data(chunk))) => match write_stdout(&chunk.data) {
+                Some(Ok(Event::Data(chunk))) => match out.write(&chunk.data, stop) {
                     Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
-                    Err(e) => return Err(CliError::new(EXIT_FAILURE, format!("cannot write to stdout: {e}"))),
+                    Err(Ended::Stopped | Ended::Closed) => return Ok(0),
+                    Err(Ended::Failed(e)) => return Err(CliError::new(EXIT_FAILURE, format!("cannot write to stdout: {e}"))),
                 },
-                Some(Ok(ev)) => {
-                    if let Some(text) = ev.notice(f.task(), f.stream()) {
-                        // Best effort: a closed stderr must not stop the output.
-                        let _ = writeln!(io::stderr(), "logmon: {text}");
-                    }
-                }
+                Some(Ok(ev)) => notice(&ev, &f, skips),
                 Some(Err(e)) => return Err(cli_error(e)),
             },
         }
     }
 }
 
-/// Writes all of `buf` to fd 1, unbuffered.
-fn write_stdout(mut buf: &[u8]) -> io::Result<()> {
-    let out = io::stdout();
-    while !buf.is_empty() {
-        match nix::unistd::write(&out, buf) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(Errno::EINTR) => {}
-            // An inherited non-blocking stdout: wait until it takes more.
-            Err(Errno::EAGAIN) => {
-                let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLOUT)];
-                match nix::poll::poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) | Err(Errno::EINTR) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Err(e) => return Err(e.into()),
+/// Why a write to stdout did not go through.
+#[derive(Debug)]
+enum Ended {
+    /// SIGINT or SIGTERM came while it waited.
+    Stopped,
+    /// The reader of the pipe is gone (EPIPE).
+    Closed,
+    /// Anything else.
+    Failed(io::Error),
+}
+
+/// A second signalfd for the blocked SIGINT and SIGTERM (the runtime
+/// watches the first), readable while one is pending: for the waits
+/// outside the runtime (a write to a stalled pipe) and the reading loop
+/// between two awaits. A signal seen here is taken off: left pending, it
+/// would kill the process once the mask is restored on the way out.
+struct StopProbe(SignalFd);
+
+impl StopProbe {
+    /// After [`Blocked::new`] (the signals must be blocked already).
+    fn new() -> Result<StopProbe, CliError> {
+        let mut set = nix::sys::signal::SigSet::empty();
+        for s in crate::signals::STOP {
+            set.add(s);
+        }
+        SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map(StopProbe)
+            .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+
+    /// Whether a stop signal was pending (taken off: the caller stops).
+    fn take(&self) -> bool {
+        let mut any = false;
+        while let Ok(Some(_)) = self.0.read_signal() {
+            any = true;
+        }
+        any
+    }
+}
+
+/// stdout, written so that a stop signal can end a write that waits.
+struct Out {
+    /// A non-blocking description of stdout's pipe of our own, when stdout
+    /// is a pipe (its shared description keeps its flags).
+    own: Option<OwnedFd>,
+    /// stdout is a socket: sent with `MSG_DONTWAIT`.
+    socket: bool,
+}
+
+impl Out {
+    /// Looks at fd 1 (before the sandbox: the reopening goes through
+    /// `/proc/self/fd/1`).
+    fn new() -> Out {
+        let st = nix::sys::stat::fstat(io::stdout().as_fd()).ok();
+        let is = |t: nix::sys::stat::SFlag| st.is_some_and(|st| crate::dir::is_type(&st, t));
+        let own = if is(nix::sys::stat::SFlag::S_IFIFO) {
+            nix::fcntl::open(
+                "/proc/self/fd/1",
+                nix::fcntl::OFlag::O_WRONLY
+                    | nix::fcntl::OFlag::O_NONBLOCK
+                    | nix::fcntl::OFlag::O_CLOEXEC
+                    | nix::fcntl::OFlag::O_NOCTTY,
+                nix::sys::stat::Mode::empty(),
+            )
+            .ok()
+        } else {
+            None
+        };
+        Out {
+            own,
+            socket: is(nix::sys::stat::SFlag::S_IFSOCK),
         }
     }
-    Ok(())
+
+    /// Writes all of `buf`; a full pipe or socket is waited for together
+    /// with the stop signals.
+    fn write(&self, mut buf: &[u8], stop: &StopProbe) -> Result<(), Ended> {
+        let stdout = io::stdout();
+        let fd = self.own.as_ref().map_or(stdout.as_fd(), |o| o.as_fd());
+        while !buf.is_empty() {
+            let r = if self.socket {
+                nix::sys::socket::send(
+                    fd.as_raw_fd(),
+                    buf,
+                    nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                        | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                )
+            } else {
+                nix::unistd::write(fd, buf)
+            };
+            match r {
+                Ok(0) => return Err(Ended::Failed(io::ErrorKind::WriteZero.into())),
+                Ok(n) => buf = &buf[n..],
+                Err(Errno::EINTR) => {}
+                Err(Errno::EPIPE) => return Err(Ended::Closed),
+                Err(Errno::EAGAIN) => {
+                    let mut fds = [
+                        PollFd::new(fd, PollFlags::POLLOUT),
+                        PollFd::new(stop.fd(), PollFlags::POLLIN),
+                    ];
+                    match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(e) => return Err(Ended::Failed(e.into())),
+                    }
+                    if fds[1].any().unwrap_or(false) && stop.take() {
+                        return Err(Ended::Stopped);
+                    }
+                }
+                Err(e) => return Err(Ended::Failed(e.into())),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Watches stdout for an error condition (a pipe whose reader is gone), so
@@ -230,7 +571,7 @@ impl Src {
         None
     }
 
-    fn handle(&mut self, ev: Event) {
+    fn handle(&mut self, ev: Event, skips: &mut Skips) {
         match ev {
             Event::Data(chunk) => {
                 self.idle = false;
@@ -240,38 +581,108 @@ impl Src {
             }
             other => {
                 self.asm.reset();
-                if let Some(text) = other.notice(self.f.task(), self.f.stream()) {
-                    let _ = writeln!(io::stderr(), "logmon: {text}");
-                }
+                notice(&other, &self.f, skips);
             }
         }
     }
 }
 
+/// The saved positions that fit this reader: `None` without a cursor
+/// (or an empty one). The positions of a log directory deleted and made
+/// again (another identity) are dropped, with one warning: the second
+/// value is then true, and every stream is read from its first file.
+fn fitting_cursor(
+    c: &CursorFile,
+    task: &TaskName,
+    dir: &Dir,
+) -> Result<(Option<CursorState>, bool), CliError> {
+    let Some(mut st) = c.load(task).map_err(cursor_error)? else {
+        return Ok((None, false));
+    };
+    let Some(saved) = st.log_dir.filter(|&id| id != dir.id()) else {
+        return Ok((Some(st), false));
+    };
+    warn(&format!(
+        "warning: cursor {} was saved for another log directory (device:inode {saved}; {} is {}): it was deleted and made again, or the cursor is another directory's; reading from the first file present",
+        c.path(),
+        dir.path().display(),
+        dir.id()
+    ));
+    st.stdout = None;
+    st.stderr = None;
+    Ok((Some(st), true))
+}
+
+/// Where a stream resumed from a cursor starts: at the saved position,
+/// unless that is past every file of the stream (and its high-water
+/// mark): the stream was started afresh, which one warning says, and it
+/// is read from its first file present.
+fn resume_at(
+    c: &CursorFile,
+    saved: StreamCursor,
+    dir: &Dir,
+    task: &TaskName,
+    stream: Stream,
+) -> Result<StreamCursor, CliError> {
+    let trust = dir.trust().map_err(|e| {
+        CliError::new(
+            EXIT_FAILURE,
+            format!("cannot look at {}: {e}", dir.path().display()),
+        )
+    })?;
+    let newest = crate::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
+        CliError::new(
+            EXIT_FAILURE,
+            format!("cannot list {}: {e}", dir.path().display()),
+        )
+    })?;
+    let hwm = crate::index::read_hwm_trusted(dir, &trust, task, stream);
+    let beyond = match newest.max(hwm) {
+        Some(top) => saved.index > top,
+        None => saved.index > 0,
+    };
+    if !beyond {
+        return Ok(saved);
+    }
+    let name = |i| crate::rotate::file_name(task, stream, i);
+    let there = match newest {
+        Some(n) => format!("the newest is {}", name(n)),
+        None => "none is there".to_owned(),
+    };
+    warn(&format!(
+        "warning: cursor {} points past the last file of the stream ({}; {there}): the stream was started afresh; reading from its first file present",
+        c.path(),
+        name(saved.index),
+    ));
+    Ok(StreamCursor::default())
+}
+
 /// `logs` with any of --timestamps, --since, --until, --merged, --format,
 /// --cursor (see [`crate::timeline`]).
-fn run_timeline(a: &LogsArgs, signals: Blocked) -> CliResult {
-    let usage = |e: crate::timeline::TimeError| CliError::new(EXIT_USAGE, e);
-    let now = now_ns();
-    let since = a
-        .since
-        .as_deref()
-        .map(|s| parse_time(s, now))
-        .transpose()
-        .map_err(usage)?;
-    let until = a
-        .until
-        .as_deref()
-        .map(|s| parse_time(s, now))
-        .transpose()
-        .map_err(usage)?;
-    let dir = Arc::new(
-        Dir::open_log_dir(&a.log_dir)
-            .map_err(FollowError::from)
-            .map_err(cli_error)?,
-    );
+fn run_timeline(
+    a: &LogsArgs,
+    dir: Arc<Dir>,
+    range: &Range,
+    signals: Blocked,
+    stop: &StopProbe,
+    out: &Out,
+    skips: &mut Skips,
+) -> CliResult {
     let cursor = match &a.cursor {
-        Some(p) => Some(CursorFile::open(p).map_err(|e| CliError::new(EXIT_FAILURE, e))?),
+        Some(p) => {
+            let mut c = CursorFile::open(p).map_err(cursor_error)?;
+            c.lock().map_err(cursor_error)?;
+            let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
+            // (The log directory's own warning covers a cursor kept there.)
+            if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
+                warn(&format!(
+                    "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
+                    c.dir().path().display(),
+                    c.path()
+                ));
+            }
+            Some(c)
+        }
         None => None,
     };
     let attrs = match a.format {
@@ -285,9 +696,9 @@ fn run_timeline(a: &LogsArgs, signals: Blocked) -> CliResult {
         policy = policy.cursor(c.dir());
     }
     crate::sandbox::confine(&policy);
-    let saved = match &cursor {
-        Some(c) => c.load().map_err(|e| CliError::new(EXIT_FAILURE, e))?,
-        None => None,
+    let (saved, reset) = match &cursor {
+        Some(c) => fitting_cursor(c, &a.task, &dir)?,
+        None => (None, false),
     };
     let streams: &[Stream] = match (a.merged, a.stderr) {
         (true, _) => &[Stream::Stdout, Stream::Stderr],
@@ -305,17 +716,20 @@ fn run_timeline(a: &LogsArgs, signals: Blocked) -> CliResult {
         (None, Some(n)) => Some(n),
         _ => None,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
+    let (since, until) = (range.since, range.until);
+    let rt = runtime()?;
     rt.block_on(async {
         let mut srcs = Vec::new();
         for &stream in streams {
             let mut stamper = Stamper::new(dir.clone(), &a.task, stream, a.follow);
-            let resumed = saved.as_ref().and_then(|s| s.get(stream));
+            let resumed = match (&cursor, saved.as_ref().and_then(|s| s.get(stream))) {
+                (Some(c), Some(sc)) => Some(resume_at(c, sc, &dir, &a.task, stream)?),
+                _ => None,
+            };
             let start = match (resumed, since, a.lines, a.bytes) {
                 (Some(c), ..) => Start::At(c.position()),
+                // A cursor that did not fit: from the first file present.
+                (None, ..) if reset => Start::Beginning,
                 (None, Some(t), ..) => {
                     Start::At(locate_since(&dir, &mut stamper, t).map_err(|e| {
                         CliError::new(
@@ -355,189 +769,201 @@ fn run_timeline(a: &LogsArgs, signals: Blocked) -> CliResult {
                 last_data: Instant::now(),
             });
         }
-        let mut state = saved.unwrap_or_else(|| CursorState {
-            version: 1,
-            task: a.task.as_str().to_owned(),
-            ..Default::default()
-        });
+        let mut state = saved.unwrap_or_else(|| CursorState::new(&a.task, dir.id()));
+        // Saved in the current format, for this directory.
+        state.version = crate::timeline::CURSOR_VERSION;
+        state.log_dir = Some(dir.id());
         let notes_times = a.timestamps
             || a.merged
             || a.format != Format::Raw
             || since.is_some()
             || until.is_some();
-        drive(
-            srcs,
-            &style,
+        let how = Drive {
+            style: &style,
             since,
             until,
-            tail,
-            a.follow,
-            cursor.as_ref(),
-            &mut state,
+            follow: a.follow,
+            cursor: cursor.as_ref(),
             notes_times,
-            signals,
-        )
-        .await
+            stop,
+            out,
+        };
+        how.run(srcs, tail, &mut state, signals, skips).await
     })
 }
 
-/// The pump of [`run_timeline`]: reads every stream as far as it can,
-/// writes the pieces in time order (stdout first on a tie), saves the
-/// cursor after each write, then waits.
-#[allow(clippy::too_many_arguments)]
-async fn drive(
-    mut srcs: Vec<Src>,
-    style: &Style,
+/// How [`Drive::run`] writes: the settings of [`run_timeline`].
+struct Drive<'a> {
+    style: &'a Style,
     since: Option<i64>,
     until: Option<i64>,
-    mut tail: Option<u64>,
     follow: bool,
-    cursor: Option<&CursorFile>,
-    state: &mut CursorState,
+    cursor: Option<&'a CursorFile>,
     notes_times: bool,
-    signals: Blocked,
-) -> CliResult {
-    let mut signals = watch(signals)?;
-    let stdout_watch = stdout_error_watch();
-    // -n: pieces held until every stream has caught up.
-    let mut held: VecDeque<Piece> = VecDeque::new();
-    let mut out = Vec::new();
-    loop {
-        // Read what is there.
-        for s in srcs.iter_mut().filter(|s| !s.done) {
-            while s.asm.out.len() < 256 {
-                match s.f.next_now() {
-                    Ok(Some(ev)) => s.handle(ev),
-                    Ok(None) => {
-                        s.idle = true;
-                        if !follow || s.last_data.elapsed() >= PARTIAL_WAIT {
-                            s.asm.cut();
+    stop: &'a StopProbe,
+    out: &'a Out,
+}
+
+impl Drive<'_> {
+    /// The pump of [`run_timeline`]: reads every stream as far as it can,
+    /// writes the pieces in time order (stdout first on a tie), saves the
+    /// cursor after each write, then waits.
+    async fn run(
+        &self,
+        mut srcs: Vec<Src>,
+        mut tail: Option<u64>,
+        state: &mut CursorState,
+        signals: Blocked,
+        skips: &mut Skips,
+    ) -> CliResult {
+        let (since, until) = (self.since, self.until);
+        let mut signals = watch(signals)?;
+        let stdout_watch = stdout_error_watch();
+        // -n: pieces held until every stream has caught up.
+        let mut held: VecDeque<Piece> = VecDeque::new();
+        let mut out = Vec::new();
+        loop {
+            // A stop between two awaits (a long read never awaits).
+            if self.stop.take() {
+                return Ok(0);
+            }
+            // Read what is there.
+            for s in srcs.iter_mut().filter(|s| !s.done) {
+                while s.asm.out.len() < 256 {
+                    match s.f.next_now() {
+                        Ok(Some(ev)) => s.handle(ev, skips),
+                        Ok(None) => {
+                            s.idle = true;
+                            if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
+                                s.asm.cut();
+                            }
+                            break;
                         }
-                        break;
+                        Err(e) => return Err(cli_error(e)),
                     }
-                    Err(e) => return Err(cli_error(e)),
                 }
             }
-        }
-        // Write in time order what can be ordered.
-        loop {
-            let mut best: Option<(usize, i64)> = None;
-            let mut blocked = false;
-            for (i, s) in srcs.iter_mut().enumerate() {
-                if s.done {
+            // Write in time order what can be ordered.
+            loop {
+                let mut best: Option<(usize, i64)> = None;
+                let mut blocked = false;
+                for (i, s) in srcs.iter_mut().enumerate() {
+                    if s.done {
+                        continue;
+                    }
+                    match s.head(since, until) {
+                        Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
+                        Some(_) => {}
+                        // Not read to its end yet: it may hold an earlier line.
+                        None if !s.idle && !s.done => blocked = true,
+                        None => {}
+                    }
+                }
+                let Some((i, _)) = best.filter(|_| !blocked) else {
+                    break;
+                };
+                let s = &mut srcs[i];
+                let Some(p) = s.asm.out.pop_front() else {
+                    break;
+                };
+                s.pos = StreamCursor {
+                    index: p.end.index,
+                    offset: p.end.offset,
+                    mid_line: !p.ends_line,
+                };
+                state.set(p.stream, s.pos);
+                match tail {
+                    Some(n) => {
+                        held.push_back(p);
+                        trim_to_lines(&mut held, n);
+                    }
+                    None => self.style.write(&p, &mut out),
+                }
+                if out.len() >= 64 * 1024 {
+                    break;
+                }
+            }
+            for s in &mut srcs {
+                skips.take_from(&mut s.stamper);
+                if !self.notes_times {
                     continue;
                 }
-                match s.head(since, until) {
-                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
-                    Some(_) => {}
-                    // Not read to its end yet: it may hold an earlier line.
-                    None if !s.idle && !s.done => blocked = true,
-                    None => {}
-                }
-            }
-            let Some((i, _)) = best.filter(|_| !blocked) else {
-                break;
-            };
-            let s = &mut srcs[i];
-            let Some(p) = s.asm.out.pop_front() else {
-                break;
-            };
-            s.pos = StreamCursor {
-                index: p.end.index,
-                offset: p.end.offset,
-                mid_line: !p.ends_line,
-            };
-            state.set(p.stream, s.pos);
-            match tail {
-                Some(n) => {
-                    held.push_back(p);
-                    trim_to_lines(&mut held, n);
-                }
-                None => style.write(&p, &mut out),
-            }
-            if out.len() >= 64 * 1024 {
-                break;
-            }
-        }
-        if notes_times {
-            for s in &mut srcs {
                 if let Some(why) = s.stamper.take_note() {
-                    let _ = writeln!(
-                        io::stderr(),
-                        "logmon: note: the capture times of some lines are estimated ({why})"
-                    );
+                    warn(&format!(
+                        "note: the capture times of some lines are estimated ({why})"
+                    ));
                 }
             }
-        }
-        // (A partial line held while following waits for its deadline.)
-        let caught_up = srcs
-            .iter()
-            .all(|s| s.done || (s.idle && s.asm.out.is_empty()));
-        if caught_up && tail.is_some() {
-            for p in held.drain(..) {
-                style.write(&p, &mut out);
-            }
-            tail = None;
-        }
-        if !out.is_empty() {
-            match write_stdout(&out) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
-                Err(e) => {
-                    return Err(CliError::new(
-                        EXIT_FAILURE,
-                        format!("cannot write to stdout: {e}"),
-                    ))
+            // (A partial line held while following waits for its deadline.)
+            let caught_up = srcs
+                .iter()
+                .all(|s| s.done || (s.idle && s.asm.out.is_empty()));
+            if caught_up && tail.is_some() {
+                for p in held.drain(..) {
+                    self.style.write(&p, &mut out);
                 }
+                tail = None;
             }
-            out.clear();
-            if let Some(c) = cursor {
-                c.save(state).map_err(|e| CliError::new(EXIT_FAILURE, e))?;
+            if !out.is_empty() {
+                match self.out.write(&out, self.stop) {
+                    Ok(()) => {}
+                    Err(Ended::Stopped | Ended::Closed) => return Ok(0),
+                    Err(Ended::Failed(e)) => {
+                        return Err(CliError::new(
+                            EXIT_FAILURE,
+                            format!("cannot write to stdout: {e}"),
+                        ))
+                    }
+                }
+                out.clear();
+                if let Some(c) = self.cursor {
+                    c.save(state).map_err(cursor_error)?;
+                }
+                continue;
             }
-            continue;
-        }
-        if !caught_up {
-            continue;
-        }
-        if !follow || srcs.iter().all(|s| s.done) {
-            return Ok(0);
-        }
-        // Following: wait for any stream, a partial line's deadline, the
-        // end of the range, a signal or stdout going away.
-        let partial = srcs
-            .iter()
-            .filter(|s| !s.done && s.asm.has_partial())
-            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
-            .min();
-        let until_left = until.map(|u| {
-            let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
-            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
-        });
-        let sleep_for = partial.into_iter().chain(until_left).min();
-        let woke = {
-            let waits = srcs
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, s)| !s.done)
-                .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
-            tokio::select! {
-                biased;
-                _ = signals.recv() => None,
-                () = stdout_gone(stdout_watch.as_ref()) => None,
-                ((i, item), _, _) = futures_util::future::select_all(waits) => Some(Some((i, item))),
-                () = sleep_or_never(sleep_for) => Some(None),
+            if !caught_up {
+                continue;
             }
-        };
-        match woke {
-            None => return Ok(0),
-            Some(Some((i, Some(Ok(ev))))) => srcs[i].handle(ev),
-            Some(Some((_, Some(Err(e))))) => return Err(cli_error(e)),
-            Some(Some((i, None))) => srcs[i].done = true,
-            Some(None) => {
-                if until.is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS)) {
-                    for s in &mut srcs {
-                        if s.idle && s.asm.out.is_empty() {
-                            s.done = true;
+            if !self.follow || srcs.iter().all(|s| s.done) {
+                return Ok(0);
+            }
+            // Following: wait for any stream, a partial line's deadline, the
+            // end of the range, a signal or stdout going away.
+            let partial = srcs
+                .iter()
+                .filter(|s| !s.done && s.asm.has_partial())
+                .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
+                .min();
+            let until_left = until.map(|u| {
+                let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
+                Duration::from_nanos(u64::try_from(left).unwrap_or(0))
+            });
+            let sleep_for = partial.into_iter().chain(until_left).min();
+            let woke = {
+                let waits = srcs
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(_, s)| !s.done)
+                    .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
+                tokio::select! {
+                    biased;
+                    _ = signals.recv() => None,
+                    () = stdout_gone(stdout_watch.as_ref()) => None,
+                    ((i, item), _, _) = futures_util::future::select_all(waits) => Some(Some((i, item))),
+                    () = sleep_or_never(sleep_for) => Some(None),
+                }
+            };
+            match woke {
+                None => return Ok(0),
+                Some(Some((i, Some(Ok(ev))))) => srcs[i].handle(ev, skips),
+                Some(Some((_, Some(Err(e))))) => return Err(cli_error(e)),
+                Some(Some((i, None))) => srcs[i].done = true,
+                Some(None) => {
+                    if until.is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS)) {
+                        for s in &mut srcs {
+                            if s.idle && s.asm.out.is_empty() {
+                                s.done = true;
+                            }
                         }
                     }
                 }

@@ -403,11 +403,12 @@ pub struct LogsArgs {
     pub timestamps: bool,
     /// Only lines captured at or after this time: RFC 3339, or a duration
     /// before now (90s, 10m, 2h, 1d).
-    #[arg(long, value_name = "TIME")]
+    // Hyphen values reach the parser, which explains them (`-5m`).
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub since: Option<String>,
     /// Only lines captured at or before this time (as --since); with -f,
     /// stop once past it.
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub until: Option<String>,
     /// stdout and stderr interleaved by capture time, each line tagged
     /// with its stream.

@@ -990,3 +990,417 @@ fn a_refused_launch_or_ensure_removes_only_what_it_created() {
     let out = cli(&["status", "--socket", rc.socket.to_str().unwrap()]);
     assert_exit(&out, 0);
 }
+
+// ---------------------------------------------------------------------
+// `logs`: its cursor, its time flags, a mistyped task (issues #26, #27).
+// Each case: the exit code, the one stderr line (substrings), and what
+// stdout holds — a cursor that does not fit is said, then every line of
+// the stream is printed, never "nothing, exit 0".
+// ---------------------------------------------------------------------
+
+/// What a `logs` case expects.
+struct LogsCase {
+    name: &'static str,
+    /// Sets up the world; returns the run and the substrings its one
+    /// stderr line must hold (computed: a path, a pid).
+    setup: fn(&mut World) -> (Run, Vec<String>),
+    code: i32,
+    /// Exactly what stdout holds.
+    stdout: &'static str,
+}
+
+/// The lines of `web.stdout.0` in every `logs` case.
+const WEB_LINES: &str = "one\ntwo\nthree\n";
+
+/// `logs --log-dir LOGS --task web EXTRA…`, with `web.stdout.0` there.
+fn logs_run(w: &World, extra: &[&str]) -> Run {
+    std::fs::write(w.p("logs/web.stdout.0"), WEB_LINES).unwrap();
+    let logs = w.logs();
+    let mut args = vec!["logs", "--log-dir", &logs, "--task", "web"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// A cursor of `task` at `state/c` with stdout at file `index`, byte
+/// `offset`: of the current format, naming the log dir (its identity),
+/// or of version 1 (no identity), which is still read.
+fn write_cursor(w: &World, task: &str, index: u64, offset: u64, v1: bool) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(w.logs()).unwrap();
+    let path = w.p("state/c");
+    let (version, dir) = match v1 {
+        true => (1, String::new()),
+        false => (
+            2,
+            format!(r#","log_dir":{{"dev":{},"ino":{}}}"#, m.dev(), m.ino()),
+        ),
+    };
+    let text = format!(
+        r#"{{"version":{version},"task":"{task}"{dir},"stdout":{{"index":{index},"offset":{offset}}}}}"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn strings(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+fn logs_cases() -> Vec<LogsCase> {
+    vec![
+        LogsCase {
+            name: "logs --cursor of another task",
+            setup: |w| {
+                let c = write_cursor(w, "api", 0, 4, true);
+                let r = logs_run(w, &["--cursor", &c]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        &c,
+                        "belongs to task api, not web: give each task its own --cursor",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor after the log dir was deleted and made again",
+            setup: |w| {
+                let (code, out, err) = execute(
+                    &mut logs_run(w, &["--cursor", &w.p("state/c")]),
+                    Path::new("/"),
+                );
+                assert_eq!((code, out.as_str()), (Some(0), WEB_LINES), "{err}");
+                // Made again while the old one still exists: another inode.
+                std::fs::rename(w.logs(), w.p("old-logs")).unwrap();
+                std::fs::create_dir(w.logs()).unwrap();
+                std::fs::remove_dir_all(w.p("old-logs")).unwrap();
+                let r = logs_run(w, &["--cursor", &w.p("state/c")]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: warning: cursor ",
+                        "was saved for another log directory",
+                        "reading from the first file present",
+                    ]),
+                )
+            },
+            code: 0,
+            stdout: WEB_LINES,
+        },
+        LogsCase {
+            name: "logs --cursor past every file of the stream",
+            setup: |w| {
+                let c = write_cursor(w, "web", 7, 3, true);
+                let r = logs_run(w, &["--cursor", &c]);
+                (r, strings(&["logmon: warning: cursor ", "points past the last file of the stream (web.stdout.7; the newest is web.stdout.0)", "reading from its first file present"]))
+            },
+            code: 0,
+            stdout: WEB_LINES,
+        },
+        LogsCase {
+            name: "logs --cursor held by another reader",
+            setup: |w| {
+                let c = w.p("state/c");
+                let mut first = logmon(&[
+                    "logs",
+                    "--log-dir",
+                    &w.logs(),
+                    "--task",
+                    "web",
+                    "-f",
+                    "--cursor",
+                    &c,
+                ]);
+                let r = logs_run(w, &["--cursor", &c]);
+                let child = first
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                let pid = child.id();
+                // Killed with the world (a logmon naming its root).
+                std::mem::forget(child);
+                // Once it holds the lock (its pid there); if it never
+                // does, the case fails on what the second one says.
+                let lock = w.p("state/.c.lock");
+                wait_until(PATIENCE, || {
+                    std::fs::read_to_string(&lock).is_ok_and(|s| s.trim() == pid.to_string())
+                });
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        &c,
+                        &format!("is in use by another `logmon logs` (pid {pid})"),
+                        "one reader per cursor",
+                    ]),
+                )
+            },
+            code: 75,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor the user cannot read",
+            setup: |w| {
+                let c = write_cursor(w, "web", 0, 4, false);
+                std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o600)).unwrap();
+                // The user may create the cursor's lock beside it.
+                std::fs::set_permissions(w.p("state"), std::fs::Permissions::from_mode(0o1777))
+                    .unwrap();
+                let r = logs_run(w, &["--cursor", &c]).nobody();
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cannot read cursor ",
+                        &c,
+                        "Permission denied",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor naming a symlink",
+            setup: |w| {
+                let c = write_cursor(w, "web", 0, 4, false);
+                let link = w.p("state/link");
+                std::os::unix::fs::symlink(&c, &link).unwrap();
+                let r = logs_run(w, &["--cursor", &link]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        &format!("{link} is a symlink, not a regular file"),
+                        "never followed",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor /dev/null",
+            setup: |w| {
+                let r = logs_run(w, &["--cursor", "/dev/null"]);
+                (r, strings(&["logmon: error: cursor /dev/null is a character device, not a regular file: give --cursor the path of a file of its own"]))
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor naming a directory",
+            setup: |w| {
+                let r = logs_run(w, &["--cursor", &w.p("state")]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        "state is a directory, not a regular file",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor in a missing directory",
+            setup: |w| {
+                let c = w.p("nodir/c");
+                let r = logs_run(w, &["--cursor", &c]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: the directory of cursor ",
+                        &c,
+                        "does not exist",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --since a valid time out of range",
+            setup: |w| {
+                let r = logs_run(w, &["--since", "2300-01-01T00:00:00Z"]);
+                (r, strings(&["logmon: error: time \"2300-01-01T00:00:00Z\" is outside the supported range", "1677-09-21", "2262-04-11"]))
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --since a duration that overflows",
+            setup: |w| {
+                let r = logs_run(w, &["--since", "99999999999d"]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: duration \"99999999999d\" overflows",
+                        "106751d",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --since -5m",
+            setup: |w| {
+                let r = logs_run(w, &["--since", "-5m"]);
+                (r, strings(&["logmon: error: invalid time \"-5m\": a duration counts back from now and takes no sign (5m is five minutes ago)"]))
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --until -5m",
+            setup: |w| {
+                let r = logs_run(w, &["--until", "-5m"]);
+                (
+                    r,
+                    strings(&["logmon: error: invalid time \"-5m\"", "takes no sign"]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --since later than --until",
+            setup: |w| {
+                let r = logs_run(w, &["--since", "10m", "--until", "20m"]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: --since 10m (",
+                        "is later than --until 20m (",
+                        "swap them",
+                    ]),
+                )
+            },
+            code: 2,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --task mistyped",
+            setup: |w| {
+                std::fs::write(w.p("logs/web.stdout.0"), WEB_LINES).unwrap();
+                std::fs::write(w.p("logs/api.stderr.3"), "x\n").unwrap();
+                let r = run(&["logs", "--log-dir", &w.logs(), "--task", "wbe"]);
+                (
+                    r,
+                    strings(&[&format!(
+                        "logmon: error: no log files of task wbe in {} (tasks there: api, web)",
+                        w.logs()
+                    )]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+    ]
+}
+
+#[test]
+fn logs_errors() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the cases run as root and as uid 65534; run as root");
+        return;
+    }
+    let (_bins, nobody_program) = bins_for_nobody();
+    let mut failures = Vec::new();
+    for case in logs_cases() {
+        let mut w = World::new();
+        let (mut r, want) = (case.setup)(&mut w);
+        let (code, stdout, stderr) = execute(&mut r, &nobody_program);
+        let lines: Vec<&str> = stderr.lines().collect();
+        let mut problems = Vec::new();
+        if code != Some(case.code) {
+            problems.push(format!("exit code {code:?}, expected {}", case.code));
+        }
+        if stderr.contains("panicked") {
+            problems.push("panicked".into());
+        }
+        match lines[..] {
+            [line] => problems.extend(
+                want.iter()
+                    .filter(|part| !line.contains(part.as_str()))
+                    .map(|part| format!("the line lacks {part:?}")),
+            ),
+            _ => problems.push(format!("{} stderr lines, expected 1", lines.len())),
+        }
+        if stdout != case.stdout {
+            problems.push(format!("stdout {stdout:?}, expected {:?}", case.stdout));
+        }
+        if !problems.is_empty() {
+            failures.push(format!(
+                "{}:\n    {}\n    stderr: {stderr:?}",
+                case.name,
+                problems.join("\n    ")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// `logs -f --task` of a task with no file yet: one note that it waits,
+/// then it follows the task's first file.
+#[test]
+fn logs_follow_of_a_task_without_files_says_it_waits_then_follows() {
+    use std::io::BufRead;
+    let w = World::new();
+    std::fs::write(w.p("logs/web.stdout.0"), WEB_LINES).unwrap();
+    let mut child = logmon(&["logs", "--log-dir", &w.logs(), "--task", "wbe", "-f"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Lines of either pipe, as they come (a missing one must not hang).
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (name, pipe) in [
+        (
+            "err",
+            Box::new(child.stderr.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        ),
+        ("out", Box::new(child.stdout.take().unwrap())),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let _ = tx.send((name, line.unwrap_or_default()));
+            }
+        });
+    }
+    let next = || rx.recv_timeout(PATIENCE).ok();
+    let note = next();
+    std::fs::write(w.p("logs/wbe.stdout.0"), "first\n").unwrap();
+    let first = next();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let code = child.wait().unwrap().code();
+    assert_eq!(
+        note,
+        Some((
+            "err",
+            format!(
+                "logmon: note: no log files of task wbe in {} (tasks there: web): waiting for its first file",
+                w.logs()
+            )
+        ))
+    );
+    assert_eq!(first, Some(("out", "first".to_owned())));
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_millis(200)).ok(),
+        None,
+        "one note only"
+    );
+}

@@ -33,6 +33,7 @@ mod fuzz_decoders;
 mod handshake;
 mod hostile;
 mod hostile_daemon;
+mod hostile_readers;
 mod logs;
 mod nats;
 mod reattach;

@@ -249,28 +249,25 @@ pub fn publish(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<u64> 
     Ok(foreign)
 }
 
-/// Reads the readers' copy of `task`'s metadata. Only a regular file with
-/// one link owned by root or by the caller's euid is trusted (a task
-/// cannot forge one: its files have its own uid); anything else, a missing
-/// file or one that does not validate is `None`.
+/// Reads the readers' copy of `task`'s metadata: trusted only when it is
+/// logmon's own file ([`crate::dir::Trust`]: a regular one-link file of
+/// root, the reader or the directory's owner, in a directory no one else
+/// can rename names in — a task cannot forge one, nor rename another
+/// task's there), read with a cap ([`Dir::read_small`]: a sparse or huge
+/// file costs nothing). Anything else, a missing file or one that does not
+/// validate is `None`.
 pub fn load(dir: &Dir, task: &TaskName) -> Option<Meta> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let mut file = dir
-        .open_at(
-            file_name(task),
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-            Mode::empty(),
-        )
-        .ok()?;
-    let m = file.metadata().ok()?;
-    let euid = nix::unistd::geteuid().as_raw();
-    if !m.is_file() || m.nlink() != 1 || (m.uid() != 0 && m.uid() != euid) || m.len() > 64 * 1024 {
+    /// A metadata file is at most 32 pairs of 64 + 1024 bytes, in JSON.
+    const CAP: u64 = 64 * 1024;
+    let trust = dir.trust().ok()?;
+    if trust.renamable_by_others().is_some() {
         return None;
     }
-    let mut s = String::new();
-    file.read_to_string(&mut s).ok()?;
-    serde_json::from_str(&s).ok()
+    let (bytes, st) = dir.read_small(file_name(task), CAP).ok()??;
+    if trust.foreign_file(&st).is_some() {
+        return None;
+    }
+    serde_json::from_slice(&bytes).ok()
 }
 
 #[cfg(test)]

@@ -467,3 +467,68 @@ fn names_are_escaped_in_the_log_and_hard_links_are_not_shipped() {
     assert!(log.contains("evil\\nERROR forged"), "{log}");
     assert_eq!(r.of("linked", "stdout").count(), 0);
 }
+
+/// The peak resident memory of `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A capture-time index made a sparse gigabyte (no disk blocks): the
+/// shipper reads indexes in place (a few blocks per lookup, never the
+/// whole file), so it costs no memory, and another task's new lines still
+/// arrive within seconds (issue #26: the shipper peaked at 768 MB and held
+/// everyone else up for 20 s).
+#[test]
+fn a_sparse_gigabyte_index_costs_the_shipper_no_memory_and_holds_up_no_one() {
+    if !ready() {
+        return;
+    }
+    let tmp = scene();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    chmod(&logs, 0o1777);
+    let srv = Server::single(&tmp.path().join("js"));
+    let _big = Daemon::start(&logs, "big", &[]);
+    let _z = Daemon::start(&logs, "z", &[]);
+    write_numbered(&fifo(&logs, "big", Stream::Stdout), 0, 100);
+    let idx = logs.join(".big.stdout.0.idx");
+    assert!(wait_until(Duration::from_secs(10), || idx.exists()
+        && read_stream(&logs, "big", Stream::Stdout).len()
+            == line_bytes(0, 100)));
+    // Whatever made it so (root can), the index is now a sparse 1 GiB.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&idx)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let state = tmp.path().join("state");
+    let mut ship = Shipper::new(&ship_args(
+        &srv.url(),
+        &state,
+        &["--log-dir", logs.to_str().unwrap()],
+    ));
+    ship.log = Some(tmp.path().join("ship.log"));
+    ship.spawn();
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("big", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    write_numbered(&fifo(&logs, "big", Stream::Stdout), 100, 200);
+    write_numbered(&fifo(&logs, "z", Stream::Stdout), 0, 100);
+    assert!(r.wait_for(
+        &[
+            ("big", "stdout", line_bytes(0, 200)),
+            ("z", "stdout", line_bytes(0, 100))
+        ],
+        Duration::from_secs(10)
+    ));
+    assert_numbered(&r.bytes_of("big", "stdout"), 0, 200);
+    let peak = peak_rss_kib(ship.pid());
+    assert!(peak < 64 * 1024, "the shipper peaked at {peak} KiB");
+}

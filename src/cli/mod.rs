@@ -66,7 +66,10 @@ pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
             ..
         }
         | C::NotLogmon { .. } => EXIT_USAGE,
-        C::NoAnswer { .. } => EXIT_TEMPFAIL,
+        C::NoAnswer { .. }
+        | C::Connect {
+            failure: F::Busy, ..
+        } => EXIT_TEMPFAIL,
         _ => EXIT_FAILURE,
     }
 }

@@ -20,7 +20,10 @@ mod control;
 mod exec;
 #[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
+mod ls;
 mod run_flags;
+
+pub use ls::LsArgs;
 
 /// Exit code for a usage or configuration error.
 pub const EXIT_USAGE: i32 = 2;
@@ -217,6 +220,9 @@ pub enum Command {
     Logs(LogsArgs),
     /// Run a command with its stdout/stderr captured into rotated files.
     Exec(ExecArgs),
+    /// List every logmon of the node: state, rates, drops, errors, files, lag.
+    #[command(after_help = ls::HELP)]
+    Ls(LsArgs),
     /// Publish the node's task logs into NATS JetStream, exactly once
     /// (execs `logmon-ship` beside this binary; 'logmon ship --help').
     #[command(disable_help_flag = true)]
@@ -470,6 +476,7 @@ pub fn dispatch(cli: Cli) -> i32 {
             logs::run(&a)
         }
         Command::Exec(a) => exec::run(&a),
+        Command::Ls(a) => ls::run(&a),
         Command::Ship(a) => exec_ship(&a),
     };
     match result {

@@ -8,6 +8,7 @@
 //! replayed with the same message ids.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -200,6 +201,7 @@ impl Shipper {
                         inflight.push(Box::pin(async move {
                             (k, ack.await.map_err(|e| e.to_string()))
                         }));
+                        self.gauges.in_flight.store(inflight.len() as u64, Relaxed);
                     }
                     Err(e) => {
                         // The connection is in trouble: the rest of the
@@ -214,6 +216,7 @@ impl Shipper {
             progress.insert(key, prog);
         }
         while let Some((k, r)) = inflight.next().await {
+            self.gauges.in_flight.store(inflight.len() as u64, Relaxed);
             if let Some(p) = progress.get_mut(&k) {
                 record_ack(p, r);
             }

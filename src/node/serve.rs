@@ -12,8 +12,11 @@
 //! shipper's own loop never waits on a scrape. The address is loopback
 //! unless the operator names another ([`parse_listen`]).
 //!
-//! Tests: the unit tests below; `tests/it/node.rs` (a real Prometheus
-//! scraping it; a slow and an oversized request).
+//! Tests: the unit tests below; `tests/it/node.rs`
+//! (`the_metrics_endpoint_answers_scrapes_and_refuses_anything_else`: an
+//! idle connection, an oversized request, other methods and paths;
+//! `a_real_prometheus_sees_…` scraping it;
+//! `a_bad_or_busy_metrics_address_is_refused_before_connecting`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -132,7 +135,7 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
 }
 
 /// What a request asks for.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ask {
     Metrics { head: bool },
     Index { head: bool },
@@ -246,9 +249,24 @@ async fn answer(
     if !head {
         out.push_str(&body);
     }
+    let too_large = ask == Ask::TooLarge;
     let write = async {
         sock.write_all(out.as_bytes()).await?;
-        sock.shutdown().await
+        sock.shutdown().await?;
+        if too_large {
+            // Read what is left of the request (bounded) before closing:
+            // closing on unread bytes resets the connection, and the
+            // client could lose the answer.
+            let mut sink = [0u8; 4096];
+            let mut left = 16 * MAX_REQUEST;
+            while left > 0 {
+                match sock.read(&mut sink).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        }
+        Ok(())
     };
     tokio::time::timeout(IO_TIMEOUT, write)
         .await

@@ -42,6 +42,10 @@
 //!   a peer that does not answer with logmon frames "does not speak the
 //!   logmon protocol";
 //! - a refused peer reads the refusal even when its `Hello` hit `EPIPE`;
+//! - a connect waits at most the timeout for room in a full listen queue
+//!   (a logmon stopped with SIGSTOP, or a socket that never accepts),
+//!   then fails as [`ConnectFailure::Busy`] (`tests/it/node.rs`,
+//!   `a_socket_that_never_answers_costs_at_most_the_timeout_and_status_does_not_hang`);
 //! - the state file is read through its directory's descriptor with
 //!   `O_NOFOLLOW`, and a missing, unreadable, non-regular or empty file is
 //!   its own error, not "corrupt";

@@ -31,7 +31,7 @@
 //! own restart. A series not seen for [`FORGET_AFTER`] is forgotten.
 //!
 //! Tests: the unit tests below; `tests/it/node.rs`
-//! (`counters_never_go_down_over_a_logmon_restart`).
+//! (`counters_never_go_down_over_a_logmon_restart_or_a_purge`).
 
 use std::collections::BTreeMap;
 use std::io::Write;

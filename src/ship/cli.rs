@@ -7,7 +7,8 @@
 //! TLS handshake, 75 server unreachable); `--status`.
 //!
 //! Tests: `tests/it/ship.rs` (`bad_configuration_…`, the error matrix
-//! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`).
+//! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
+//! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -34,6 +34,7 @@ mod hostile;
 mod hostile_daemon;
 mod logs;
 mod nats;
+mod node;
 mod reattach;
 mod rotation_props;
 mod ship;

@@ -1,7 +1,7 @@
 //! `logmon ls`: every logmon of the node at a glance (DESIGN.md §13), as
-//! a table, JSON (`--json`) or OpenMetrics (`--openmetrics`, for
-//! node_exporter's textfile collector). The survey itself, and what is
-//! trusted, is [`crate::node`].
+//! a table, JSON (`--json`), OpenMetrics (`--openmetrics`) or Prometheus's
+//! text format (`--prometheus`, what node_exporter's textfile collector
+//! parses). The survey itself, and what is trusted, is `crate::node`.
 //!
 //! Exit codes: 0 once the listing is printed (whatever state the logmons
 //! are in; directories that could not be looked at are named on stderr);
@@ -43,7 +43,7 @@ Examples:
   logmon ls --log-dir /var/log/tasks
   logmon ls --watch /var/lib/nomad/alloc --pattern '*/alloc/logs' --state-dir /var/lib/logmon-ship
   logmon ls --log-dir /var/log/tasks --json | jq '.tasks[] | select(.state != \"running\")'
-  logmon ls --log-dir /var/log/tasks --openmetrics --counters /var/lib/logmon/ls-counters.json \\
+  logmon ls --log-dir /var/log/tasks --prometheus --counters /var/lib/logmon/ls-counters.json \\
       > /var/lib/node_exporter/textfile/logmon.prom.$$ && mv /var/lib/node_exporter/textfile/logmon.prom.$$ /var/lib/node_exporter/textfile/logmon.prom";
 
 /// `ls`'s flags.
@@ -63,20 +63,20 @@ pub struct LsArgs {
     #[arg(long, env = "LOGMON_LS_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Print JSON (one object: tasks, and the directories skipped).
-    #[arg(long, conflicts_with = "openmetrics")]
+    #[arg(long, conflicts_with_all = ["openmetrics", "prometheus"])]
     pub json: bool,
-    /// Print OpenMetrics text (for node_exporter's textfile collector).
-    #[arg(long)]
+    /// Print the metrics as OpenMetrics text.
+    #[arg(long, conflicts_with = "prometheus")]
     pub openmetrics: bool,
-    /// With --openmetrics: keep the counters' totals in FILE, so they never
-    /// go down when a logmon restarts or its files are purged (without it,
-    /// a restarted logmon's dropped bytes etc. count from 0 again).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "openmetrics",
-        env = "LOGMON_LS_COUNTERS"
-    )]
+    /// Print the metrics in Prometheus's text format 0.0.4: what
+    /// node_exporter's textfile collector parses (counters keep their type).
+    #[arg(long)]
+    pub prometheus: bool,
+    /// With --openmetrics or --prometheus: keep the counters' totals in
+    /// FILE, so they never go down when a logmon restarts or its files are
+    /// purged (without it, a restarted logmon's dropped bytes etc. count
+    /// from 0 again).
+    #[arg(long, value_name = "FILE", env = "LOGMON_LS_COUNTERS")]
     pub counters: Option<PathBuf>,
     /// Measure B/S between two samples this far apart (e.g. 2s) instead of
     /// as the average since each logmon started.
@@ -133,11 +133,21 @@ pub fn run(a: &LsArgs) -> CliResult {
         )),
         _ => None,
     };
-    let mut store = match (&a.counters, a.openmetrics) {
-        (Some(f), true) => {
+    let format = match (a.openmetrics, a.prometheus) {
+        (true, _) => Some(node::metrics::Exposition::OpenMetrics),
+        (_, true) => Some(node::metrics::Exposition::PrometheusText),
+        _ => None,
+    };
+    let mut store = match (&a.counters, format) {
+        (Some(f), Some(_)) => {
             node::carry::Store::load(f).map_err(|e| usage(format!("--counters: {e}")))?
         }
-        _ => node::carry::Store::new(),
+        (Some(_), None) => {
+            return Err(usage(
+                "--counters goes with --openmetrics or --prometheus".into(),
+            ))
+        }
+        (None, _) => node::carry::Store::new(),
     };
     let scope = node::Scope {
         log_dirs: a.log_dirs.clone(),
@@ -153,8 +163,8 @@ pub fn run(a: &LsArgs) -> CliResult {
     for s in &survey.skipped {
         note(format_args!("skipped {}: {}", s.path.display(), s.why));
     }
-    let text = if a.openmetrics {
-        let text = node::metrics::encode_survey(&survey, &mut store, None);
+    let text = if let Some(format) = format {
+        let text = node::metrics::encode_survey(&survey, &mut store, None, format);
         if let Some(f) = &a.counters {
             store
                 .save(f)

@@ -15,13 +15,18 @@
 //! shipper's per-stream counters come from its journal, which keeps them
 //! across its own restarts.
 //!
-//! Tests: the unit tests below; `tests/it/node.rs` (the textfile output
-//! parsed back, and a real Prometheus scraping the shipper).
+//! Two text formats ([`Exposition`]): OpenMetrics 1.0 (what Prometheus
+//! asks a scrape for), and Prometheus's own text format 0.0.4 (what
+//! node_exporter's textfile collector parses: in it a counter's HELP and
+//! TYPE name the `_total` series, so its type is kept).
+//!
+//! Tests: the unit tests below; `tests/it/node.rs` (both formats checked
+//! by `promtool check metrics`, and a real Prometheus scraping the
+//! shipper).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -48,6 +53,27 @@ pub struct ShipGauges {
     pub untrusted_dirs: AtomicU64,
     /// Files at stream names of no stream of logmon's (planted): skipped.
     pub foreign_files: AtomicU64,
+}
+
+/// A text format of the exposition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// Prometheus text format 0.0.4.
+    PrometheusText,
+}
+
+impl Exposition {
+    /// Its HTTP `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Exposition::PrometheusText => {
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+            }
+        }
+    }
 }
 
 /// The series' label sets.
@@ -236,9 +262,14 @@ fn counter(f: &Counters, l: &Labels, v: u64) {
 }
 
 /// Encodes `survey` (and, from the shipper, its own figures `ship`) as one
-/// OpenMetrics exposition; `store` carries the counters (see
+/// exposition in `format`; `store` carries the counters (see
 /// [`super::carry`]) and is updated.
-pub fn encode_survey(survey: &Survey, store: &mut Store, ship: Option<&ShipGauges>) -> String {
+pub fn encode_survey(
+    survey: &Survey,
+    store: &mut Store,
+    ship: Option<&ShipGauges>,
+    format: Exposition,
+) -> String {
     let mut reg = Registry::default();
     let f = Families::register(&mut reg);
     store.begin();
@@ -263,7 +294,12 @@ pub fn encode_survey(survey: &Survey, store: &mut Store, ship: Option<&ShipGauge
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut out, &reg);
+    let _ = match format {
+        Exposition::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &reg),
+        Exposition::PrometheusText => {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &reg)
+        }
+    };
     out
 }
 
@@ -439,7 +475,12 @@ mod tests {
             shipper: None,
         };
         let mut store = Store::new();
-        let text = encode_survey(&survey, &mut store, Some(&ShipGauges::default()));
+        let text = encode_survey(
+            &survey,
+            &mut store,
+            Some(&ShipGauges::default()),
+            Exposition::OpenMetrics,
+        );
         for line in [
             "# TYPE logmon_captured_bytes counter",
             "logmon_captured_bytes_total{task=\"web\",stream=\"stdout\",dir=\"/var/log/tasks\",meta_job_name=\"web \\\"front\\\"\"} 120",

@@ -217,6 +217,21 @@ pub struct Survey {
     pub shipper: Option<ShipperInfo>,
 }
 
+impl Survey {
+    /// A survey that found nothing.
+    pub fn empty() -> Survey {
+        Survey {
+            tasks: Vec::new(),
+            dirs: Vec::new(),
+            skipped: Vec::new(),
+            untrusted: Vec::new(),
+            planted: Vec::new(),
+            rate: RateBasis::SinceStart,
+            shipper: None,
+        }
+    }
+}
+
 /// Why a survey could not be made at all.
 #[derive(Debug, thiserror::Error)]
 pub enum SurveyError {

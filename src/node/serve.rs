@@ -1,6 +1,8 @@
 //! The shipper's scrape endpoint (`logmon ship --metrics-listen ADDR`): a
 //! minimal HTTP/1.1 responder on the shipper's own runtime, serving the
-//! node's figures ([`super::metrics`]) at `/metrics`.
+//! node's figures ([`super::metrics`]) at `/metrics`: OpenMetrics to a
+//! client that accepts it (Prometheus asks for it first), Prometheus's
+//! text format 0.0.4 to any other.
 //!
 //! Kept small and hard to abuse, since anything that can reach the port
 //! can talk to it: one request per connection (`Connection: close`), a
@@ -27,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::carry::Store;
-use super::metrics::{encode_survey, ShipGauges};
+use super::metrics::{encode_survey, Exposition, ShipGauges};
 use super::{survey, Options, Scope};
 
 /// The largest request head read.
@@ -38,8 +40,6 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTIONS: usize = 8;
 /// The counters' file in the shipper's state directory.
 pub const COUNTERS_FILE: &str = "node-counters.json";
-/// The exposition's content type.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// `--metrics-listen`: `IP:PORT` (`127.0.0.1:9464`, `[::1]:9464`,
 /// `0.0.0.0:9464` when the operator wants it reachable), or a bare
@@ -91,17 +91,22 @@ impl Exporter {
         }
     }
 
-    /// One exposition (blocking: it asks every logmon).
-    fn scrape(&self) -> String {
+    /// One exposition in `format` (blocking: it asks every logmon).
+    fn scrape(&self, format: Exposition) -> String {
         let survey = match survey(&self.scope, &self.opts) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot survey the node for a scrape");
-                return "# EOF\n".to_owned();
+                return encode_survey(
+                    &super::Survey::empty(),
+                    &mut Store::new(),
+                    Some(&self.gauges),
+                    format,
+                );
             }
         };
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let text = encode_survey(&survey, &mut store, Some(&self.gauges));
+        let text = encode_survey(&survey, &mut store, Some(&self.gauges), format);
         if let Err(e) = store.save(&self.store_path) {
             tracing::warn!(error = %e, "cannot save the exported totals");
         }
@@ -137,7 +142,7 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ask {
-    Metrics { head: bool },
+    Metrics { head: bool, format: Exposition },
     Index { head: bool },
     NotFound,
     BadMethod,
@@ -165,8 +170,8 @@ async fn read_request(sock: &mut TcpStream) -> std::io::Result<Option<Ask>> {
 }
 
 /// The request line's verdict.
-fn judge(head: &[u8]) -> Ask {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+fn judge(head_bytes: &[u8]) -> Ask {
+    let line = head_bytes.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.trim_end_matches('\r').split(' ');
     let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
@@ -181,8 +186,17 @@ fn judge(head: &[u8]) -> Ask {
         "HEAD" => true,
         _ => return Ask::BadMethod,
     };
+    // Prometheus asks for OpenMetrics first; anything that does not
+    // (curl, an older scraper) gets the classic text format.
+    let format = if String::from_utf8_lossy(head_bytes).lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text")
+    }) {
+        Exposition::OpenMetrics
+    } else {
+        Exposition::PrometheusText
+    };
     match target.split('?').next().unwrap_or_default() {
-        "/metrics" => Ask::Metrics { head },
+        "/metrics" => Ask::Metrics { head, format },
         "/" => Ask::Index { head },
         _ => Ask::NotFound,
     }
@@ -199,13 +213,13 @@ async fn answer(
     };
     let Some(ask) = ask else { return Ok(()) };
     let (status, ctype, body, head) = match ask {
-        Ask::Metrics { head } => {
+        Ask::Metrics { head, format } => {
             let _one = one_survey.lock().await;
             let e = exporter.clone();
-            let body = tokio::task::spawn_blocking(move || e.scrape())
+            let body = tokio::task::spawn_blocking(move || e.scrape(format))
                 .await
-                .unwrap_or_else(|_| "# EOF\n".to_owned());
-            ("200 OK", CONTENT_TYPE, body, head)
+                .unwrap_or_default();
+            ("200 OK", format.content_type(), body, head)
         }
         Ask::Index { head } => (
             "200 OK",
@@ -299,13 +313,20 @@ mod tests {
 
     #[test]
     fn requests_are_judged_by_their_line() {
+        let om = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
         assert_eq!(
-            judge(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Ask::Metrics { head: false }
+            judge(om),
+            Ask::Metrics {
+                head: false,
+                format: Exposition::OpenMetrics
+            }
         );
         assert_eq!(
             judge(b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Ask::Metrics { head: true }
+            Ask::Metrics {
+                head: true,
+                format: Exposition::PrometheusText
+            }
         );
         assert_eq!(judge(b"GET / HTTP/1.1\r\n\r\n"), Ask::Index { head: false });
         assert_eq!(judge(b"GET /etc/passwd HTTP/1.1\r\n\r\n"), Ask::NotFound);

@@ -97,9 +97,9 @@ pub struct Args {
     /// Client key (PEM), with --tls-cert.
     #[arg(long, env = "LOGMON_SHIP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Serve the node's metrics (OpenMetrics, at /metrics) on this
-    /// address: IP:PORT, or :PORT for loopback (e.g. :9464). Loopback
-    /// unless you name another address.
+    /// Serve the node's metrics at /metrics on this address (OpenMetrics to
+    /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
+    /// loopback (e.g. :9464). Loopback unless you name another address.
     #[arg(long, env = "LOGMON_SHIP_METRICS_LISTEN", value_name = "ADDR",
           value_parser = crate::node::serve::parse_listen)]
     pub metrics_listen: Option<std::net::SocketAddr>,

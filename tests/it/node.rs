@@ -227,7 +227,45 @@ fn ls_names_every_state_with_its_figures() {
         let cols: Vec<&str> = l.split_whitespace().collect();
         assert_eq!((cols[0], cols[1]), (t, st), "{table}");
     }
+    // For node_exporter's textfile collector: the text format, lint-clean.
+    let out = cli(&[
+        "ls",
+        "--log-dir",
+        s(&logs),
+        "--prometheus",
+        "--timeout",
+        "300ms",
+    ]);
+    assert_exit(&out, 0);
+    let prom = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        prom.contains("# TYPE logmon_captured_bytes_total counter"),
+        "{prom}"
+    );
+    promtool_check_metrics(&prom);
     hung.signal(Signal::SIGCONT);
+}
+
+/// `promtool check metrics` (the text format's linter) passes `text`.
+fn promtool_check_metrics(text: &str) {
+    if !have("promtool") {
+        return;
+    }
+    let mut c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -796,7 +834,8 @@ fn the_metrics_endpoint_answers_scrapes_and_refuses_anything_else() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let ok = |req: &str| http_request(port, req.as_bytes()).unwrap();
-    let (code, head, body) = ok("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    // What Prometheus asks for: OpenMetrics.
+    let (code, head, body) = ok("GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n");
     assert_eq!(code, 200);
     assert!(
         head.contains("application/openmetrics-text; version=1.0.0"),
@@ -808,6 +847,15 @@ fn the_metrics_endpoint_answers_scrapes_and_refuses_anything_else() {
         body.contains("# TYPE logmon_ship_lag_bytes gauge"),
         "{body}"
     );
+    // Anything else (curl): the classic text format, which promtool lints.
+    let (code, head, body) = ok("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(code, 200);
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(
+        body.contains("# TYPE logmon_ship_rounds_total counter"),
+        "{body}"
+    );
+    promtool_check_metrics(&body);
     assert_eq!(
         ok("HEAD /metrics HTTP/1.1\r\n\r\n").2,
         "",

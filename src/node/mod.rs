@@ -265,9 +265,9 @@ fn pool<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R + Syn
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(item) = items.get(i) else { break };
                 let r = f(item);
-                if let Ok(mut o) = out.lock() {
-                    o.push((i, r));
-                }
+                // A worker that panicked re-raises at the scope's end;
+                // until then the others' results still go in.
+                out.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
             });
         }
     });

@@ -42,6 +42,10 @@
 //!   a peer that does not answer with logmon frames "does not speak the
 //!   logmon protocol";
 //! - a refused peer reads the refusal even when its `Hello` hit `EPIPE`;
+//! - a connect waits at most the timeout for room in a full listen queue
+//!   (a logmon stopped with SIGSTOP, or a socket that never accepts),
+//!   then fails as [`ConnectFailure::Busy`] (`tests/it/node.rs`,
+//!   `a_socket_that_never_answers_costs_at_most_the_timeout_and_status_does_not_hang`);
 //! - the state file is read through its directory's descriptor with
 //!   `O_NOFOLLOW`, and a missing, unreadable, non-regular or empty file is
 //!   its own error, not "corrupt";
@@ -230,6 +234,9 @@ pub enum ConnectFailure {
     NotASocket,
     /// Not allowed to connect.
     Permission,
+    /// Its listen queue stayed full for the whole timeout: the logmon
+    /// behind it is stopped (SIGSTOP) or wedged.
+    Busy,
     /// Anything else.
     Other,
 }
@@ -252,6 +259,10 @@ pub fn connect_failure(path: &Path, e: &io::Error) -> (ConnectFailure, String) {
         (Some(nix::libc::ECONNREFUSED), _) => (
             ConnectFailure::Stale,
             "stale socket: no logmon listens on it (the logmon that made it has exited); start one with `logmon ensure`".to_owned(),
+        ),
+        (Some(nix::libc::EAGAIN), _) => (
+            ConnectFailure::Busy,
+            "its listen queue stayed full: the logmon behind it is stopped (SIGSTOP) or wedged; try again later".to_owned(),
         ),
         (Some(nix::libc::EACCES | nix::libc::EPERM), _) => {
             let owner = st.map(|s| format!(" (owned by uid {})", s.st_uid)).unwrap_or_default();
@@ -356,8 +367,36 @@ pub enum Report {
     V1(protocol::v1::Stats),
 }
 
-fn connect(path: &Path) -> io::Result<UnixStream> {
-    with_short_path(path, |p| UnixStream::connect(p))
+/// Connects to the socket at `path`, waiting at most `timeout` for room
+/// in its listen queue: a blocking `connect` to a socket whose logmon is
+/// stopped (SIGSTOP) or wedged, once its queue is full, would wait
+/// forever; with `SO_SNDTIMEO` set first it fails with `EAGAIN`
+/// ([`ConnectFailure::Busy`]).
+fn connect(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // Zero would mean "no timeout".
+    let timeout = timeout.max(Duration::from_millis(1));
+    socket::setsockopt(
+        &fd,
+        sockopt::SendTimeout,
+        &nix::sys::time::TimeVal::new(
+            i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            i64::from(timeout.subsec_micros()),
+        ),
+    )?;
+    with_short_path(path, |p| {
+        Ok(socket::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &UnixAddr::new(p)?,
+        )?)
+    })?;
+    Ok(UnixStream::from(fd))
 }
 
 /// Reattaches to the logmon described by `cfg` with the default timeout.
@@ -396,9 +435,18 @@ pub fn reattach_with_timeout(
     }
     // Checks 3 and 4, on each connection the handshake opens.
     let open = || {
-        let stream = connect(&cfg.socket).map_err(|source| ReattachError::SocketGone {
-            path: cfg.socket.clone(),
-            source,
+        let stream = connect(&cfg.socket, timeout).map_err(|source| {
+            if source.raw_os_error() == Some(nix::libc::EAGAIN) {
+                ReattachError::Unresponsive {
+                    pid: cfg.pid,
+                    timeout,
+                }
+            } else {
+                ReattachError::SocketGone {
+                    path: cfg.socket.clone(),
+                    source,
+                }
+            }
         })?;
         let peer = peer_pid(&stream);
         if peer != Some(cfg.pid) {
@@ -619,7 +667,7 @@ impl Handle {
         expect: Option<Expect<'_>>,
     ) -> Result<Handle, ClientError> {
         let open = || {
-            connect(path).map_err(|source| {
+            connect(path, timeout).map_err(|source| {
                 let (failure, why) = connect_failure(path, &source);
                 ClientError::Connect {
                     path: path.to_owned(),
@@ -697,6 +745,18 @@ impl Handle {
     /// older one it is limited to.
     pub fn protocol(&self) -> u32 {
         self.protocol
+    }
+
+    /// The pid and uid of the process serving this connection, as the
+    /// kernel saw them when it connected (`SO_PEERCRED`): what a caller
+    /// with no reattach config (`logmon ls`) compares with the pid that
+    /// holds the task's lock, since a `Welcome` says only what its sender
+    /// chose to say.
+    pub fn peer_credentials(&self) -> Option<(u32, u32)> {
+        let cred =
+            nix::sys::socket::getsockopt(&self.stream, nix::sys::socket::sockopt::PeerCredentials)
+                .ok()?;
+        Some((u32::try_from(cred.pid()).ok()?, cred.uid()))
     }
 
     /// Sends `req` in the connection's protocol; returns the answer's

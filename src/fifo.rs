@@ -290,19 +290,53 @@ pub(crate) fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
 }
 
 fn parse_flock_holder(text: &str, dev: u64, ino: u64) -> Option<u32> {
-    let want = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev), ino);
-    text.lines().find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.get(1) != Some(&"FLOCK") {
-            return None;
-        }
-        let pid = f.get(4)?.parse::<u32>().ok()?;
-        let mut id = f.get(5)?.split(':');
-        let maj = u64::from_str_radix(id.next()?, 16).ok()?;
-        let min = u64::from_str_radix(id.next()?, 16).ok()?;
-        let i = id.next()?.parse::<u64>().ok()?;
-        ((maj, min, i) == want).then_some(pid)
-    })
+    let want = lock_key(dev, ino);
+    text.lines()
+        .filter_map(parse_flock_line)
+        .find_map(|(id, pid)| (id == want).then_some(pid))
+}
+
+/// A file as /proc/locks names it: major and minor device, inode.
+type LockKey = (u64, u64, u64);
+
+fn lock_key(dev: u64, ino: u64) -> LockKey {
+    (nix::sys::stat::major(dev), nix::sys::stat::minor(dev), ino)
+}
+
+/// The file and holder pid of one /proc/locks line, if it is a granted
+/// `FLOCK`.
+fn parse_flock_line(line: &str) -> Option<(LockKey, u32)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.get(1) != Some(&"FLOCK") {
+        return None;
+    }
+    let pid = f.get(4)?.parse::<u32>().ok()?;
+    let mut id = f.get(5)?.split(':');
+    let maj = u64::from_str_radix(id.next()?, 16).ok()?;
+    let min = u64::from_str_radix(id.next()?, 16).ok()?;
+    let i = id.next()?.parse::<u64>().ok()?;
+    Some(((maj, min, i), pid))
+}
+
+/// Every granted `flock` of the system, read from /proc/locks once for
+/// many lookups ([`flock_holder`] reads it per lookup): `logmon ls` asks
+/// about every task of a node.
+#[derive(Debug, Default)]
+pub(crate) struct FlockTable(std::collections::HashMap<LockKey, u32>);
+
+impl FlockTable {
+    /// Reads /proc/locks now.
+    pub(crate) fn read() -> io::Result<FlockTable> {
+        let text = std::fs::read_to_string("/proc/locks")?;
+        Ok(FlockTable(
+            text.lines().filter_map(parse_flock_line).collect(),
+        ))
+    }
+
+    /// The pid holding a `flock` on the file `dev`:`ino`, if any.
+    pub(crate) fn holder(&self, dev: u64, ino: u64) -> Option<u32> {
+        self.0.get(&lock_key(dev, ino)).copied()
+    }
 }
 
 /// "logmon pid 123 (task web)" from /proc: the task from `--task X` on its

@@ -45,6 +45,10 @@
 //! - **shipping** — [`ship`] is `logmon ship` (its own binary,
 //!   `logmon-ship`): one per node, it publishes every task stream into NATS
 //!   JetStream exactly once (DESIGN.md §12).
+//! - **the node at a glance** — `node` finds every logmon under given
+//!   directories, proves who answers before believing it, and reports
+//!   them (`logmon ls`) or serves them as OpenMetrics (the shipper's
+//!   `--metrics-listen`) (DESIGN.md §13).
 //! - **command line** — [`cli`] (one exit-code policy, one-line errors);
 //!   `main.rs` only calls [`cli::main`]. The daemon has its own smaller
 //!   binary, `logmon-run` ([`cli::daemon_main`]), which `logmon run` execs
@@ -86,6 +90,7 @@ mod launch;
 #[allow(unsafe_code)] // malloc_trim and madvise of dead stack
 mod memory;
 mod meta;
+mod node;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;

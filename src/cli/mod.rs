@@ -24,7 +24,10 @@ mod control;
 mod exec;
 #[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
+mod ls;
 mod run_flags;
+
+pub use ls::LsArgs;
 
 /// Exit code for a usage or configuration error.
 pub const EXIT_USAGE: i32 = 2;
@@ -70,7 +73,10 @@ pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
             ..
         }
         | C::NotLogmon { .. } => EXIT_USAGE,
-        C::NoAnswer { .. } => EXIT_TEMPFAIL,
+        C::NoAnswer { .. }
+        | C::Connect {
+            failure: F::Busy, ..
+        } => EXIT_TEMPFAIL,
         _ => EXIT_FAILURE,
     }
 }
@@ -218,6 +224,9 @@ pub enum Command {
     Logs(LogsArgs),
     /// Run a command with its stdout/stderr captured into rotated files.
     Exec(ExecArgs),
+    /// List every logmon of the node: state, rates, drops, errors, files, lag.
+    #[command(after_help = ls::HELP)]
+    Ls(LsArgs),
     /// Publish the node's task logs into NATS JetStream, exactly once
     /// (execs `logmon-ship` beside this binary; 'logmon ship --help').
     #[command(disable_help_flag = true)]
@@ -483,6 +492,7 @@ pub fn dispatch(cli: Cli) -> i32 {
             logs::run(&a)
         }
         Command::Exec(a) => exec::run(&a),
+        Command::Ls(a) => ls::run(&a),
         Command::Ship(a) => exec_ship(&a),
     };
     match result {

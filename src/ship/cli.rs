@@ -7,7 +7,8 @@
 //! TLS handshake, 75 server unreachable); `--status`.
 //!
 //! Tests: `tests/it/ship.rs` (`bad_configuration_…`, the error matrix
-//! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`).
+//! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
+//! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -96,6 +97,12 @@ pub struct Args {
     /// Client key (PEM), with --tls-cert.
     #[arg(long, env = "LOGMON_SHIP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Serve the node's metrics at /metrics on this address (OpenMetrics to
+    /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
+    /// loopback (e.g. :9464). Loopback unless you name another address.
+    #[arg(long, env = "LOGMON_SHIP_METRICS_LISTEN", value_name = "ADDR",
+          value_parser = crate::node::serve::parse_listen)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Print the state in --state-dir as JSON and exit.
     #[arg(long, env = "LOGMON_SHIP_STATUS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
     pub status: bool,
@@ -182,6 +189,8 @@ struct Checked {
     addrs: Vec<async_nats::ServerAddr>,
     stream: String,
     cfg: Config,
+    /// `--metrics-listen`, bound.
+    metrics: Option<std::net::TcpListener>,
 }
 
 fn run(args: Args) -> Result<(), Failure> {
@@ -250,7 +259,16 @@ fn check(args: &Args) -> Result<Checked, Failure> {
     };
     let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
     let subject = Template::parse(&args.subject, captures).map_err(|e| usage(e.to_string()))?;
+    let metrics = match args.metrics_listen {
+        Some(a) => Some(
+            std::net::TcpListener::bind(a)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| usage(format!("--metrics-listen {a}: cannot listen there: {e}")))?,
+        ),
+        None => None,
+    };
     Ok(Checked {
+        metrics,
         urls,
         addrs,
         stream,
@@ -411,8 +429,19 @@ async fn serve(
         _ = signals.recv() => return Ok(()),
     };
     let (js, max_payload) = connected;
+    let scope = crate::node::Scope {
+        log_dirs: checked.cfg.log_dirs.clone(),
+        watch: checked.cfg.watch.clone(),
+    };
     let mut shipper = Shipper::new(checked.cfg, js, max_payload, locked)
         .map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    if let Some(l) = checked.metrics {
+        let l = tokio::net::TcpListener::from_std(l)
+            .map_err(|e| fail(EXIT_FAILURE, format!("--metrics-listen: {e}")))?;
+        let exporter =
+            crate::node::serve::Exporter::new(scope, args.state_dir.clone(), shipper.gauges());
+        tokio::spawn(crate::node::serve::serve(l, std::sync::Arc::new(exporter)));
+    }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     tracing::info!(stream = %checked.stream, "shipping");
     let stop = async move {

@@ -55,8 +55,8 @@ pub mod cli;
 mod round;
 pub mod scan;
 pub mod state;
-mod status;
-mod stream;
+pub(crate) mod status;
+pub(crate) mod stream;
 pub mod tree;
 
 use std::collections::{BTreeSet, HashSet};
@@ -126,6 +126,8 @@ pub struct Shipper {
     /// be saved, or the server is unreachable).
     hold_until: Option<Instant>,
     hold_backoff: Duration,
+    /// The figures `--metrics-listen` serves ([`crate::node::serve`]).
+    gauges: std::sync::Arc<crate::node::metrics::ShipGauges>,
 }
 
 impl Shipper {
@@ -169,6 +171,7 @@ impl Shipper {
             unwarned: 0,
             hold_until: None,
             hold_backoff: stream::BACKOFF_MIN,
+            gauges: Default::default(),
             cfg,
         })
     }
@@ -193,11 +196,15 @@ impl Shipper {
             .map_err(|e| ShipError::Tree(tree::TreeError::Inotify(e.into_parts().1)))?;
         loop {
             self.absorb();
+            self.publish_gauges();
             let now = Instant::now();
             if self.hold_until.is_none_or(|t| t <= now) {
                 let windows = self.plan_round(now);
                 if !windows.is_empty() {
                     self.ship_round(windows).await;
+                    self.gauges
+                        .rounds
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if futures_util::FutureExt::now_or_never(&mut stop).is_some() {
                         return self.save_final();
                     }
@@ -229,6 +236,28 @@ impl Shipper {
                 () = &mut stop => return self.save_final(),
             }
         }
+    }
+
+    /// The figures the metrics endpoint reads (`--metrics-listen`).
+    pub(crate) fn gauges(&self) -> std::sync::Arc<crate::node::metrics::ShipGauges> {
+        self.gauges.clone()
+    }
+
+    /// Updates the figures the metrics endpoint reads: streams and
+    /// directories followed, directories not trusted, planted files.
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (mut dirs, mut untrusted, mut planted) = (0u64, 0u64, 0u64);
+        for d in self.tree.dirs() {
+            dirs += 1;
+            untrusted += u64::from(d.untrusted.is_some());
+            planted += d.foreign.len() as u64;
+        }
+        let g = &self.gauges;
+        g.streams.store(self.streams.map.len() as u64, Relaxed);
+        g.dirs.store(dirs, Relaxed);
+        g.untrusted_dirs.store(untrusted, Relaxed);
+        g.foreign_files.store(planted, Relaxed);
     }
 
     /// The earliest moment something must be tried again without an

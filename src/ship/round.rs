@@ -10,6 +10,7 @@
 //! alone and stays saved, to be replayed with the same message ids.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -160,8 +161,10 @@ impl Shipper {
                 }
             }
             inflight.push(Box::pin(publish_window(self.js.clone(), key, p, msgs)));
+            self.gauges.in_flight.store(inflight.len() as u64, Relaxed);
         }
         while let Some(d) = inflight.next().await {
+            self.gauges.in_flight.store(inflight.len() as u64, Relaxed);
             done.push(d);
         }
         let now = Instant::now();

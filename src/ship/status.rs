@@ -8,6 +8,7 @@
 //! Read-only: it creates nothing and never blocks a running shipper.
 //! Tests: `tests/it/ship.rs` (`status_shows_the_lag_…`, the error matrix).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -101,17 +102,34 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     ) else {
         return (None, None);
     };
-    let mut bytes = 0u64;
-    let mut first: Option<(u64, u64)> = None;
+    let mut sizes = BTreeMap::new();
     for n in files.into_iter().filter(|&n| n >= s.file) {
         let name = crate::rotate::file_name(&task, stream, n);
         let Ok(Some(st)) = dir.stat(&name) else {
             continue;
         };
-        if trust.foreign_file(&st).is_some() {
-            continue;
+        if trust.foreign_file(&st).is_none() {
+            sizes.insert(n, u64::try_from(st.st_size).unwrap_or(0));
         }
-        let len = u64::try_from(st.st_size).unwrap_or(0);
+    }
+    let (bytes, secs) = lag_of(dir, &task, stream, s, &sizes);
+    (Some(bytes), Some(secs))
+}
+
+/// The lag of `s`, a stream of `task` in `dir`, given the sizes of
+/// logmon's own files of it (index to bytes; `logmon ls` has them from
+/// its one listing of the directory): the bytes past the cursor, and the
+/// age in seconds of the first of them (0 when there are none).
+pub(crate) fn lag_of(
+    dir: &Arc<Dir>,
+    task: &TaskName,
+    stream: Stream,
+    s: &StreamState,
+    sizes: &BTreeMap<u64, u64>,
+) -> (u64, f64) {
+    let mut bytes = 0u64;
+    let mut first: Option<(u64, u64)> = None;
+    for (&n, &len) in sizes.range(s.file..) {
         let from = if n == s.file { s.offset.min(len) } else { 0 };
         if len > from {
             bytes += len - from;
@@ -120,18 +138,18 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     }
     let secs = match first {
         Some((n, off)) => {
-            let mut stamper = crate::timeline::Stamper::new(dir.clone(), &task, stream, false);
+            let mut stamper = crate::timeline::Stamper::new(dir.clone(), task, stream, false);
             let at = stamper.stamp(n, off).ns();
             let now = crate::index::now_ns();
             now.saturating_sub(at).max(0) as f64 / 1e9
         }
         None => 0.0,
     };
-    (Some(bytes), Some(secs))
+    (bytes, secs)
 }
 
 /// The pid of the shipper holding the state directory's lock, if any.
-fn holder(dir: &Path) -> Option<u32> {
+pub(crate) fn holder(dir: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(dir.join(state::LOCK_FILE)).ok()?;
     crate::fifo::flock_holder(m.dev(), m.ino())

@@ -555,7 +555,7 @@ fn untrusted(dir: &Dir) -> Option<&'static str> {
 
 /// Opens the directory `rel` below `root`, component by component, never
 /// following a symlink.
-fn reopen(root: &Dir, rel: &[OsString]) -> std::io::Result<Dir> {
+pub(crate) fn reopen(root: &Dir, rel: &[OsString]) -> std::io::Result<Dir> {
     let mut cur: Option<Dir> = None;
     for c in rel {
         let next = cur.as_ref().unwrap_or(root).open_child(c)?;
@@ -577,7 +577,7 @@ fn dup_dir(d: &Dir) -> std::io::Result<OwnedFd> {
 }
 
 /// The names at the pattern's wildcard components of `rel`.
-fn captures(p: &Pattern, rel: &[OsString]) -> Vec<String> {
+pub(crate) fn captures(p: &Pattern, rel: &[OsString]) -> Vec<String> {
     rel.iter()
         .enumerate()
         .filter(|(i, _)| p.is_capture(*i))

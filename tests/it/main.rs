@@ -36,6 +36,7 @@ mod hostile_daemon;
 mod hostile_readers;
 mod logs;
 mod nats;
+mod node;
 mod reattach;
 mod rotation_props;
 mod ship;

@@ -1,0 +1,454 @@
+//! Finding logmons: the log directories (given with `--log-dir`, or found
+//! below `--watch ROOT` by `--pattern` as the shipper finds them), and in
+//! each, from one listing, the tasks whose files are there.
+//!
+//! Nothing here follows a symlink or trusts a name for more than what it
+//! is: directories below the root are reached component by component with
+//! `O_NOFOLLOW` ([`crate::ship::tree::reopen`]), and reopened for each use
+//! only if they are still the directory found (device and inode); a name
+//! in a log directory counts for its task only if logmon (or root, or the
+//! directory's owner) made it — a task that plants `.x.logmon.lock` or
+//! `x.stdout.0` makes no task `x` appear, it adds to the directory's
+//! count of planted names.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::sys::stat::{FileStat, SFlag};
+
+use crate::config::{Stream, TaskName};
+use crate::dir::{is_type, Dir, FileId, Trust};
+use crate::ship::scan::{glob_component, parse_log_name, Pattern};
+
+/// A log directory found, and how to open it again.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Its path, for people (and the `dir` label).
+    pub path: PathBuf,
+    /// Its identity when found: a reopened handle must have it.
+    pub id: FileId,
+    origin: Origin,
+}
+
+#[derive(Debug, Clone)]
+enum Origin {
+    /// `--log-dir`: the operator's path.
+    Given,
+    /// Below the root, by these components (never following a link).
+    Below(Arc<Dir>, Vec<OsString>),
+}
+
+impl Found {
+    /// Opens the directory again; an error if it is no longer the one
+    /// found (replaced, moved, removed).
+    pub fn open(&self) -> io::Result<Dir> {
+        let d = match &self.origin {
+            Origin::Given => Dir::open(&self.path)?,
+            Origin::Below(root, rel) => crate::ship::tree::reopen(root, rel)?,
+        };
+        if d.id() != self.id {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "it was replaced by another directory",
+            ));
+        }
+        Ok(d)
+    }
+}
+
+/// A directory that could not be looked at, and why.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    /// The directory.
+    pub path: PathBuf,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// The given directories, deduplicated (a directory given twice, or by
+/// two paths, is listed once).
+pub fn given(paths: &[PathBuf], found: &mut Vec<Found>, skipped: &mut Vec<Skipped>) {
+    for p in paths {
+        match Dir::open(p) {
+            Ok(d) if !found.iter().any(|f| f.id == d.id()) => found.push(Found {
+                path: d.path().to_path_buf(),
+                id: d.id(),
+                origin: Origin::Given,
+            }),
+            Ok(_) => {}
+            Err(e) => skipped.push(Skipped {
+                path: p.clone(),
+                why: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// The directories below `root` whose path relative to it matches
+/// `pattern`, without following a symlink anywhere; a directory that
+/// cannot be listed or opened is skipped and said so.
+pub fn walk(
+    root: &Path,
+    pattern: &Pattern,
+    found: &mut Vec<Found>,
+    skipped: &mut Vec<Skipped>,
+) -> io::Result<()> {
+    let root = Arc::new(Dir::open(root)?);
+    let mut rel = Vec::new();
+    descend(&root, &root, pattern, &mut rel, found, skipped);
+    Ok(())
+}
+
+fn descend(
+    root: &Arc<Dir>,
+    at: &Dir,
+    pattern: &Pattern,
+    rel: &mut Vec<OsString>,
+    found: &mut Vec<Found>,
+    skipped: &mut Vec<Skipped>,
+) {
+    let Some(pat) = pattern.components().get(rel.len()) else {
+        return;
+    };
+    let names = match at.list() {
+        Ok(n) => n,
+        Err(e) => {
+            skipped.push(Skipped {
+                path: at.path().to_path_buf(),
+                why: format!("cannot list it: {e}"),
+            });
+            return;
+        }
+    };
+    for name in names {
+        if !glob_component(pat.as_bytes(), name.as_bytes()) {
+            continue;
+        }
+        let child = match at.open_child(&name) {
+            Ok(c) => c,
+            // A symlink (ELOOP), a file, or gone meanwhile: not a
+            // directory of the tree.
+            Err(e)
+                if matches!(e.raw_os_error(),
+                    Some(c) if c == nix::libc::ELOOP || c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
+            {
+                continue
+            }
+            Err(e) => {
+                skipped.push(Skipped {
+                    path: at.path().join(&name),
+                    why: format!("cannot open it: {e}"),
+                });
+                continue;
+            }
+        };
+        rel.push(name);
+        if rel.len() == pattern.components().len() {
+            if !found.iter().any(|f| f.id == child.id()) {
+                found.push(Found {
+                    path: child.path().to_path_buf(),
+                    id: child.id(),
+                    origin: Origin::Below(root.clone(), rel.clone()),
+                });
+            }
+        } else {
+            descend(root, &child, pattern, rel, found, skipped);
+        }
+        rel.pop();
+    }
+}
+
+/// Logmon's own files of one stream of a task, from the listing.
+#[derive(Debug, Clone, Default)]
+pub struct StreamFiles {
+    /// Size of each log file (index to bytes).
+    pub sizes: BTreeMap<u64, u64>,
+    /// The inode of each log file: a file deleted and made again under
+    /// the same number is another file.
+    pub inodes: BTreeMap<u64, u64>,
+    /// Bytes the log files and their capture-time indexes take on disk
+    /// (allocated blocks, as `du` counts them).
+    pub disk_bytes: u64,
+}
+
+impl StreamFiles {
+    /// The log files' total size.
+    pub fn size(&self) -> u64 {
+        self.sizes.values().sum()
+    }
+}
+
+/// What one listing of a log directory says about one task.
+#[derive(Debug, Clone)]
+pub struct TaskFiles {
+    /// The task.
+    pub task: TaskName,
+    /// Its lock file (`.<task>.logmon.lock`), if logmon's own.
+    pub lock: Option<FileStat>,
+    /// What sits at its default socket name (`.<task>.logmon.sock`).
+    pub socket: Option<FileStat>,
+    /// Whether its metadata file is there (logmon's own).
+    pub meta: bool,
+    /// Its FIFOs present (default names).
+    pub fifos: u32,
+    /// stdout, stderr.
+    pub streams: [StreamFiles; 2],
+    /// Names of this task's files that logmon did not make (the task's,
+    /// hard links, wrong types), with why: never counted or trusted.
+    pub planted: Vec<(String, String)>,
+}
+
+impl TaskFiles {
+    /// A task with no file found yet.
+    pub fn new(task: TaskName) -> TaskFiles {
+        TaskFiles {
+            task,
+            lock: None,
+            socket: None,
+            meta: false,
+            fifos: 0,
+            streams: Default::default(),
+            planted: Vec::new(),
+        }
+    }
+
+    /// The files of `stream`.
+    pub fn stream(&self, stream: Stream) -> &StreamFiles {
+        &self.streams[stream_index(stream)]
+    }
+}
+
+/// The slot of `stream` in per-stream arrays (stdout, stderr).
+pub fn stream_index(stream: Stream) -> usize {
+    match stream {
+        Stream::Stdout => 0,
+        Stream::Stderr => 1,
+    }
+}
+
+/// One listing of a log directory.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The tasks that have at least one name of logmon's own here.
+    pub tasks: Vec<TaskFiles>,
+    /// Why names in the directory cannot be believed, if they cannot
+    /// (others could rename them: [`Trust::renamable_by_others`]).
+    pub untrusted: Option<&'static str>,
+    /// Names planted for tasks that have none of logmon's own here.
+    pub planted_elsewhere: u64,
+}
+
+/// What a name in a log directory is.
+#[derive(Clone, Copy)]
+enum Name {
+    Log(Stream, u64),
+    Index(Stream),
+    Lock,
+    Socket,
+    Meta,
+    Fifo,
+    /// The high-water mark, the diagnostics log: logmon's, not counted.
+    Other,
+}
+
+/// The task and kind of a name logmon gives its files, if it is one.
+fn parse_name(name: &str) -> Option<(TaskName, Name)> {
+    if let Some((task, stream, n)) = parse_log_name(name) {
+        return Some((task, Name::Log(stream, n)));
+    }
+    let hidden = name.strip_prefix('.')?;
+    if let Some(inner) = hidden.strip_suffix(".idx") {
+        let (task, stream, _) = parse_log_name(inner)?;
+        return Some((task, Name::Index(stream)));
+    }
+    const SUFFIXES: [(&str, Name); 8] = [
+        (".logmon.lock", Name::Lock),
+        (".logmon.sock", Name::Socket),
+        (".logmon.meta", Name::Meta),
+        (".logmon.log", Name::Other),
+        (".stdout.fifo", Name::Fifo),
+        (".stderr.fifo", Name::Fifo),
+        (".stdout.hwm", Name::Other),
+        (".stderr.hwm", Name::Other),
+    ];
+    SUFFIXES.iter().find_map(|(suffix, kind)| {
+        let task = TaskName::new(hidden.strip_suffix(suffix)?).ok()?;
+        Some((task, *kind))
+    })
+}
+
+/// Whether a uid may have made a file logmon trusts: root, this reader,
+/// or the directory's owner (as [`Trust::foreign_file`] says of regular
+/// files; here also for sockets and FIFOs).
+pub fn trusted_uid(trust: &Trust, uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw() || uid == trust.owner()
+}
+
+/// Why `st`, found at a name of `kind`, is not logmon's own, if it is not.
+fn foreign(trust: &Trust, st: &FileStat, kind: &Name) -> Option<String> {
+    let want = match kind {
+        Name::Socket => SFlag::S_IFSOCK,
+        Name::Fifo => SFlag::S_IFIFO,
+        _ => return trust.foreign_file(st),
+    };
+    if !is_type(st, want) {
+        return Some(crate::dir::kind_of(st).to_owned());
+    }
+    (!trusted_uid(trust, st.st_uid)).then(|| format!("owned by uid {}", st.st_uid))
+}
+
+/// Lists `dir` once and sorts its names into tasks (see the module docs).
+pub fn list(dir: &Dir) -> io::Result<Listing> {
+    let trust = dir.trust()?;
+    let mut tasks: HashMap<TaskName, TaskFiles> = HashMap::new();
+    let mut planted: HashMap<TaskName, Vec<(String, String)>> = HashMap::new();
+    for name in dir.list()? {
+        let Some(name) = name.to_str() else { continue };
+        let Some((task, kind)) = parse_name(name) else {
+            continue;
+        };
+        // lstat through the handle: never followed.
+        let Ok(Some(st)) = dir.stat(name) else {
+            continue;
+        };
+        if let Some(why) = foreign(&trust, &st, &kind) {
+            // The default socket name is looked at as it is (a planted
+            // one is reported by the task's state), so it is kept too.
+            if matches!(kind, Name::Socket) {
+                tasks
+                    .entry(task.clone())
+                    .or_insert_with(|| TaskFiles::new(task.clone()))
+                    .socket = Some(st);
+            }
+            planted
+                .entry(task)
+                .or_default()
+                .push((name.to_owned(), why));
+            continue;
+        }
+        let t = tasks
+            .entry(task.clone())
+            .or_insert_with(|| TaskFiles::new(task));
+        let blocks = u64::try_from(st.st_blocks).unwrap_or(0) * 512;
+        match kind {
+            Name::Log(stream, n) => {
+                let s = &mut t.streams[stream_index(stream)];
+                s.sizes.insert(n, u64::try_from(st.st_size).unwrap_or(0));
+                s.inodes.insert(n, st.st_ino);
+                s.disk_bytes += blocks;
+            }
+            Name::Index(stream) => t.streams[stream_index(stream)].disk_bytes += blocks,
+            Name::Lock => t.lock = Some(st),
+            Name::Socket => t.socket = Some(st),
+            Name::Meta => t.meta = true,
+            Name::Fifo => t.fifos += 1,
+            Name::Other => {}
+        }
+    }
+    let mut out = Listing {
+        untrusted: trust.renamable_by_others(),
+        ..Default::default()
+    };
+    for (task, names) in planted {
+        match tasks.get_mut(&task) {
+            // A socket alone (planted) does not make a task.
+            Some(t) if t.lock.is_some() || t.meta || t.fifos > 0 || has_files(t) => {
+                t.planted = names
+            }
+            _ => {
+                tasks.remove(&task);
+                out.planted_elsewhere += names.len() as u64;
+            }
+        }
+    }
+    out.tasks = tasks.into_values().collect();
+    out.tasks
+        .sort_by(|a, b| a.task.as_str().cmp(b.task.as_str()));
+    Ok(out)
+}
+
+fn has_files(t: &TaskFiles) -> bool {
+    t.streams.iter().any(|s| !s.sizes.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_sorted_into_tasks_and_kinds() {
+        let kind = |n: &str| parse_name(n).map(|(t, k)| (t.as_str().to_owned(), k));
+        assert!(
+            matches!(kind("web.stdout.3"), Some((t, Name::Log(Stream::Stdout, 3))) if t == "web")
+        );
+        assert!(
+            matches!(kind(".a.b.stderr.0.idx"), Some((t, Name::Index(Stream::Stderr))) if t == "a.b")
+        );
+        assert!(matches!(kind(".a.b.logmon.lock"), Some((t, Name::Lock)) if t == "a.b"));
+        assert!(matches!(kind(".web.logmon.sock"), Some((_, Name::Socket))));
+        assert!(matches!(kind(".web.stdout.fifo"), Some((_, Name::Fifo))));
+        assert!(matches!(kind(".web.stdout.hwm"), Some((_, Name::Other))));
+        for not_ours in [
+            "web.stdout.007",
+            "web.stdout",
+            ".logmon.lock",
+            "x.log",
+            ".web.stdout.x.idx",
+        ] {
+            assert!(kind(not_ours).is_none(), "{not_ours}");
+        }
+    }
+
+    #[test]
+    fn a_task_of_planted_names_only_is_no_task() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::write(d.path().join("web.stdout.0"), b"hello\n").unwrap();
+        std::fs::write(d.path().join(".web.logmon.lock"), b"").unwrap();
+        // A hard link is not logmon's own, whoever made it.
+        std::fs::write(d.path().join("x.stdout.0"), b"").unwrap();
+        std::fs::hard_link(d.path().join("x.stdout.0"), d.path().join("x.stdout.1")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.path().join("y.stdout.0")).unwrap();
+        let l = list(&Dir::open(d.path()).unwrap()).unwrap();
+        let names: Vec<&str> = l.tasks.iter().map(|t| t.task.as_str()).collect();
+        assert_eq!(names, vec!["web"]);
+        assert_eq!(l.tasks[0].stream(Stream::Stdout).size(), 6);
+        assert!(l.tasks[0].lock.is_some());
+        assert_eq!(l.planted_elsewhere, 3);
+        assert_eq!(l.untrusted, None);
+    }
+
+    #[test]
+    fn the_walk_finds_the_pattern_without_following_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        for a in ["a1", "a2"] {
+            std::fs::create_dir_all(root.join(a).join("alloc/logs")).unwrap();
+        }
+        std::fs::create_dir_all(d.path().join("outside/alloc/logs")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("outside"), root.join("evil")).unwrap();
+        let (mut found, mut skipped) = (Vec::new(), Vec::new());
+        let p = Pattern::parse("*/alloc/logs").unwrap();
+        walk(&root, &p, &mut found, &mut skipped).unwrap();
+        let mut paths: Vec<PathBuf> = found.iter().map(|f| f.path.clone()).collect();
+        paths.sort();
+        assert_eq!(
+            paths,
+            vec![root.join("a1/alloc/logs"), root.join("a2/alloc/logs")]
+        );
+        assert!(skipped.is_empty());
+        // Replaced after it was found: not opened as the one found.
+        std::fs::rename(root.join("a1"), d.path().join("moved")).unwrap();
+        std::fs::create_dir_all(root.join("a1/alloc/logs")).unwrap();
+        let a1 = found
+            .iter()
+            .find(|f| f.path.ends_with("a1/alloc/logs"))
+            .unwrap();
+        assert!(a1.open().is_err());
+    }
+}

@@ -86,6 +86,7 @@ const FENCES: &[&str] = &[
     "sh-systemd",
     "sh-bench",
     "ini",
+    "yaml",
     "json",
     "rust",
 ];
@@ -1074,6 +1075,14 @@ fn check_reference(span: &str) -> Option<String> {
         span
     };
     let (n, prefix) = wanted(candidate);
+    // A metric: registered under its name (a counter without the `_total`
+    // the exposition adds).
+    if n.starts_with("logmon_") && name.is_none() {
+        let family = n.split('{').next().unwrap_or(&n);
+        let quoted = format!("\"{}\"", family.trim_end_matches("_total"));
+        let found = sources().iter().any(|(_, text)| text.contains(&quoted));
+        return (!found).then(|| format!("no metric {n} registered in the sources"));
+    }
     let test_like = n.matches('_').count() >= 3
         && n.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');

@@ -44,7 +44,7 @@ pub fn parse(
     env: impl Fn(&str) -> Option<OsString>,
 ) -> Option<CaptureConfig> {
     let mut given: Vec<(&'static str, OsString)> = Vec::new();
-    let mut meta: Vec<String> = Vec::new();
+    let mut meta: Vec<OsString> = Vec::new();
     let mut no_sandbox_flag = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -85,7 +85,7 @@ pub fn parse(
             return None;
         }
         if flag == META {
-            meta.push(value.into_string().ok()?);
+            meta.push(value);
         } else if given.iter().any(|(f, _)| *f == flag) {
             return None;
         } else {
@@ -245,6 +245,8 @@ mod tests {
             Just("drop".to_string()),
             Just("block".to_string()),
             Just("k=v".to_string()),
+            Just("k=w".to_string()),
+            Just("99999999999GiB".to_string()),
             Just(String::new()),
         ];
         let flag = prop_oneof![

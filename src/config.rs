@@ -7,6 +7,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,15 @@ pub const DEFAULT_MAX_FILE_SIZE: u64 = 10 * 1024 * 1024;
 pub const DEFAULT_PIPE_SIZE: u64 = 1024 * 1024;
 /// The largest `--pipe-size` (the kernel takes an `int`).
 pub const MAX_PIPE_SIZE: u64 = i32::MAX as u64;
+/// Default `--max-delay`: how long the first bytes of a quiet stream may
+/// wait in the pipe for more to join them in one drain (`capture::Pump`).
+/// Chosen with `benches/scale.sh` (README, "Busy node").
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(DEFAULT_MAX_DELAY_MS);
+/// [`DEFAULT_MAX_DELAY`] in milliseconds (the flag's default text).
+pub const DEFAULT_MAX_DELAY_MS: u64 = 50;
+/// The largest `--max-delay`: past it a stream's lines would trail its
+/// task by more than anyone reading them live would wait.
+pub const MAX_MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// A configuration error: always the user's to fix (CLI exit code 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -49,6 +59,14 @@ pub enum ConfigError {
         max: u64,
         /// The same, in the unit an operator would write.
         max_human: &'static str,
+    },
+    /// A duration flag did not parse, or is out of range.
+    #[error("{input:?} is not a valid delay: {why}")]
+    InvalidDelay {
+        /// The rejected text.
+        input: String,
+        /// Why.
+        why: &'static str,
     },
     /// A `--meta KEY=VALUE` pair cannot be used.
     #[error("invalid metadata {pair:?}: {why}")]
@@ -266,6 +284,52 @@ pub fn parse_size_up_to(
     }
 }
 
+/// Parses `--max-delay`: whole milliseconds or seconds (`50ms`, `1s`),
+/// or `0` (drain at once), at most [`MAX_MAX_DELAY`].
+///
+/// ```
+/// use logmon::config::parse_delay;
+/// use std::time::Duration;
+/// assert_eq!(parse_delay("50ms").unwrap(), Duration::from_millis(50));
+/// assert_eq!(parse_delay("0").unwrap(), Duration::ZERO);
+/// assert!(parse_delay("50").is_err());
+/// assert!(parse_delay("1h").is_err());
+/// ```
+pub fn parse_delay(input: &str) -> Result<Duration, ConfigError> {
+    let invalid = |why| ConfigError::InvalidDelay {
+        input: input.to_owned(),
+        why,
+    };
+    const UNITS: &str =
+        "expected whole milliseconds or seconds, at most 60s (such as 50ms or 1s), or 0 to drain at once";
+    let s = input.trim();
+    if s.starts_with('-') {
+        return Err(invalid("a delay cannot be negative"));
+    }
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let Ok(n) = number.parse::<u64>() else {
+        return Err(invalid(UNITS));
+    };
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "" if n == 0 => Duration::ZERO,
+        _ => return Err(invalid(UNITS)),
+    };
+    if d > MAX_MAX_DELAY {
+        return Err(invalid(
+            "at most 60s: longer, lines trail their task by more than a reader waits",
+        ));
+    }
+    Ok(d)
+}
+
+/// `d` as [`parse_delay`] reads it back (whole milliseconds).
+pub fn format_delay(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
 /// What to do when writing a log file fails (disk full, I/O error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -295,6 +359,10 @@ pub struct CaptureConfig {
     pub max_file_size: u64,
     /// Pipe capacity requested for each FIFO.
     pub pipe_size: u64,
+    /// How long the first bytes of a quiet stream may wait in the pipe for
+    /// more to join them (`--max-delay`; zero: drain at once). Bounds the
+    /// time from a task's write to the file.
+    pub max_delay: Duration,
     /// Write-error policy.
     pub on_write_error: WriteErrorPolicy,
     /// Control socket path.
@@ -326,6 +394,7 @@ impl CaptureConfig {
             max_files: DEFAULT_MAX_FILES,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             pipe_size: DEFAULT_PIPE_SIZE,
+            max_delay: DEFAULT_MAX_DELAY,
             on_write_error: WriteErrorPolicy::Drop,
             no_sandbox: false,
             keep_unshipped: 0,
@@ -351,6 +420,14 @@ impl CaptureConfig {
             return Err(ConfigError::OutOfRange {
                 what: "--pipe-size",
                 why: "must be between 1 byte and 2147483647 bytes (2GiB - 1)",
+            });
+        }
+        if self.max_delay > MAX_MAX_DELAY
+            || !self.max_delay.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err(ConfigError::OutOfRange {
+                what: "--max-delay",
+                why: "must be whole milliseconds, at most 60s",
             });
         }
         Ok(())
@@ -464,6 +541,34 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn delays_are_whole_milliseconds_or_seconds_up_to_a_minute() {
+        assert_eq!(parse_delay("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_delay("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("60s"), Ok(MAX_MAX_DELAY));
+        for bad in [
+            "",
+            "50",
+            "-1",
+            "-5ms",
+            "1.5s",
+            "61s",
+            "60001ms",
+            "1h",
+            "ms",
+            "5 ms",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_delay(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            parse_delay(&format_delay(DEFAULT_MAX_DELAY)),
+            Ok(DEFAULT_MAX_DELAY)
+        );
     }
 
     #[test]

@@ -250,6 +250,10 @@ fn parse_pipe_size_arg(s: &str) -> Result<u64, String> {
     config::parse_size_up_to(s, config::MAX_PIPE_SIZE, "2GiB - 1").map_err(|e| e.to_string())
 }
 
+fn parse_delay_arg(s: &str) -> Result<std::time::Duration, String> {
+    config::parse_delay(s).map_err(|e| e.to_string())
+}
+
 fn parse_task_arg(s: &str) -> Result<TaskName, String> {
     TaskName::new(s).map_err(|e| e.to_string())
 }
@@ -284,6 +288,13 @@ pub struct RunArgs {
     /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_pipe_size_arg, allow_negative_numbers = true)]
     pub pipe_size: u64,
+    /// Longest a quiet stream's first bytes wait in the pipe for more to
+    /// join them in one drain (fewer wakeups on a busy node): whole ms or s
+    /// (50ms, 1s), at most 60s; 0 drains at once. Bounds the time from a
+    /// write to the file; a filling pipe, a partial line's 1 s wait and a
+    /// stop drain at once.
+    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_negative_numbers = true)]
+    pub max_delay: std::time::Duration,
     /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
     /// files past --max-files that the shipper has not read yet (its
     /// position is the .TASK.STREAM.shipped file it leaves in the log
@@ -318,6 +329,7 @@ impl RunArgs {
         c.max_file_size = self.max_file_size;
         c.on_write_error = self.on_write_error;
         c.pipe_size = self.pipe_size;
+        c.max_delay = self.max_delay;
         c.no_sandbox = self.no_sandbox;
         c.keep_unshipped = self.keep_unshipped;
         // Read by hand rather than by clap's `env`: its delimiter would

@@ -927,6 +927,21 @@ fn config_mistakes_name_the_flag_and_what_it_accepts() {
             None,
             &["--meta", "\"note=caf\u{FFFD}\"", "UTF-8"],
         ),
+        (
+            vec!["--max-delay".as_ref(), "5x".as_ref()],
+            None,
+            &["--max-delay", "not a valid delay", "50ms"],
+        ),
+        (
+            vec!["--max-delay".as_ref(), "1h".as_ref()],
+            None,
+            &["--max-delay", "at most 60s"],
+        ),
+        (
+            vec![],
+            Some(("LOGMON_MAX_DELAY", "-3")),
+            &["--max-delay", "negative", "LOGMON_MAX_DELAY"],
+        ),
     ];
     let mut failures = Vec::new();
     for (extra, env, needles) in &cases {

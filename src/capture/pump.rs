@@ -139,6 +139,8 @@ pub struct Pump {
     /// The last pass that could tell found logmon sharing its CPU with a
     /// runnable task ([`shares_cpu`]).
     shared_cpu: bool,
+    /// Bytes the last pass moved.
+    last_moved: u64,
     /// `--max-delay`: how long a quiet stream's first bytes are held.
     max_delay: Duration,
     /// The last hold found the task writing now and then (nothing came
@@ -210,6 +212,7 @@ impl Pump {
             blocked: false,
             phase_bytes: 0,
             shared_cpu: false,
+            last_moved: 0,
             max_delay,
             sparse: false,
         };
@@ -471,14 +474,18 @@ impl Pump {
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let errors_before = c.stats.write_errors;
         let now = Instant::now();
-        let switches = involuntary_switches();
+        // Only a pass of more than one piece can tell. Whether this one
+        // will is known after it; the last one's size is the guess, so a
+        // stream of small batches pays no getrusage at all.
+        let switches = (self.last_moved > piece as u64)
+            .then(involuntary_switches)
+            .flatten();
         let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
-        // Read again only when the pass could tell (more than one piece).
+        self.last_moved = moved;
         let preempted = switches
             .filter(|_| moved > piece as u64)
-            .zip(involuntary_switches())
-            .map(|(a, b)| b.saturating_sub(a));
+            .and_then(|a| Some(involuntary_switches()?.saturating_sub(a)));
         let shared = shares_cpu(self.shared_cpu, moved, piece, preempted);
         if shared != self.shared_cpu {
             let now_pieces = if shared {

@@ -149,6 +149,8 @@ fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
 # past a file it cannot open, where mawk would stop), and cpu_ns also prints
 # how many were read.
 cpu_ns() { cat "${@/%//schedstat}" 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d", s, n}'; }
+# Context switches (voluntary + involuntary) summed: the loggers' wakeups.
+switches() { cat "${@/%//status}" 2>/dev/null | awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ {s += $2} END {printf "%.0f", s}'; }
 mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%.0f %.0f", r, p}'; }
 
 {
@@ -160,7 +162,7 @@ mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Ps
 } >"$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 RAW=$OUT/raw.tsv
-printf 'n\tlogger\trate_Bps\tlines\tlost\tverdicts\tcpu_pct\trss_kib\tpss_kib\tlat_p50_us\tlat_p99_us\tlat_p999_us\tlat_max_us\tbehind\tnote\tcpu_s\tfile_p50_us\tfile_p99_us\tfile_p999_us\tfile_max_us\tfile_over_bound\n' >"$RAW"
+printf 'n\tlogger\trate_Bps\tlines\tlost\tverdicts\tcpu_pct\trss_kib\tpss_kib\tlat_p50_us\tlat_p99_us\tlat_p999_us\tlat_max_us\tbehind\tnote\tcpu_s\tfile_p50_us\tfile_p99_us\tfile_p999_us\tfile_max_us\tfile_over_bound\twakeups_per_logger_s\n' >"$RAW"
 # The bound the write-to-file latency is held to: --max-delay in µs.
 DELAY_TEXT=$MAX_DELAY
 [ -n "$DELAY_TEXT" ] || DELAY_TEXT=$("$LOGMON" run --help | sed -n '/--max-delay/,/default:/s/.*\[default: \(.*\)\].*/\1/p')
@@ -218,6 +220,8 @@ run_n() { # run_n N LOGGER
     # the machine's load did to when they started).
     local c0 c1 mem alive0 alive1 tout wsecs
     read -r c0 alive0 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    local w0 w1
+    w0=$(switches "${lpids[@]/#//proc/}")
     ((alive0 == n)) || note+="only-$alive0-alive-before;"
     local -a stamp=()
     if [ "$lg" = logmon ]; then mkdir -p "$run/wt"; stamp=(-W "$run/wt"); fi
@@ -228,6 +232,7 @@ run_n() { # run_n N LOGGER
     mem=$(mem_kib "${lpids[@]/#//proc/}")
     wait "$tpid" || note+="tasks-failed;"
     read -r c1 alive1 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    w1=$(switches "${lpids[@]/#//proc/}")
     ((alive1 == n)) || note+="only-$alive1-alive-after;"
     tout=$(cat "$run/tasks.out")
     wsecs=$(kv secs "$tout")
@@ -278,9 +283,11 @@ run_n() { # run_n N LOGGER
     local fl="-"
     [ -z "$lat" ] || fl="$(kv lat_p50_us "$lat")\t$(kv lat_p99_us "$lat")\t$(kv lat_p999_us "$lat")\t$(kv lat_max_us "$lat")\t$(kv over_bound "$lat")"
     [ -n "$lat" ] || fl="-\t-\t-\t-\t-"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%b\n' "$n" "$lg" "$rate" "$lines" "$lost" "${verds% }" "$cpu" "$rss" "$pss" \
-        "$(kv lat_p50_us "$tout")" "$(kv lat_p99_us "$tout")" "$(kv lat_p999_us "$tout")" "$(kv lat_max_us "$tout")" "$(kv behind_tasks "$tout")" "${note:--}" "$cpu_s" "$fl" >>"$RAW"
-    say "N=$n $lg: lines $lines lost $lost [${verds% }] cpu $cpu_s s ($cpu %) rss $rss pss $pss KiB; write(2) p50 $(kv lat_p50_us "$tout") p99 $(kv lat_p99_us "$tout") us; behind $(kv behind_tasks "$tout") ${lat:+; to file: $lat} ${note}"
+    local wps
+    wps=$(fcalc "(${wsecs:-0} > 0) ? ($w1 - $w0) / $n / ${wsecs:-1} : 0" 0)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%b\t%s\n' "$n" "$lg" "$rate" "$lines" "$lost" "${verds% }" "$cpu" "$rss" "$pss" \
+        "$(kv lat_p50_us "$tout")" "$(kv lat_p99_us "$tout")" "$(kv lat_p999_us "$tout")" "$(kv lat_max_us "$tout")" "$(kv behind_tasks "$tout")" "${note:--}" "$cpu_s" "$fl" "$wps" >>"$RAW"
+    say "N=$n $lg: lines $lines lost $lost [${verds% }] cpu $cpu_s s ($cpu %, ${wsecs} s window) wakeups ${wps}/s per logger rss $rss pss $pss KiB; write(2) p50 $(kv lat_p50_us "$tout") p99 $(kv lat_p99_us "$tout") us; behind $(kv behind_tasks "$tout") ${lat:+; to file: $lat} ${note}"
     rm -rf "$run"
 }
 
@@ -340,10 +347,10 @@ fi
     cat "$OUT/env.txt"
     echo '```'
     echo
-    echo "| N | logger | rate per task B/s | lines written | lines lost | verdicts | logger CPU s (sum) | logger CPU % (100 = 1 core) | RSS sum MiB | PSS sum MiB | PSS per instance KiB | write(2) p50 / p99 / p99.9 / max µs | write to file p50 / p99 / p99.9 / max ms (over ${BOUND_US} µs) | tasks held back | notes |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| N | logger | rate per task B/s | lines written | lines lost | verdicts | logger CPU s (sum) | logger CPU % (100 = 1 core) | wakeups per logger per s | RSS sum MiB | PSS sum MiB | PSS per instance KiB | write(2) p50 / p99 / p99.9 / max µs | write to file p50 / p99 / p99.9 / max ms (over ${BOUND_US} µs) | tasks held back | notes |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     awk -F'\t' 'function ms(v) { return v == "-" ? "-" : sprintf("%.1f", v / 1000) }
-        NR > 1 { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.0f | %s / %s / %s / %s | %s / %s / %s / %s (%s) | %s | %s |\n", $1, $2, $3, $4, $5, $6, $16, $7, $8 / 1024, $9 / 1024, $9 / $1, $10, $11, $12, $13, ms($17), ms($18), ms($19), ms($20), $21, $14, $15 }' "$RAW"
+        NR > 1 { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.0f | %s / %s / %s / %s | %s / %s / %s / %s (%s) | %s | %s |\n", $1, $2, $3, $4, $5, $6, $16, $7, $22, $8 / 1024, $9 / 1024, $9 / $1, $10, $11, $12, $13, ms($17), ms($18), ms($19), ms($20), $21, $14, $15 }' "$RAW"
     echo
     echo "| N | logmon CPU s | s6-log CPU s | logmon / s6-log |"
     echo "|---|---|---|---|"
@@ -352,6 +359,7 @@ fi
               printf "| %s | %s | %s | %s |\n", n, a == "" ? "-" : a, b == "" ? "-" : b, (a != "" && b > 0) ? sprintf("%.2f", a / b) : "-" } }' "$RAW"
     echo
     echo "Logger CPU: the sum over all N loggers of /proc/PID/schedstat run time from before the tasks start to after the last one ended; % of the tasks' write window."
+    echo "Wakeups: the loggers' context switches (voluntary + involuntary, /proc/PID/status) over the same span, per logger and second of the window."
     echo "RSS/PSS: /proc/PID/smaps_rollup summed, halfway.  write(2): every write of every task, timed in the task."
     echo "Write to file (logmon): per line, its capture time (logs --timestamps: the index's record of its drain batch, taken once the batch is in the file) minus the time its write(2) began (tasks -W); over: lines above --max-delay."
     echo "Lines lost: per instance, benches/tools/verify.c over its files against the lines its task wrote."

@@ -80,7 +80,9 @@ const PROBE: Duration = Duration::from_millis(2);
 ///   which would make every later write of the task pay for a wakeup) and
 ///   the pump has no deadline but its partial-line or retry one.
 /// - *holding* (with `--max-delay` above 0): the first look after SIGIO
-///   found bytes; the FIFO is disarmed (the task's writes cost it nothing
+///   found bytes of a quiet stream (not one that moved `BURST` (64 KiB) or more
+///   and paused less than `STILL_BUSY` ago: that one is drained as below);
+///   the FIFO is disarmed (the task's writes cost it nothing
 ///   extra, and wake nobody) and they wait in the pipe until `--max-delay`
 ///   has passed, so that the writes that follow ride the same wakeup — on
 ///   a busy node the cost is wakeups, not bytes. Drained at once instead
@@ -91,8 +93,9 @@ const PROBE: Duration = Duration::from_millis(2);
 ///   hold during which nothing more came ends in waiting again: the task
 ///   writes now and then, and its next write sends SIGIO.
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
-///   `--max-delay`, or sooner so that at the rate the last pass saw the
-///   pipe would be half full at most, and at least [`BATCH_WAIT`] apart. When
+///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
+///   rate counts half after 100 ms) the pipe would be half full at most,
+///   and at least [`BATCH_WAIT`] apart. When
 ///   bytes come so fast that the pipe would be three quarters full before
 ///   the next drain (the loop's wait is whole milliseconds, rounded up, so
 ///   a wait lasts up to twice `BATCH_WAIT`), or when a drain found it three
@@ -141,6 +144,8 @@ pub struct Pump {
     shared_cpu: bool,
     /// Bytes the last pass moved.
     last_moved: u64,
+    /// The fastest rate lately, which paces the drains.
+    peak: Peak,
     /// `--max-delay`: how long a quiet stream's first bytes are held.
     max_delay: Duration,
     /// The last hold found the task writing now and then (nothing came
@@ -213,6 +218,7 @@ impl Pump {
             phase_bytes: 0,
             shared_cpu: false,
             last_moved: 0,
+            peak: Peak::new(now),
             max_delay,
             sparse: false,
         };
@@ -233,17 +239,19 @@ impl Pump {
         n as u128 * 2 >= self.capacity as u128
     }
 
-    /// When to drain next after a pass of `bytes` bytes over `elapsed` that
-    /// left `left` in the pipe: [`BATCH_WAIT`], or up to `--max-delay` when
-    /// the pipe fills slowly enough — at the rate just seen, no later than
-    /// it would be half full.
-    fn pace(&self, bytes: u64, elapsed: Duration, left: usize) -> Duration {
-        let room = (self.capacity / 2).saturating_sub(left) as u128;
-        let to_half = match u128::from(bytes) {
-            0 => self.max_delay,
-            b => Duration::from_nanos(
-                u64::try_from(room * elapsed.as_nanos() / b).unwrap_or(u64::MAX),
-            ),
+    /// When to drain next after a pass at `now` of `bytes` bytes over
+    /// `elapsed` that left `left` in the pipe: [`BATCH_WAIT`], or up to
+    /// `--max-delay` when the pipe fills slowly enough — no later than it
+    /// would be half full at the fastest rate seen lately ([`Peak`]): a
+    /// task that was preempted during the last interval (a slow rate)
+    /// would otherwise fill the pipe and wait on it once it runs again.
+    fn pace(&mut self, now: Instant, bytes: u64, elapsed: Duration, left: usize) -> Duration {
+        let rate = self.peak.note(now, bytes, elapsed);
+        let room = (self.capacity / 2).saturating_sub(left) as f64;
+        let to_half = if rate > 0.0 {
+            Duration::try_from_secs_f64(room / rate).unwrap_or(Duration::MAX)
+        } else {
+            Duration::MAX
         };
         self.hold_time().min(to_half).max(BATCH_WAIT)
     }
@@ -342,16 +350,20 @@ impl Pump {
                         self.phase_bytes >= BURST && now.duration_since(went_idle) < STILL_BUSY;
                     self.phase_bytes = 0;
                     self.phase = match fresh {
-                        // A quiet stream's first bytes: held, so that the
-                        // writes that follow ride the same wakeup. Looked
-                        // at once more soon, and drained at once if the
-                        // pipe is filling, unless the task has been
-                        // writing now and then and wrote little this time.
-                        Some(n) if !due && !self.max_delay.is_zero() && !self.filling(n) => {
+                        // A quiet stream's first bytes (not a burst that
+                        // went on a moment ago): held, so that the writes
+                        // that follow ride the same wakeup. Looked at once
+                        // more soon, and drained at once if the pipe is
+                        // filling, unless the task has been writing now
+                        // and then and wrote little this time.
+                        Some(n)
+                            if !due
+                                && !still_busy
+                                && !self.max_delay.is_zero()
+                                && !self.filling(n) =>
+                        {
                             self.last_drain = now;
-                            let fast = !self.sparse
-                                || n.saturating_sub(self.left) >= PROBE_HINT
-                                || still_busy;
+                            let fast = !self.sparse || n.saturating_sub(self.left) >= PROBE_HINT;
                             Phase::Holding {
                                 until: now + self.hold_time(),
                                 since: now,
@@ -447,11 +459,12 @@ impl Pump {
     /// came too fast to wait (the loop still looks at its other
     /// descriptors first), else at the [`pace`](Self::pace), and never
     /// after a held partial line's deadline.
-    fn next_drain(&self, now: Instant, pass: &Pass) -> Instant {
+    fn next_drain(&mut self, now: Instant, pass: &Pass) -> Instant {
+        let pace = self.pace(now, pass.bytes, pass.elapsed, pass.left);
         if pass.fast {
             return now;
         }
-        let next = now + self.pace(pass.bytes, pass.elapsed, pass.left);
+        let next = now + pace;
         self.timer.map_or(next, |t| next.min(t.max(now)))
     }
 
@@ -538,6 +551,34 @@ impl Pump {
     }
 }
 
+/// The fastest rate a stream's passes have seen lately, in bytes per
+/// second: each pass's rate, or the one before halved every
+/// [`RATE_MEMORY`], whichever is larger.
+#[derive(Debug, Clone, Copy)]
+struct Peak {
+    rate: f64,
+    at: Instant,
+}
+
+/// How fast [`Peak`] forgets: a rate counts half after this long.
+const RATE_MEMORY: Duration = Duration::from_millis(100);
+
+impl Peak {
+    fn new(now: Instant) -> Self {
+        Peak { rate: 0.0, at: now }
+    }
+
+    /// Takes in a pass of `bytes` over `elapsed` at `now`; returns the peak.
+    fn note(&mut self, now: Instant, bytes: u64, elapsed: Duration) -> f64 {
+        let age = now.saturating_duration_since(self.at).as_secs_f64();
+        let kept = self.rate * 0.5f64.powf(age / RATE_MEMORY.as_secs_f64());
+        let rate = bytes as f64 / elapsed.as_secs_f64().max(1e-9);
+        self.rate = rate.max(kept);
+        self.at = now;
+        self.rate
+    }
+}
+
 struct Pass {
     outcome: Drained,
     /// Since the pass before (or the start of a hold).
@@ -592,6 +633,24 @@ mod tests {
         let many = 2 * SHARED_CPU_PIECE as u64;
         assert!(shares_cpu(false, many, p, Some(3)));
         assert!(!shares_cpu(true, many, SHARED_CPU_PIECE, Some(0)));
+    }
+
+    #[test]
+    fn the_peak_rate_remembers_a_fast_writer_through_a_slow_interval() {
+        let t0 = Instant::now();
+        let mut p = Peak::new(t0);
+        let ms = Duration::from_millis;
+        // 1 MB in 10 ms: 100 MB/s.
+        assert_eq!(p.note(t0 + ms(10), 1_000_000, ms(10)), 1e8);
+        // Preempted: 1 KB in the next 50 ms. The peak only halves per
+        // RATE_MEMORY: the next drain is paced as for a fast writer.
+        let kept = p.note(t0 + ms(60), 1_000, ms(50));
+        assert!((6e7..8e7).contains(&kept), "{kept}");
+        // A second later it is forgotten: a slow stream is paced slowly.
+        let later = p.note(t0 + ms(1060), 1_000, ms(1000));
+        assert!(later < 1e5, "{later}");
+        // A faster pass takes over at once.
+        assert_eq!(p.note(t0 + ms(1061), 1_000_000, ms(1)), 1e9);
     }
 
     #[test]

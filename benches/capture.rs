@@ -13,8 +13,8 @@
 //!   machine's own cost;
 //! - `capture_pump` — the daemon's own pump, [`Pump`] driven by the
 //!   daemon's event loop (`reactor::Poller`, SIGIO from a signalfd, with
-//!   whatever batching it does), stopped once the writer is done (it then
-//!   drains the rest);
+//!   whatever batching it does, `--max-delay` at its default), stopped once
+//!   the writer is done (it then drains the rest);
 //! - `capture_drain_noindex`, `capture_pump_noindex` — the same without the
 //!   capture-time index ([`Rotator::set_indexing`]), to measure its cost in
 //!   the same run.
@@ -319,6 +319,7 @@ fn run_pump(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> 
         fifo.capacity,
         logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("scratch pipe"),
         capture.clone(),
+        logmon::config::DEFAULT_MAX_DELAY,
     )
     .expect("pump");
     let w = spawn_writer(&fifo.task_end, data, pattern);

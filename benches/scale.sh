@@ -24,10 +24,21 @@
 #   4. afterwards (logmon: SIGTERM; s6-log: EOF; both drain and exit) every
 #      instance's files are checked by benches/tools/verify.c against the
 #      lines its task wrote: lines lost must be 0 (and none duplicated,
-#      reordered or torn).
+#      reordered or torn);
+#   5. logmon only: write-to-file latency of every line. tasks.c records
+#      the wall-clock time each line's write(2) began (-W); `logmon logs
+#      --timestamps` gives each line's capture time, which logmon's
+#      capture-time index records per drain batch once the batch is in the
+#      file; benches/tools/latency.c takes the difference per line and
+#      gives p50 / p99 / p99.9 / max over all N instances, and how many
+#      lines took longer than --max-delay (-M, else logmon's default).
 #   Each task's RATE is min(-r, -T / N): the total is capped (default
 #   40 MB/s) because 1,000 tasks at 200 KiB/s (2 M write(2)/s) is more than
 #   a 2-core machine can run, whoever logs; the table gives the rate used.
+#   Issue #30's curve (20 MB/s in all): -n "10 100 1000" -r 2000000 -T 20000000.
+# Results: summary.md (the table), raw.tsv, and curve.dat (N, logger, CPU
+#   seconds summed over the loggers, CPU %) plotted by benches/scale.gp into
+#   curve.png with gnuplot, when installed (CPU against N, log scale).
 # Part 2 (-I N, default 10000; -I 0 skips it): N idle logmons through
 #   benches/footprint.sh (launch p50/p99, summed PSS, wakeups over 10 s, a
 #   capture check on 200 of them, all stopped cleanly), after raising the
@@ -46,6 +57,7 @@ SECS=${SCALE_SECS:-10}
 RATE=${SCALE_RATE:-204800}
 TOTAL=${SCALE_TOTAL:-40000000}
 LOGGERS=${SCALE_LOGGERS:-"logmon s6-log"}
+MAX_DELAY=${SCALE_MAX_DELAY:-}
 IDLE_N=${SCALE_IDLE_N:-10000}
 IDLE_SECS=10
 SCRATCH=${SCALE_DIR:-/var/tmp}
@@ -60,6 +72,7 @@ usage: $0 [options]
   -r BYTES/S  rate per task (default $RATE; env SCALE_RATE)
   -T BYTES/S  cap on the total rate; per task min(-r, -T/N) (default $TOTAL; env SCALE_TOTAL)
   -L "..."    loggers (default "$LOGGERS")
+  -M DELAY    logmon --max-delay (default: logmon's own; env SCALE_MAX_DELAY)
   -I N        idle instances for part 2 (default $IDLE_N; 0 = skip; env SCALE_IDLE_N)
   -i SECS     idle window for the wakeup count (default $IDLE_SECS)
   -D DIR      parent of the scratch dir (default $SCRATCH)
@@ -68,9 +81,9 @@ usage: $0 [options]
 EOF
     exit 2
 }
-while getopts "n:d:r:T:L:I:i:D:o:Nh" o; do
+while getopts "n:d:r:T:L:M:I:i:D:o:Nh" o; do
     case $o in
-    n) NS=$OPTARG ;; d) SECS=$OPTARG ;; r) RATE=$OPTARG ;; T) TOTAL=$OPTARG ;; L) LOGGERS=$OPTARG ;;
+    n) NS=$OPTARG ;; d) SECS=$OPTARG ;; r) RATE=$OPTARG ;; T) TOTAL=$OPTARG ;; L) LOGGERS=$OPTARG ;; M) MAX_DELAY=$OPTARG ;;
     I) IDLE_N=$OPTARG ;; i) IDLE_SECS=$OPTARG ;; D) SCRATCH=$OPTARG ;; o) OUT=$OPTARG ;; N) INSTALL=0 ;; *) usage ;;
     esac
 done
@@ -117,7 +130,7 @@ mkdir -p "$SCRATCH"
 WORK=$(mktemp -d "$SCRATCH/logmon-scale.XXXXXX")
 BIN=$WORK/bin
 mkdir -p "$BIN"
-for t in tasks verify; do gcc -O2 -Wall -Wextra -o "$BIN/$t" "$TOOLS/$t.c" || die "compiling $t.c failed"; done
+for t in tasks verify latency; do gcc -O2 -Wall -Wextra -o "$BIN/$t" "$TOOLS/$t.c" || die "compiling $t.c failed"; done
 STAMP=$(date +%Y%m%d-%H%M%S)
 [ -n "$OUT" ] || OUT=${CARGO_TARGET_DIR:-$ROOT/target}/bench-results/scale-$STAMP
 mkdir -p "$OUT"
@@ -136,6 +149,8 @@ fcalc() { awk "BEGIN{printf \"%.${2:-2}f\", $1}"; }
 # past a file it cannot open, where mawk would stop), and cpu_ns also prints
 # how many were read.
 cpu_ns() { cat "${@/%//schedstat}" 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d", s, n}'; }
+# Context switches (voluntary + involuntary) summed: the loggers' wakeups.
+switches() { cat "${@/%//status}" 2>/dev/null | awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ {s += $2} END {printf "%.0f", s}'; }
 mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Pss:/ {p += $2} END {printf "%.0f %.0f", r, p}'; }
 
 {
@@ -143,11 +158,20 @@ mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Ps
     echo "host: $(uname -srm); $(nproc) CPUs; load at start $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "logmon: $LOGMON ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'))"
     echo "s6-log: $(dpkg-query -W -f='${Version}' s6 2>/dev/null || echo '?')"
-    echo "args: N='$NS' secs=$SECS rate/task=min($RATE, $TOTAL/N) B/s loggers='$LOGGERS' scratch=$WORK ($(stat -f -c %T "$WORK"))"
+    echo "args: N='$NS' secs=$SECS rate/task=min($RATE, $TOTAL/N) B/s loggers='$LOGGERS' logmon --max-delay ${MAX_DELAY:-default} scratch=$WORK ($(stat -f -c %T "$WORK"))"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 RAW=$OUT/raw.tsv
-printf 'n\tlogger\trate_Bps\tlines\tlost\tverdicts\tcpu_pct\trss_kib\tpss_kib\tlat_p50_us\tlat_p99_us\tlat_p999_us\tlat_max_us\tbehind\tnote\n' >"$RAW"
+printf 'n\tlogger\trate_Bps\tlines\tlost\tverdicts\tcpu_pct\trss_kib\tpss_kib\tlat_p50_us\tlat_p99_us\tlat_p999_us\tlat_max_us\tbehind\tnote\tcpu_s\tfile_p50_us\tfile_p99_us\tfile_p999_us\tfile_max_us\tfile_over_bound\twakeups_per_logger_s\n' >"$RAW"
+# The bound the write-to-file latency is held to: --max-delay in µs.
+DELAY_TEXT=$MAX_DELAY
+[ -n "$DELAY_TEXT" ] || DELAY_TEXT=$("$LOGMON" run --help | sed -n '/--max-delay/,/default:/s/.*\[default: \(.*\)\].*/\1/p')
+case $DELAY_TEXT in
+*ms) BOUND_US=$((${DELAY_TEXT%ms} * 1000)) ;;
+*s) BOUND_US=$((${DELAY_TEXT%s} * 1000000)) ;;
+*) BOUND_US=${DELAY_TEXT:-0} ;;
+esac
+echo "write-to-file bound: ${BOUND_US} us (--max-delay $DELAY_TEXT)" >>"$OUT/env.txt"
 
 exec {NAPFD}<> <(:)
 nap() { read -r -t "$1" -u "$NAPFD" _ 2>/dev/null || true; }
@@ -167,7 +191,7 @@ run_n() { # run_n N LOGGER
         case $lg in
         logmon)
             "$LOGMON" run --task t --log-dir "$d/log" --stdout-fifo "$d/fifo" --stderr-fifo "$d/err.fifo" \
-                --socket "$d/ctl.sock" --max-file-size 64M --max-files 4 >"$d/ready" 2>"$d/stderr" &
+                --socket "$d/ctl.sock" --max-file-size 64M --max-files 4 ${MAX_DELAY:+--max-delay "$MAX_DELAY"} >"$d/ready" 2>"$d/stderr" &
             ;;
         s6-log)
             s6-log n4 s16777215 "$d/log" <"$d/fifo" 2>"$d/stderr" &
@@ -196,14 +220,19 @@ run_n() { # run_n N LOGGER
     # the machine's load did to when they started).
     local c0 c1 mem alive0 alive1 tout wsecs
     read -r c0 alive0 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    local w0 w1
+    w0=$(switches "${lpids[@]/#//proc/}")
     ((alive0 == n)) || note+="only-$alive0-alive-before;"
-    "$BIN/tasks" -d "$SECS" -r "$rate" -R -o "$run/per-task" "${fifos[@]}" >"$run/tasks.out" &
+    local -a stamp=()
+    if [ "$lg" = logmon ]; then mkdir -p "$run/wt"; stamp=(-W "$run/wt"); fi
+    "$BIN/tasks" -d "$SECS" -r "$rate" -R -o "$run/per-task" "${stamp[@]}" "${fifos[@]}" >"$run/tasks.out" &
     local tpid=$!
     PIDS+=("$tpid")
     nap "$(fcalc "0.2 + $n * 0.0003 + $SECS / 2" 3)"
     mem=$(mem_kib "${lpids[@]/#//proc/}")
     wait "$tpid" || note+="tasks-failed;"
     read -r c1 alive1 <<<"$(cpu_ns "${lpids[@]/#//proc/}")"
+    w1=$(switches "${lpids[@]/#//proc/}")
     ((alive1 == n)) || note+="only-$alive1-alive-after;"
     tout=$(cat "$run/tasks.out")
     wsecs=$(kv secs "$tout")
@@ -235,12 +264,30 @@ run_n() { # run_n N LOGGER
     done <"$run/per-task"
     local verds="" k
     for k in "${!VERD[@]}"; do verds+="$k x${VERD[$k]} "; done
+    # Write-to-file latency of every line (logmon: its capture-time index).
+    local lat="" cpu_s
+    if [ "$lg" = logmon ]; then
+        local -a pairs=()
+        for ((i = 0; i < n; i++)); do
+            "$LOGMON" logs --log-dir "$run/$i/log" --task t --timestamps >"$run/$i.ts" 2>/dev/null || note+="logs-$i-failed;"
+            pairs+=("$run/$i.ts" "$run/wt/$i.wt")
+        done
+        lat=$("$BIN/latency" -b "$BOUND_US" "${pairs[@]}")
+        [ "$(kv estimated "$lat")" = 0 ] || note+="estimated-times=$(kv estimated "$lat");"
+        [ "$(kv unmatched "$lat")" = 0 ] || note+="unmatched=$(kv unmatched "$lat");"
+    fi
     local cpu rss pss
     cpu=$(fcalc "(${wsecs:-0} > 0) ? ($c1 - $c0) / 1e9 / ${wsecs:-1} * 100 : 0" 1)
+    cpu_s=$(fcalc "($c1 - $c0) / 1e9" 3)
     read -r rss pss <<<"$mem"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$lg" "$rate" "$lines" "$lost" "${verds% }" "$cpu" "$rss" "$pss" \
-        "$(kv lat_p50_us "$tout")" "$(kv lat_p99_us "$tout")" "$(kv lat_p999_us "$tout")" "$(kv lat_max_us "$tout")" "$(kv behind_tasks "$tout")" "${note:--}" >>"$RAW"
-    say "N=$n $lg: lines $lines lost $lost [${verds% }] cpu $cpu % rss $rss pss $pss KiB; write(2) p50 $(kv lat_p50_us "$tout") p99 $(kv lat_p99_us "$tout") us; behind $(kv behind_tasks "$tout") ${note}"
+    local fl="-"
+    [ -z "$lat" ] || fl="$(kv lat_p50_us "$lat")\t$(kv lat_p99_us "$lat")\t$(kv lat_p999_us "$lat")\t$(kv lat_max_us "$lat")\t$(kv over_bound "$lat")"
+    [ -n "$lat" ] || fl="-\t-\t-\t-\t-"
+    local wps
+    wps=$(fcalc "(${wsecs:-0} > 0) ? ($w1 - $w0) / $n / ${wsecs:-1} : 0" 0)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%b\t%s\n' "$n" "$lg" "$rate" "$lines" "$lost" "${verds% }" "$cpu" "$rss" "$pss" \
+        "$(kv lat_p50_us "$tout")" "$(kv lat_p99_us "$tout")" "$(kv lat_p999_us "$tout")" "$(kv lat_max_us "$tout")" "$(kv behind_tasks "$tout")" "${note:--}" "$cpu_s" "$fl" "$wps" >>"$RAW"
+    say "N=$n $lg: lines $lines lost $lost [${verds% }] cpu $cpu_s s ($cpu %, ${wsecs} s window) wakeups ${wps}/s per logger rss $rss pss $pss KiB; write(2) p50 $(kv lat_p50_us "$tout") p99 $(kv lat_p99_us "$tout") us; behind $(kv behind_tasks "$tout") ${lat:+; to file: $lat} ${note}"
     rm -rf "$run"
 }
 
@@ -283,6 +330,16 @@ if ((IDLE_N > 0)); then
 fi
 
 # ---- summary -------------------------------------------------------------------
+# The cost curve as data (one row per N and logger) and, with gnuplot, a plot.
+CURVE=$OUT/curve.dat
+{
+    echo "# n logger cpu_s cpu_pct ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $(date -I))"
+    awk -F'\t' 'NR > 1 { print $1, $2, $16, $7 }' "$RAW"
+} >"$CURVE"
+if command -v gnuplot >/dev/null; then
+    gnuplot -e "data='$CURVE'; out='$OUT/curve.png'; title='logger CPU, N tasks writing 100-byte lines ($(awk -F'\t' 'NR == 2 { printf "%.0f", $3 * $1 / 1e6 }' "$RAW") MB/s in all, ${SECS} s), logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') --max-delay $DELAY_TEXT, $(date -I)'" \
+        "$ROOT/benches/scale.gp" || say "gnuplot failed"
+fi
 {
     echo "# logmon scale: N tasks at once, each through its own logger"
     echo
@@ -290,14 +347,24 @@ fi
     cat "$OUT/env.txt"
     echo '```'
     echo
-    echo "| N | logger | rate per task B/s | lines written | lines lost | verdicts | logger CPU % (sum, 100 = 1 core) | RSS sum MiB | PSS sum MiB | PSS per instance KiB | write(2) p50 / p99 / p99.9 / max µs | tasks held back | notes |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    awk -F'\t' 'NR > 1 { printf "| %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.0f | %s / %s / %s / %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8 / 1024, $9 / 1024, $9 / $1, $10, $11, $12, $13, $14, $15 }' "$RAW"
+    echo "| N | logger | rate per task B/s | lines written | lines lost | verdicts | logger CPU s (sum) | logger CPU % (100 = 1 core) | wakeups per logger per s | RSS sum MiB | PSS sum MiB | PSS per instance KiB | write(2) p50 / p99 / p99.9 / max µs | write to file p50 / p99 / p99.9 / max ms (over ${BOUND_US} µs) | tasks held back | notes |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    awk -F'\t' 'function ms(v) { return v == "-" ? "-" : sprintf("%.1f", v / 1000) }
+        NR > 1 { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.0f | %s / %s / %s / %s | %s / %s / %s / %s (%s) | %s | %s |\n", $1, $2, $3, $4, $5, $6, $16, $7, $22, $8 / 1024, $9 / 1024, $9 / $1, $10, $11, $12, $13, ms($17), ms($18), ms($19), ms($20), $21, $14, $15 }' "$RAW"
     echo
-    echo "Logger CPU: the sum over all N loggers of /proc/PID/schedstat run time across the middle half of the window."
+    echo "| N | logmon CPU s | s6-log CPU s | logmon / s6-log |"
+    echo "|---|---|---|---|"
+    awk -F'\t' 'NR > 1 { c[$1 " " $2] = $16; if (!($1 in seen)) { seen[$1] = 1; ns[++k] = $1 } }
+        END { for (i = 1; i <= k; i++) { n = ns[i]; a = c[n " logmon"]; b = c[n " s6-log"];
+              printf "| %s | %s | %s | %s |\n", n, a == "" ? "-" : a, b == "" ? "-" : b, (a != "" && b > 0) ? sprintf("%.2f", a / b) : "-" } }' "$RAW"
+    echo
+    echo "Logger CPU: the sum over all N loggers of /proc/PID/schedstat run time from before the tasks start to after the last one ended; % of the tasks' write window."
+    echo "Wakeups: the loggers' context switches (voluntary + involuntary, /proc/PID/status) over the same span, per logger and second of the window."
     echo "RSS/PSS: /proc/PID/smaps_rollup summed, halfway.  write(2): every write of every task, timed in the task."
+    echo "Write to file (logmon): per line, its capture time (logs --timestamps: the index's record of its drain batch, taken once the batch is in the file) minus the time its write(2) began (tasks -W); over: lines above --max-delay."
     echo "Lines lost: per instance, benches/tools/verify.c over its files against the lines its task wrote."
     echo "Tasks held back: tasks that wrote less than their rate by the end (a full pipe blocked them)."
+    [ ! -f "$OUT/curve.png" ] || echo "Plot: $OUT/curve.png (data: $CURVE)."
     if [ -n "$IDLE_MD" ]; then
         echo
         echo "## $IDLE_N idle instances (benches/footprint.sh -n $IDLE_N -i $IDLE_SECS -c 200 -s 100 -6 0)"

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,17 @@ pub const DEFAULT_MAX_FILES: u32 = 10;
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 10 * 1024 * 1024;
 /// Default pipe capacity requested for each FIFO.
 pub const DEFAULT_PIPE_SIZE: u64 = 1024 * 1024;
+/// The largest `--pipe-size` (the kernel takes an `int`).
+pub const MAX_PIPE_SIZE: u64 = i32::MAX as u64;
+/// Default `--max-delay`: how long the first bytes of a quiet stream may
+/// wait in the pipe for more to join them in one drain (`capture::Pump`).
+/// Chosen with `benches/scale.sh` (README, "Busy node").
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(DEFAULT_MAX_DELAY_MS);
+/// [`DEFAULT_MAX_DELAY`] in milliseconds (the flag's default text).
+pub const DEFAULT_MAX_DELAY_MS: u64 = 50;
+/// The largest `--max-delay`: past it a stream's lines would trail its
+/// task by more than anyone reading them live would wait.
+pub const MAX_MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// A configuration error: always the user's to fix (CLI exit code 2).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -31,10 +43,30 @@ pub enum ConfigError {
         why: &'static str,
     },
     /// A size flag did not parse.
-    #[error("invalid size {input:?}: expected bytes or a unit such as 512KiB, 10MiB, 1GiB")]
+    #[error("{input:?} is not a valid size: {why}")]
     InvalidSize {
         /// The rejected text.
         input: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A size larger than the flag takes.
+    #[error("size {input:?} is too large: the largest accepted is {max} bytes ({max_human})")]
+    SizeTooLarge {
+        /// The rejected text.
+        input: String,
+        /// The largest accepted, in bytes.
+        max: u64,
+        /// The same, in the unit an operator would write.
+        max_human: &'static str,
+    },
+    /// A duration flag did not parse, or is out of range.
+    #[error("{input:?} is not a valid delay: {why}")]
+    InvalidDelay {
+        /// The rejected text.
+        input: String,
+        /// Why.
+        why: &'static str,
     },
     /// A `--meta KEY=VALUE` pair cannot be used.
     #[error("invalid metadata {pair:?}: {why}")]
@@ -53,6 +85,21 @@ pub enum ConfigError {
         pair: String,
         /// Why it was rejected.
         why: &'static str,
+    },
+    /// A `--meta` argument is not UTF-8 (shown with U+FFFD replacing
+    /// what is not).
+    #[error("invalid --meta {pair:?}: metadata must be UTF-8")]
+    MetaNotUtf8 {
+        /// The rejected pair, lossily decoded.
+        pair: String,
+    },
+    /// A metadata key given twice.
+    #[error("metadata key {key:?} is given twice in {given_in}: give each key once")]
+    DuplicateMeta {
+        /// The key.
+        key: String,
+        /// `--meta` or the variable.
+        given_in: &'static str,
     },
     /// A numeric limit is out of range.
     #[error("invalid {what}: {why}")]
@@ -165,25 +212,122 @@ impl fmt::Display for TaskName {
 
 /// Parses a byte size: plain bytes (`4096`) or a number with a unit
 /// (`512KiB`, `10MiB`, `1GiB`; SI units such as `10MB` are powers of 1000).
+/// A size past `u64::MAX` bytes is refused, never cut down to it.
 ///
 /// ```
 /// use logmon::config::parse_size;
 /// assert_eq!(parse_size("10MiB").unwrap(), 10 * 1024 * 1024);
 /// assert_eq!(parse_size("4096").unwrap(), 4096);
 /// assert!(parse_size("ten").is_err());
+/// assert!(parse_size("99999999999GiB").is_err());
 /// ```
 pub fn parse_size(input: &str) -> Result<u64, ConfigError> {
-    let err = || ConfigError::InvalidSize {
+    parse_size_up_to(input, u64::MAX, "16EiB - 1")
+}
+
+/// [`parse_size`] for a flag that takes at most `max` bytes (`max_human`
+/// says it the way an operator would write it).
+pub fn parse_size_up_to(
+    input: &str,
+    max: u64,
+    max_human: &'static str,
+) -> Result<u64, ConfigError> {
+    let invalid = |why| ConfigError::InvalidSize {
         input: input.to_owned(),
+        why,
+    };
+    let too_large = || ConfigError::SizeTooLarge {
+        input: input.to_owned(),
+        max,
+        max_human,
     };
     let trimmed = input.trim();
-    if trimmed.is_empty() || trimmed.starts_with('-') {
-        return Err(err());
+    if trimmed.starts_with('-') {
+        return Err(invalid("a size cannot be negative"));
     }
-    trimmed
-        .parse::<bytesize::ByteSize>()
-        .map(|b| b.as_u64())
-        .map_err(|_| err())
+    let number_len = trimmed
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(number_len);
+    let unit = unit.trim_start();
+    let factor = if unit.is_empty() {
+        Some(1)
+    } else {
+        // bytesize's table of units (KiB, MB, …), read off one of each.
+        format!("1{unit}")
+            .parse::<bytesize::ByteSize>()
+            .ok()
+            .map(|b| b.as_u64())
+    };
+    let (Some(factor), false) = (factor, number.is_empty()) else {
+        return Err(invalid(
+            "expected bytes or a unit such as 512KiB, 10MiB, 1GiB",
+        ));
+    };
+    // Exact where it can be: bytesize saturates at u64::MAX instead of
+    // failing, so the bound is checked here first.
+    let exact = match number.parse::<u128>() {
+        Ok(n) => n.checked_mul(u128::from(factor)),
+        Err(_) => match number.parse::<f64>() {
+            Ok(x) if x * (factor as f64) < u64::MAX as f64 => Some((x * factor as f64) as u128),
+            Ok(_) => None,
+            Err(_) => {
+                return Err(invalid(
+                    "expected bytes or a unit such as 512KiB, 10MiB, 1GiB",
+                ))
+            }
+        },
+    };
+    match exact.map(u64::try_from) {
+        Some(Ok(n)) if n <= max => Ok(n),
+        _ => Err(too_large()),
+    }
+}
+
+/// Parses `--max-delay`: whole milliseconds or seconds (`50ms`, `1s`),
+/// or `0` (drain at once), at most [`MAX_MAX_DELAY`].
+///
+/// ```
+/// use logmon::config::parse_delay;
+/// use std::time::Duration;
+/// assert_eq!(parse_delay("50ms").unwrap(), Duration::from_millis(50));
+/// assert_eq!(parse_delay("0").unwrap(), Duration::ZERO);
+/// assert!(parse_delay("50").is_err());
+/// assert!(parse_delay("1h").is_err());
+/// ```
+pub fn parse_delay(input: &str) -> Result<Duration, ConfigError> {
+    let invalid = |why| ConfigError::InvalidDelay {
+        input: input.to_owned(),
+        why,
+    };
+    const UNITS: &str =
+        "expected whole milliseconds or seconds, at most 60s (such as 50ms or 1s), or 0 to drain at once";
+    let s = input.trim();
+    if s.starts_with('-') {
+        return Err(invalid("a delay cannot be negative"));
+    }
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let Ok(n) = number.parse::<u64>() else {
+        return Err(invalid(UNITS));
+    };
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "" if n == 0 => Duration::ZERO,
+        _ => return Err(invalid(UNITS)),
+    };
+    if d > MAX_MAX_DELAY {
+        return Err(invalid(
+            "at most 60s: longer, lines trail their task by more than a reader waits",
+        ));
+    }
+    Ok(d)
+}
+
+/// `d` as [`parse_delay`] reads it back (whole milliseconds).
+pub fn format_delay(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 /// What to do when writing a log file fails (disk full, I/O error).
@@ -215,6 +359,10 @@ pub struct CaptureConfig {
     pub max_file_size: u64,
     /// Pipe capacity requested for each FIFO.
     pub pipe_size: u64,
+    /// How long the first bytes of a quiet stream may wait in the pipe for
+    /// more to join them (`--max-delay`; zero: drain at once). Bounds the
+    /// time from a task's write to the file.
+    pub max_delay: Duration,
     /// Write-error policy.
     pub on_write_error: WriteErrorPolicy,
     /// Control socket path.
@@ -246,6 +394,7 @@ impl CaptureConfig {
             max_files: DEFAULT_MAX_FILES,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             pipe_size: DEFAULT_PIPE_SIZE,
+            max_delay: DEFAULT_MAX_DELAY,
             on_write_error: WriteErrorPolicy::Drop,
             no_sandbox: false,
             keep_unshipped: 0,
@@ -267,10 +416,18 @@ impl CaptureConfig {
                 why: "must be at least 1 byte",
             });
         }
-        if self.pipe_size == 0 || self.pipe_size > i32::MAX as u64 {
+        if self.pipe_size == 0 || self.pipe_size > MAX_PIPE_SIZE {
             return Err(ConfigError::OutOfRange {
                 what: "--pipe-size",
-                why: "must be between 1 byte and 2GiB",
+                why: "must be between 1 byte and 2147483647 bytes (2GiB - 1)",
+            });
+        }
+        if self.max_delay > MAX_MAX_DELAY
+            || !self.max_delay.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err(ConfigError::OutOfRange {
+                what: "--max-delay",
+                why: "must be whole milliseconds, at most 60s",
             });
         }
         Ok(())
@@ -340,6 +497,78 @@ mod tests {
         for bad in ["", "ten", "-1", "10XB", "MiB"] {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert_eq!(
+            parse_size("16EiB - 1"),
+            Err(ConfigError::InvalidSize {
+                input: "16EiB - 1".into(),
+                why: "expected bytes or a unit such as 512KiB, 10MiB, 1GiB"
+            })
+        );
+    }
+
+    #[test]
+    fn sizes_past_the_largest_are_refused_never_cut_down() {
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        for big in [
+            "18446744073709551616",
+            "99999999999GiB",
+            "16EiB",
+            "17.5EiB",
+            "20EB",
+        ] {
+            assert!(
+                matches!(
+                    parse_size(big),
+                    Err(ConfigError::SizeTooLarge { max: u64::MAX, .. })
+                ),
+                "{big:?}: {:?}",
+                parse_size(big)
+            );
+        }
+        assert_eq!(
+            parse_size_up_to("2GiB", MAX_PIPE_SIZE, "2GiB - 1").ok(),
+            None
+        );
+        assert_eq!(
+            parse_size_up_to("1GiB", MAX_PIPE_SIZE, "2GiB - 1"),
+            Ok(1 << 30)
+        );
+        assert!(matches!(
+            parse_size("-1"),
+            Err(ConfigError::InvalidSize {
+                why: "a size cannot be negative",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn delays_are_whole_milliseconds_or_seconds_up_to_a_minute() {
+        assert_eq!(parse_delay("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_delay("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_delay("60s"), Ok(MAX_MAX_DELAY));
+        for bad in [
+            "",
+            "50",
+            "-1",
+            "-5ms",
+            "1.5s",
+            "61s",
+            "60001ms",
+            "1h",
+            "ms",
+            "5 ms",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_delay(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            parse_delay(&format_delay(DEFAULT_MAX_DELAY)),
+            Ok(DEFAULT_MAX_DELAY)
+        );
     }
 
     #[test]

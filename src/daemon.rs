@@ -576,7 +576,7 @@ fn serve_until_stopped(
         )))
     });
     let stored = systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
-    let pumps = make_pumps(s.fifos, &captures)?;
+    let pumps = make_pumps(s.fifos, &captures, cfg.max_delay)?;
     // A launched daemon's stderr moves to its diagnostics log, opened
     // through the log directory's handle (DESIGN.md §9), before the
     // sandbox narrows what may be opened.
@@ -762,6 +762,7 @@ impl RestartForLostDir {
 fn make_pumps(
     fifos: [OpenedFifo; 2],
     captures: &[crate::capture::SharedCapture; 2],
+    max_delay: std::time::Duration,
 ) -> Result<[Pump; 2], DaemonError> {
     let [out, err] = fifos;
     let make = |f: OpenedFifo, cap: &crate::capture::SharedCapture| {
@@ -769,7 +770,7 @@ fn make_pumps(
         // privileges that sized the FIFO (see `Pump`).
         let peeker = crate::capture::pipe::Peeker::new(f.capacity)
             .map_err(io_err("cannot make the scratch pipe"))?;
-        Pump::new(f.fd, f.capacity, peeker, cap.clone())
+        Pump::new(f.fd, f.capacity, peeker, cap.clone(), max_delay)
             .map_err(io_err("cannot watch the FIFO for SIGIO"))
     };
     Ok([make(out, &captures[0])?, make(err, &captures[1])?])

@@ -103,6 +103,10 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
         .into(),
     );
     flag("--pipe-size", cfg.pipe_size.to_string().into());
+    flag(
+        "--max-delay",
+        crate::config::format_delay(cfg.max_delay).into(),
+    );
     if cfg.no_sandbox {
         a.push("--no-sandbox".into());
     }
@@ -555,6 +559,7 @@ mod tests {
         cfg.on_write_error = crate::config::WriteErrorPolicy::Block;
         cfg.no_sandbox = true;
         cfg.keep_unshipped = 1 << 30;
+        cfg.max_delay = std::time::Duration::from_millis(1500);
         for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
             cfg.meta.insert_pair(p).unwrap();
         }

@@ -6,7 +6,9 @@
 //! Validated before anything is started ([`Meta::insert`]): keys are
 //! 1–64 bytes of `[A-Za-z0-9_.-]` (so they can become header names such as
 //! `Logmon-Meta-<key>` and subject tokens); values are UTF-8 without control
-//! characters, at most 1 KiB; at most 32 pairs. Kept in the log directory
+//! characters, at most 1 KiB; at most 32 pairs. On a command line
+//! ([`Meta::from_args`]) a key given twice is refused naming it, and a pair
+//! that is not UTF-8 is refused showing it (lossily) with the flag. Kept in the log directory
 //! as `.<task>.logmon.meta` (JSON), written atomically by the daemon
 //! through the directory handle. That file is for readers only: it sits in
 //! a directory the task can write, so logmon never takes metadata *from*
@@ -129,12 +131,21 @@ impl Meta {
     /// given, else the pairs of [`ENV_VAR`] (`env`, its value), separated
     /// by `,` (empty pieces ignored). A value containing `,` can only be
     /// given with `--meta`. An error names the pair, and the variable when
-    /// the pair came from it.
-    pub fn from_args(flags: &[String], env: Option<&std::ffi::OsStr>) -> Result<Meta, ConfigError> {
+    /// the pair came from it; a key given twice is refused (the last one
+    /// does not silently win), and so is a pair that is not UTF-8.
+    pub fn from_args(
+        flags: &[std::ffi::OsString],
+        env: Option<&std::ffi::OsStr>,
+    ) -> Result<Meta, ConfigError> {
         let mut m = Meta::new();
         if !flags.is_empty() {
             for p in flags {
-                m.insert_pair(p)?;
+                let Some(p) = p.to_str() else {
+                    return Err(ConfigError::MetaNotUtf8 {
+                        pair: p.to_string_lossy().into_owned(),
+                    });
+                };
+                m.insert_new_pair(p, "--meta")?;
             }
             return Ok(m);
         }
@@ -153,12 +164,26 @@ impl Meta {
             ));
         };
         for p in env.split(',').filter(|p| !p.is_empty()) {
-            m.insert_pair(p).map_err(|e| match e {
+            m.insert_new_pair(p, ENV_VAR).map_err(|e| match e {
                 ConfigError::InvalidMeta { pair, why } => in_var(pair, why),
                 other => other,
             })?;
         }
         Ok(m)
+    }
+
+    /// [`insert_pair`](Self::insert_pair), refusing a key already set
+    /// (`given_in` names where the pairs came from).
+    fn insert_new_pair(&mut self, pair: &str, given_in: &'static str) -> Result<(), ConfigError> {
+        if let Some((key, _)) = pair.split_once('=') {
+            if self.0.contains_key(key) {
+                return Err(ConfigError::DuplicateMeta {
+                    key: key.to_owned(),
+                    given_in,
+                });
+            }
+        }
+        self.insert_pair(pair)
     }
 }
 
@@ -313,8 +338,8 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_variable_which_is_split_at_commas() {
-        use std::ffi::OsStr;
-        let flags = vec!["note=a,b".to_owned()];
+        use std::ffi::{OsStr, OsString};
+        let flags = vec![OsString::from("note=a,b")];
         let m = Meta::from_args(&flags, Some(OsStr::new("job=env"))).unwrap();
         assert_eq!(m.get("note"), Some("a,b"));
         assert_eq!(m.get("job"), None);
@@ -331,8 +356,28 @@ mod tests {
             msg.contains("\"b\" in LOGMON_META") && msg.contains("with --meta"),
             "{msg}"
         );
-        let e = Meta::from_args(&["a b=x".to_owned()], None).unwrap_err();
+        let e = Meta::from_args(&["a b=x".into()], None).unwrap_err();
         assert!(matches!(e, ConfigError::InvalidMeta { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_key_given_twice_or_a_pair_not_utf8_is_refused_by_name() {
+        use std::ffi::{OsStr, OsString};
+        use std::os::unix::ffi::OsStringExt;
+        let twice = [OsString::from("job=a"), OsString::from("job=b")];
+        let e = Meta::from_args(&twice, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "metadata key \"job\" is given twice in --meta: give each key once"
+        );
+        let e = Meta::from_args(&[], Some(OsStr::new("job=a,ns=x,job=b"))).unwrap_err();
+        assert!(e.to_string().contains("twice in LOGMON_META"), "{e}");
+        let bad = OsString::from_vec(b"k=caf\xe9".to_vec());
+        let e = Meta::from_args(&[bad], None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --meta \"k=caf\u{FFFD}\": metadata must be UTF-8"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
  * FIFO, one write(2) per line, timing every write(2).
  * Part of logmon's benches (benches/scale.sh); no dependencies.
  *
- *   tasks -d SECS -r BYTES_PER_SEC [-l LEN] [-t TICK_MS] [-R] [-o OUT] FIFO...
+ *   tasks -d SECS -r BYTES_PER_SEC [-l LEN] [-t TICK_MS] [-R] [-o OUT] [-W DIR] FIFO...
  *
  * Forks one process per FIFO.  Each opens its FIFO (O_RDWR with -R, the task
  * end logmon hands out; else O_WRONLY, as a task under s6-log), waits for a
@@ -15,6 +15,9 @@
  * Each write(2) is timed (CLOCK_MONOTONIC around the call) into a log-linear
  * histogram (1/16 octave, ~4 % resolution) in shared memory.  Prints:
  *   with -o OUT, one line per task into OUT: "<index> <lines written> <errno>"
+ *   with -W DIR, per task DIR/<index>.wt: the CLOCK_REALTIME time (ns, a
+ *     little-endian u64 each) at which each line's write(2) began, in line
+ *     order (benches/tools/latency.c compares them with capture times)
  *   on stdout, one summary line:
  *     tasks= lines= bytes= secs= lat_p50_us= lat_p99_us= lat_p999_us=
  *     lat_max_us= behind_tasks= errors=
@@ -73,8 +76,15 @@ static void sleep_until(uint64_t t)
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
 }
 
+static uint64_t real_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void run_task(struct slot *s, const char *path, int rdwr, size_t L, double rate, double secs, uint64_t t0,
-                     uint64_t tick, uint64_t phase)
+                     uint64_t tick, uint64_t phase, const char *wt_path)
 {
     int fd = open(path, (rdwr ? O_RDWR : O_WRONLY) | O_CLOEXEC);
     if (fd < 0) { s->err = errno; return; }
@@ -84,6 +94,8 @@ static void run_task(struct slot *s, const char *path, int rdwr, size_t L, doubl
     uint64_t end = t0 + (uint64_t)(secs * 1e9);
     double lines_per_ns = rate / (double)L / 1e9;
     uint64_t seq = 0;
+    size_t max_lines = (size_t)(secs * rate / (double)L) + 2;
+    uint64_t *wt = wt_path ? calloc(max_lines, sizeof(uint64_t)) : NULL;
     for (uint64_t t = t0 + phase; t < end; t += tick) {
         sleep_until(t);
         uint64_t due = (uint64_t)((double)(t - t0 + tick - phase) * lines_per_ns);
@@ -98,6 +110,7 @@ static void run_task(struct slot *s, const char *path, int rdwr, size_t L, doubl
                 if (digits[i] != '9') { digits[i]++; break; }
                 digits[i] = '0';
             }
+            if (wt && seq < max_lines) wt[seq] = real_ns();
             uint64_t a = now_ns();
             ssize_t w = write(fd, line, L);
             uint64_t d = now_ns() - a;
@@ -110,6 +123,13 @@ static void run_task(struct slot *s, const char *path, int rdwr, size_t L, doubl
     }
 out:
     close(fd);
+    if (wt) {
+        FILE *f = fopen(wt_path, "wb");
+        if (!f || fwrite(wt, sizeof(uint64_t), seq < max_lines ? seq : max_lines, f) != (seq < max_lines ? seq : max_lines))
+            s->err = errno ? errno : EIO;
+        if (f) fclose(f);
+        free(wt);
+    }
 }
 
 int main(int argc, char **argv)
@@ -118,8 +138,8 @@ int main(int argc, char **argv)
     size_t L = 100;
     uint64_t tick = 10000000;
     int rdwr = 0, opt;
-    const char *out = NULL;
-    while ((opt = getopt(argc, argv, "d:r:l:t:Ro:")) != -1) {
+    const char *out = NULL, *wt_dir = NULL;
+    while ((opt = getopt(argc, argv, "d:r:l:t:Ro:W:")) != -1) {
         switch (opt) {
         case 'd': secs = strtod(optarg, NULL); break;
         case 'r': rate = strtod(optarg, NULL); break;
@@ -127,6 +147,7 @@ int main(int argc, char **argv)
         case 't': tick = (uint64_t)(strtod(optarg, NULL) * 1e6); break;
         case 'R': rdwr = 1; break;
         case 'o': out = optarg; break;
+        case 'W': wt_dir = optarg; break;
         default: goto usage;
         }
     }
@@ -142,7 +163,10 @@ int main(int argc, char **argv)
         pid_t p = fork();
         if (p < 0) { perror("tasks: fork"); S[i].err = errno; continue; }
         if (p == 0) {
-            run_task(&S[i], argv[optind + i], rdwr, L, rate, secs, t0, tick, tick * (uint64_t)i / (uint64_t)n);
+            char wt_path[4096];
+            if (wt_dir) snprintf(wt_path, sizeof wt_path, "%s/%d.wt", wt_dir, i);
+            run_task(&S[i], argv[optind + i], rdwr, L, rate, secs, t0, tick, tick * (uint64_t)i / (uint64_t)n,
+                     wt_dir ? wt_path : NULL);
             _exit(0);
         }
         pids[i] = p;
@@ -179,6 +203,6 @@ int main(int argc, char **argv)
            behind, errors);
     return errors ? 1 : 0;
 usage:
-    fprintf(stderr, "usage: tasks -d SECS -r BYTES_PER_SEC [-l LEN] [-t TICK_MS] [-R] [-o OUT] FIFO...\n");
+    fprintf(stderr, "usage: tasks -d SECS -r BYTES_PER_SEC [-l LEN] [-t TICK_MS] [-R] [-o OUT] [-W DIR] FIFO...\n");
     return 2;
 }

@@ -13,8 +13,16 @@
 //!   than the FIFO when the per-user pipe quota is used up) is written as it
 //!   comes, never let out a second at a time
 //!   (`tests/it/capture.rs::a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up`).
-//! - **No timers when idle.** The only timers are the partial-line deadline
-//!   and the write-error retry, both armed only while there is such work.
+//! - **No timers when idle.** The only timers are the partial-line deadline,
+//!   the write-error retry and the drain of bytes waiting in the pipe, each
+//!   armed only while there is such work.
+//! - **Coalesced, bounded draining** (issue #30): a quiet stream's first
+//!   bytes wait in the pipe, not in logmon, for at most `--max-delay`
+//!   ([`Pump`]), so later writes ride the same wakeup; a filling pipe, a
+//!   partial line's deadline and a stop drain at once
+//!   (`tests/it/capture.rs::a_held_line_waits_in_the_pipe_and_stop_drains_it_at_once`,
+//!   `kill_9_while_lines_are_held_loses_nothing`,
+//!   `a_pipe_filling_past_half_is_drained_at_once`).
 //! - **Capture never stops for good on a write error**: see
 //!   [`WriteErrorPolicy`].
 //! - **Capture time beside the bytes** (DESIGN.md §11): what one drain

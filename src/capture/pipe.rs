@@ -14,13 +14,18 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SpliceFFlags};
 
-/// The largest pipe an unprivileged process may ask for.
+/// The largest pipe an unprivileged process may ask for: read once per
+/// process (a daemon sizes four pipes at start, and each read of the file
+/// is five system calls).
 pub fn pipe_max_size() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    static MAX: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Enlarges the pipe behind `fd` to `want` bytes (capped by pipe-max-size;

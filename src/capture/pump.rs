@@ -1,10 +1,21 @@
 //! The pump: drives one [`StreamCapture`] from its FIFO, a state machine
 //! the daemon's event loop (`reactor`) wakes on SIGIO or when it is due;
-//! waiting on SIGIO when idle and batching while busy.
+//! waiting on SIGIO when idle, holding a quiet stream's first bytes for
+//! later writes to join them, and batching while busy.
 //!
-//! Guarantees kept here: no syscalls while idle, no timers unless a
-//! partial line or a write error waits (`tests/it/capture.rs`), and a stop
-//! drains everything left before it returns.
+//! Guarantees kept here:
+//! - no syscalls while idle, no timers unless bytes, a partial line or a
+//!   write error wait (`tests/it/capture.rs::an_idle_logmon_does_not_wake_up`);
+//! - **coalesced draining, bounded** (issue #30): bytes wait in the pipe at
+//!   most `--max-delay` before a drain takes them (plus the loop's
+//!   rounding to the millisecond), so later writes ride the same wakeup;
+//!   nothing is held in logmon, so a kill -9 loses none of them
+//!   (`tests/it/capture.rs::a_held_line_waits_in_the_pipe_and_stop_drains_it_at_once`,
+//!   `kill_9_while_lines_are_held_loses_nothing`). They are drained at
+//!   once when the pipe is half full or the look a hold takes after
+//!   [`PROBE`] says it soon will be (`a_pipe_filling_past_half_is_drained_at_once`),
+//!   at a held partial line's deadline, and at stop;
+//! - a stop drains everything left before it returns.
 //!
 //! It also picks the splice piece: [`SPLICE_PIECE`] while the task runs
 //! on another CPU, [`SHARED_CPU_PIECE`] while a pass finds logmon
@@ -28,12 +39,12 @@ use super::{Drained, PipeSource, StreamCapture, SHARED_CPU_PIECE, SPLICE_PIECE};
 /// (one thread: a `RefCell` is enough, and it is never held across an await).
 pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 
-/// While data trickles in as many small writes, how long the pump lets the
-/// pipe fill before draining again. One drain per burst instead of one per
+/// The shortest wait between two drains while data flows (unless the pipe
+/// fills too fast for any wait): one drain per burst instead of one per
 /// write cuts the syscalls (and CPU) per byte about tenfold in line mode.
-/// Never used when idle: the first drain after idleness (longer than
-/// `STILL_BUSY`) is immediate, and the pump goes back to waiting as soon
-/// as a drain finds nothing new.
+/// With `--max-delay 0` it is the only wait: the first drain after
+/// idleness (longer than `STILL_BUSY`) is immediate, and the pump goes back
+/// to waiting as soon as a drain finds nothing new.
 pub const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// A task whose bytes arrive within this long of the last drain that found
@@ -49,27 +60,55 @@ const STILL_BUSY: Duration = Duration::from_millis(20);
 /// What a draining phase must have moved for [`STILL_BUSY`] to apply.
 const BURST: u64 = 64 * 1024;
 
+/// Bytes found at the first look of a hold that suggest a fast writer
+/// (more than a page came before logmon could even look): the hold looks
+/// once more after [`PROBE`] even when the task had been writing a line
+/// now and then.
+const PROBE_HINT: usize = 4096;
+
+/// When a hold looks again, to catch a pipe filling before its drain.
+const PROBE: Duration = Duration::from_millis(2);
+
 /// Drives `capture` from the FIFO `fd`: [`advance`](Pump::advance) whenever
 /// a SIGIO came or [`deadline`](Pump::deadline) is reached, and
 /// [`finish`](Pump::finish) at stop, which drains what is left (a held
 /// partial line included) and fsyncs.
 ///
-/// Two phases:
+/// Three phases:
 /// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
 ///   for SIGIO ([`DataSignal`]; it is never registered with epoll,
 ///   which would make every later write of the task pay for a wakeup) and
 ///   the pump has no deadline but its partial-line or retry one.
-/// - *draining*: the FIFO is disarmed, so the task's writes cost it
-///   nothing extra, and it is drained every [`BATCH_WAIT`]: a stream of
-///   small writes is taken in one splice per millisecond or so instead of
-///   one wakeup per write. When bytes come so fast that the pipe would be
-///   three quarters full before the next drain (the loop's wait is whole
-///   milliseconds, rounded up, so a wait lasts up to twice `BATCH_WAIT`),
-///   or when a drain found it three quarters full already (the task is
-///   blocked on it), the pump is due again at once: the loop only looks
-///   at its other descriptors first; nor does it wait before the first
-///   drain of a phase that finds the pipe that full. A drain that finds
-///   nothing new ends the phase.
+/// - *holding* (with `--max-delay` above 0): the first look after SIGIO
+///   found bytes of a quiet stream (not one that moved `BURST` (64 KiB) or more
+///   and paused less than `STILL_BUSY` ago: that one is drained as below);
+///   the FIFO is disarmed (the task's writes cost it nothing
+///   extra, and wake nobody) and they wait in the pipe until `--max-delay`
+///   has passed, so that the writes that follow ride the same wakeup — on
+///   a busy node the cost is wakeups, not bytes. Drained at once instead
+///   when the pipe is half full at that look, or at the one look `PROBE` (2 ms)
+///   later (skipped when the task has been writing a line now and then,
+///   unless a page or more came at once) it is or would be by the
+///   deadline at the pace seen; and at a held partial line's deadline. A
+///   hold during which nothing more came ends in waiting again: the task
+///   writes now and then, and its next write sends SIGIO.
+/// - *draining*: the FIFO is disarmed and drained at a pace: every
+///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
+///   rate counts half after 100 ms) the pipe would be half full at most,
+///   and at least [`BATCH_WAIT`] apart. When
+///   bytes come so fast that the pipe would be three quarters full before
+///   the next drain (the loop's wait is whole milliseconds, rounded up, so
+///   a wait lasts up to twice `BATCH_WAIT`), or when a drain found it three
+///   quarters full already (the task is blocked on it), the pump is due
+///   again at once: the loop only looks at its other descriptors first;
+///   nor does it wait before the first drain of a phase that finds the pipe
+///   that full. A drain that finds nothing new ends the phase.
+///
+/// What no look can see: a task whose pace jumps between two looks (from a
+/// line now and then, or a steady trickle, to more than half a pipe per
+/// `--max-delay`) may find its pipe full and wait for the next drain, at
+/// most `--max-delay`, once; the drain that finds the pipe that full sets
+/// the pace from then on.
 ///
 /// [`advance`](Pump::advance) says whether the counters changed (the
 /// systemd status waits for that rather than on the FIFOs themselves).
@@ -103,6 +142,15 @@ pub struct Pump {
     /// The last pass that could tell found logmon sharing its CPU with a
     /// runnable task ([`shares_cpu`]).
     shared_cpu: bool,
+    /// Bytes the last pass moved.
+    last_moved: u64,
+    /// The fastest rate lately, which paces the drains.
+    peak: Peak,
+    /// `--max-delay`: how long a quiet stream's first bytes are held.
+    max_delay: Duration,
+    /// The last hold found the task writing now and then (nothing came
+    /// during it): its next hold does not look again before its drain.
+    sparse: bool,
 }
 
 /// Where a [`Pump`] is.
@@ -122,6 +170,19 @@ enum Phase {
         /// The index records were written for this wait.
         flushed: bool,
     },
+    /// The first bytes of a quiet stream wait in the pipe, the FIFO
+    /// disarmed, so that more writes join them in one drain.
+    Holding {
+        /// The drain is due then at the latest (`--max-delay` after the
+        /// first look found them).
+        until: Instant,
+        /// When the hold began.
+        since: Instant,
+        /// Bytes in the pipe then.
+        seen: usize,
+        /// When to look once more, to catch a pipe filling before `until`.
+        probe: Option<Instant>,
+    },
     /// The next drain is due at this time.
     Draining(Instant),
 }
@@ -137,6 +198,7 @@ impl Pump {
         capacity: usize,
         peeker: Peeker,
         capture: SharedCapture,
+        max_delay: Duration,
     ) -> io::Result<Self> {
         let devnull = File::options().write(true).open("/dev/null")?;
         let data = DataSignal::new(fd.as_fd())?;
@@ -155,6 +217,10 @@ impl Pump {
             blocked: false,
             phase_bytes: 0,
             shared_cpu: false,
+            last_moved: 0,
+            peak: Peak::new(now),
+            max_delay,
+            sparse: false,
         };
         p.wait(now);
         Ok(p)
@@ -164,6 +230,37 @@ impl Pump {
     /// (or is about to be) blocked on it, and waiting would idle both.
     fn most_of_the_pipe(&self, n: u64) -> bool {
         u128::from(n) * 4 >= self.capacity as u128 * 3
+    }
+
+    /// Whether `n` bytes are half the pipe or more: held bytes are drained
+    /// at once from there, so a task writing fast never waits on a full
+    /// pipe for the rest of a hold.
+    fn filling(&self, n: usize) -> bool {
+        n as u128 * 2 >= self.capacity as u128
+    }
+
+    /// When to drain next after a pass at `now` of `bytes` bytes over
+    /// `elapsed` that left `left` in the pipe: [`BATCH_WAIT`], or up to
+    /// `--max-delay` when the pipe fills slowly enough — no later than it
+    /// would be half full at the fastest rate seen lately ([`Peak`]): a
+    /// task that was preempted during the last interval (a slow rate)
+    /// would otherwise fill the pipe and wait on it once it runs again.
+    fn pace(&mut self, now: Instant, bytes: u64, elapsed: Duration, left: usize) -> Duration {
+        let rate = self.peak.note(now, bytes, elapsed);
+        let room = (self.capacity / 2).saturating_sub(left) as f64;
+        let to_half = if rate > 0.0 {
+            Duration::try_from_secs_f64(room / rate).unwrap_or(Duration::MAX)
+        } else {
+            Duration::MAX
+        };
+        self.hold_time().min(to_half).max(BATCH_WAIT)
+    }
+
+    /// How long a hold lasts: `--max-delay`, less the millisecond the
+    /// event loop may add rounding its timeout up, so that the drain comes
+    /// within `--max-delay` of the look that found the bytes.
+    fn hold_time(&self) -> Duration {
+        self.max_delay.saturating_sub(BATCH_WAIT).max(BATCH_WAIT)
     }
 
     /// Begins a wait: arms the FIFO for SIGIO unless a write error blocks
@@ -195,6 +292,10 @@ impl Pump {
                 Some(self.timer.map_or(poll, |t| t.min(poll)))
             }
             Phase::Waiting { .. } => self.timer,
+            Phase::Holding { until, probe, .. } => {
+                let at = probe.map_or(until, |p| p.min(until));
+                Some(self.timer.map_or(at, |t| t.min(at)))
+            }
         }
     }
 
@@ -217,8 +318,9 @@ impl Pump {
                     if (look || std::mem::take(&mut sigio)) && !self.blocked {
                         match super::pipe::bytes_waiting(self.fd.as_fd()) {
                             Ok(n) if n <= self.left => {}
-                            Ok(n) => fresh = Some(n as u64),
-                            Err(_) => fresh = Some(0),
+                            Ok(n) => fresh = Some(n),
+                            // Cannot tell: as if the pipe were full.
+                            Err(_) => fresh = Some(self.capacity),
                         }
                     }
                     let due = self.deadline().is_some_and(|d| d <= now);
@@ -243,38 +345,127 @@ impl Pump {
                     }
                     // Bytes flowed a moment ago: the task is still
                     // writing, only in bursts (on a loaded machine it is
-                    // preempted for milliseconds at a time). Let the burst
-                    // fill the pipe rather than chase it one write per
-                    // wakeup; unless it is nearly full already, when the
-                    // task would only wait on it.
-                    let pause = fresh.is_some_and(|n| !self.most_of_the_pipe(n))
-                        && self.phase_bytes >= BURST
-                        && now.duration_since(went_idle) < STILL_BUSY;
+                    // preempted for milliseconds at a time).
+                    let still_busy =
+                        self.phase_bytes >= BURST && now.duration_since(went_idle) < STILL_BUSY;
                     self.phase_bytes = 0;
-                    self.phase = Phase::Draining(if pause { now + BATCH_WAIT } else { now });
+                    self.phase = match fresh {
+                        // A quiet stream's first bytes (not a burst that
+                        // went on a moment ago): held, so that the writes
+                        // that follow ride the same wakeup. Looked at once
+                        // more soon, and drained at once if the pipe is
+                        // filling, unless the task has been writing now
+                        // and then and wrote little this time.
+                        Some(n)
+                            if !due
+                                && !still_busy
+                                && !self.max_delay.is_zero()
+                                && !self.filling(n) =>
+                        {
+                            self.last_drain = now;
+                            let fast = !self.sparse || n.saturating_sub(self.left) >= PROBE_HINT;
+                            Phase::Holding {
+                                until: now + self.hold_time(),
+                                since: now,
+                                seen: n,
+                                probe: fast.then(|| now + PROBE),
+                            }
+                        }
+                        // Without a hold: let a burst fill the pipe rather
+                        // than chase it one write per wakeup, unless it is
+                        // nearly full already, when the task would only
+                        // wait on it.
+                        _ => {
+                            let pause = fresh.is_some_and(|n| !self.most_of_the_pipe(n as u64))
+                                && still_busy;
+                            Phase::Draining(if pause { now + BATCH_WAIT } else { now })
+                        }
+                    };
+                }
+                Phase::Holding {
+                    until,
+                    since,
+                    seen,
+                    probe,
+                } => {
+                    let due = self.timer.map_or(until, |t| t.min(until)) <= now;
+                    if !due {
+                        let Some(at) = probe.filter(|&p| p <= now) else {
+                            return Ok(changed);
+                        };
+                        // The one look of a hold: at the pace since it
+                        // began, would the pipe be half full before the
+                        // drain? Then drain now.
+                        let n =
+                            super::pipe::bytes_waiting(self.fd.as_fd()).unwrap_or(self.capacity);
+                        let gained = n.saturating_sub(seen) as u128;
+                        let ahead = until.saturating_duration_since(at).as_nanos();
+                        let spent = at.duration_since(since).as_nanos().max(1);
+                        let later = n as u128 + gained * ahead / spent;
+                        if !self.filling(n)
+                            && !self.filling(usize::try_from(later).unwrap_or(usize::MAX))
+                        {
+                            self.phase = Phase::Holding {
+                                until,
+                                since,
+                                seen,
+                                probe: None,
+                            };
+                            return Ok(changed);
+                        }
+                    }
+                    let pass = self.pass()?;
+                    changed |= pass.changed;
+                    // Nothing came during the hold: a task writing now
+                    // and then. Wait for its next write (SIGIO) rather
+                    // than look again for nothing.
+                    let sparse = pass.bytes + pass.left as u64 <= seen as u64;
+                    self.sparse = sparse;
+                    if !pass.moved || (sparse && !pass.fast) {
+                        self.wait(Instant::now());
+                        continue;
+                    }
+                    self.phase = Phase::Draining(self.next_drain(now, &pass));
+                    return Ok(changed);
                 }
                 Phase::Draining(at) => {
                     if at > now {
                         return Ok(changed);
                     }
-                    let pass = self.drain(false)?;
-                    self.timer = deadline_of(pass.outcome);
-                    self.blocked = matches!(pass.outcome, Drained::Blocked { .. });
-                    self.left = pass.left;
-                    self.phase_bytes += pass.bytes;
+                    let pass = self.pass()?;
                     changed |= pass.changed;
                     if !pass.moved {
                         self.wait(Instant::now());
                         continue;
                     }
-                    // Fast: due again at once, after the loop has looked
-                    // at its other descriptors.
-                    let next = if pass.fast { now } else { now + BATCH_WAIT };
-                    self.phase = Phase::Draining(next);
+                    self.phase = Phase::Draining(self.next_drain(now, &pass));
                     return Ok(changed);
                 }
             }
         }
+    }
+
+    /// One drain, its outcome recorded.
+    fn pass(&mut self) -> io::Result<Pass> {
+        let pass = self.drain(false)?;
+        self.timer = deadline_of(pass.outcome);
+        self.blocked = matches!(pass.outcome, Drained::Blocked { .. });
+        self.left = pass.left;
+        self.phase_bytes += pass.bytes;
+        Ok(pass)
+    }
+
+    /// When the drain after `pass` (at `now`) is due: at once when bytes
+    /// came too fast to wait (the loop still looks at its other
+    /// descriptors first), else at the [`pace`](Self::pace), and never
+    /// after a held partial line's deadline.
+    fn next_drain(&mut self, now: Instant, pass: &Pass) -> Instant {
+        let pace = self.pace(now, pass.bytes, pass.elapsed, pass.left);
+        if pass.fast {
+            return now;
+        }
+        let next = now + pace;
+        self.timer.map_or(next, |t| next.min(t.max(now)))
     }
 
     /// Drains once; returns the outcome, whether bytes moved, whether they
@@ -296,14 +487,18 @@ impl Pump {
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let errors_before = c.stats.write_errors;
         let now = Instant::now();
-        let switches = involuntary_switches();
+        // Only a pass of more than one piece can tell. Whether this one
+        // will is known after it; the last one's size is the guess, so a
+        // stream of small batches pays no getrusage at all.
+        let switches = (self.last_moved > piece as u64)
+            .then(involuntary_switches)
+            .flatten();
         let outcome = c.drain(&mut src, now, stopping)?;
         let moved = c.stats.bytes_captured + c.stats.bytes_dropped - before;
-        // Read again only when the pass could tell (more than one piece).
+        self.last_moved = moved;
         let preempted = switches
             .filter(|_| moved > piece as u64)
-            .zip(involuntary_switches())
-            .map(|(a, b)| b.saturating_sub(a));
+            .and_then(|a| Some(involuntary_switches()?.saturating_sub(a)));
         let shared = shares_cpu(self.shared_cpu, moved, piece, preempted);
         if shared != self.shared_cpu {
             let now_pieces = if shared {
@@ -314,7 +509,8 @@ impl Pump {
             tracing::debug!(stream = %c.stream(), "{now_pieces}");
             self.shared_cpu = shared;
         }
-        let elapsed = now.duration_since(self.last_drain).as_nanos().max(1);
+        let since_last = now.duration_since(self.last_drain);
+        let elapsed = since_last.as_nanos().max(1);
         self.last_drain = now;
         let longest_wait = 2 * BATCH_WAIT.as_nanos();
         // A pass that took three quarters of the pipe or more found it
@@ -329,6 +525,7 @@ impl Pump {
             || u128::from(moved) * longest_wait * 4 >= self.capacity as u128 * 3 * elapsed;
         Ok(Pass {
             outcome,
+            elapsed: since_last,
             bytes: moved,
             moved: moved > 0,
             changed: moved > 0 || c.stats.write_errors != errors_before,
@@ -354,8 +551,38 @@ impl Pump {
     }
 }
 
+/// The fastest rate a stream's passes have seen lately, in bytes per
+/// second: each pass's rate, or the one before halved every
+/// [`RATE_MEMORY`], whichever is larger.
+#[derive(Debug, Clone, Copy)]
+struct Peak {
+    rate: f64,
+    at: Instant,
+}
+
+/// How fast [`Peak`] forgets: a rate counts half after this long.
+const RATE_MEMORY: Duration = Duration::from_millis(100);
+
+impl Peak {
+    fn new(now: Instant) -> Self {
+        Peak { rate: 0.0, at: now }
+    }
+
+    /// Takes in a pass of `bytes` over `elapsed` at `now`; returns the peak.
+    fn note(&mut self, now: Instant, bytes: u64, elapsed: Duration) -> f64 {
+        let age = now.saturating_duration_since(self.at).as_secs_f64();
+        let kept = self.rate * 0.5f64.powf(age / RATE_MEMORY.as_secs_f64());
+        let rate = bytes as f64 / elapsed.as_secs_f64().max(1e-9);
+        self.rate = rate.max(kept);
+        self.at = now;
+        self.rate
+    }
+}
+
 struct Pass {
     outcome: Drained,
+    /// Since the pass before (or the start of a hold).
+    elapsed: Duration,
     /// Bytes written (or dropped).
     bytes: u64,
     moved: bool,
@@ -406,6 +633,24 @@ mod tests {
         let many = 2 * SHARED_CPU_PIECE as u64;
         assert!(shares_cpu(false, many, p, Some(3)));
         assert!(!shares_cpu(true, many, SHARED_CPU_PIECE, Some(0)));
+    }
+
+    #[test]
+    fn the_peak_rate_remembers_a_fast_writer_through_a_slow_interval() {
+        let t0 = Instant::now();
+        let mut p = Peak::new(t0);
+        let ms = Duration::from_millis;
+        // 1 MB in 10 ms: 100 MB/s.
+        assert_eq!(p.note(t0 + ms(10), 1_000_000, ms(10)), 1e8);
+        // Preempted: 1 KB in the next 50 ms. The peak only halves per
+        // RATE_MEMORY: the next drain is paced as for a fast writer.
+        let kept = p.note(t0 + ms(60), 1_000, ms(50));
+        assert!((6e7..8e7).contains(&kept), "{kept}");
+        // A second later it is forgotten: a slow stream is paced slowly.
+        let later = p.note(t0 + ms(1060), 1_000, ms(1000));
+        assert!(later < 1e5, "{later}");
+        // A faster pass takes over at once.
+        assert_eq!(p.note(t0 + ms(1061), 1_000_000, ms(1)), 1e9);
     }
 
     #[test]

@@ -270,6 +270,14 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     config::parse_size(s).map_err(|e| e.to_string())
 }
 
+fn parse_pipe_size_arg(s: &str) -> Result<u64, String> {
+    config::parse_size_up_to(s, config::MAX_PIPE_SIZE, "2GiB - 1").map_err(|e| e.to_string())
+}
+
+fn parse_delay_arg(s: &str) -> Result<std::time::Duration, String> {
+    config::parse_delay(s).map_err(|e| e.to_string())
+}
+
 fn parse_task_arg(s: &str) -> Result<TaskName, String> {
     TaskName::new(s).map_err(|e| e.to_string())
 }
@@ -290,10 +298,10 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_STDERR_FIFO")]
     pub stderr_fifo: Option<PathBuf>,
     /// Files kept per stream, the active one included.
-    #[arg(long, env = "LOGMON_MAX_FILES", default_value_t = config::DEFAULT_MAX_FILES)]
+    #[arg(long, env = "LOGMON_MAX_FILES", default_value_t = config::DEFAULT_MAX_FILES, allow_negative_numbers = true)]
     pub max_files: u32,
     /// Size limit of one file: bytes, or 512KiB, 10MiB, 1GiB.
-    #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value_t = config::DEFAULT_MAX_FILE_SIZE, value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_MAX_FILE_SIZE", default_value_t = config::DEFAULT_MAX_FILE_SIZE, value_parser = parse_size_arg, allow_negative_numbers = true)]
     pub max_file_size: u64,
     /// Control socket [default: LOG_DIR/.TASK.logmon.sock].
     #[arg(long, env = "LOGMON_SOCKET")]
@@ -302,13 +310,20 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_ON_WRITE_ERROR", value_enum, default_value_t = WriteErrorPolicy::Drop)]
     pub on_write_error: WriteErrorPolicy,
     /// Pipe capacity to request for each FIFO (capped by /proc/sys/fs/pipe-max-size).
-    #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_pipe_size_arg, allow_negative_numbers = true)]
     pub pipe_size: u64,
+    /// Longest a quiet stream's first bytes wait in the pipe for more to
+    /// join them in one drain (fewer wakeups on a busy node): whole ms or s
+    /// (50ms, 1s), at most 60s; 0 drains at once. Bounds the time from a
+    /// write to the file; a filling pipe, a partial line's 1 s wait and a
+    /// stop drain at once.
+    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_negative_numbers = true)]
+    pub max_delay: std::time::Duration,
     /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
     /// files past --max-files that the shipper has not read yet (its
     /// position is the .TASK.STREAM.shipped file it leaves in the log
     /// directory). 0: purge as usual.
-    #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value_t = 0, value_parser = parse_size_arg)]
+    #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value_t = 0, value_parser = parse_size_arg, allow_negative_numbers = true)]
     pub keep_unshipped: u64,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
@@ -318,7 +333,7 @@ pub struct RunArgs {
     /// at most 1 KiB; at most 32 pairs). Without --meta, read from
     /// LOGMON_META="KEY=VALUE,KEY=VALUE" (a value containing ',' needs --meta).
     #[arg(long = "meta", value_name = "KEY=VALUE")]
-    pub meta: Vec<String>,
+    pub meta: Vec<std::ffi::OsString>,
 }
 
 impl RunArgs {
@@ -338,6 +353,7 @@ impl RunArgs {
         c.max_file_size = self.max_file_size;
         c.on_write_error = self.on_write_error;
         c.pipe_size = self.pipe_size;
+        c.max_delay = self.max_delay;
         c.no_sandbox = self.no_sandbox;
         c.keep_unshipped = self.keep_unshipped;
         // Read by hand rather than by clap's `env`: its delimiter would
@@ -603,11 +619,28 @@ pub(crate) fn clap_failure_of(e: &clap::Error, program: &str, var_prefix: &str) 
     }
     let _ = writeln!(
         std::io::stderr(),
-        "{program}: error: {}{} (see '{program} --help')",
+        "{program}: error: {}{}{} (see '{program} --help')",
         clap_error_line(e),
-        env_context(e, var_prefix)
+        env_context(e, var_prefix),
+        exec_hint(e, std::env::args_os().nth(1).as_deref())
     );
     EXIT_USAGE
+}
+
+/// For `exec` given its command without `--` before it (clap sees the
+/// command's name as an unexpected argument), how to write it.
+fn exec_hint(e: &clap::Error, subcommand: Option<&std::ffi::OsStr>) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return String::new();
+    };
+    if e.kind() != ErrorKind::UnknownArgument
+        || subcommand.is_none_or(|s| s != "exec")
+        || arg.starts_with('-')
+    {
+        return String::new();
+    }
+    format!(": put `--` before the command, as in `logmon exec --task T --log-dir D -- {arg} …`")
 }
 
 /// A clap error in one line, from its kind and context (never from its

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use crate::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
 
 /// Each flag that takes a value, with its variable.
-const VALUED: [(&str, &str); 10] = [
+const VALUED: [(&str, &str); 11] = [
     ("--task", "LOGMON_TASK"),
     ("--log-dir", "LOGMON_LOG_DIR"),
     ("--stdout-fifo", "LOGMON_STDOUT_FIFO"),
@@ -33,6 +33,7 @@ const VALUED: [(&str, &str); 10] = [
     ("--on-write-error", "LOGMON_ON_WRITE_ERROR"),
     ("--pipe-size", "LOGMON_PIPE_SIZE"),
     ("--keep-unshipped", "LOGMON_KEEP_UNSHIPPED"),
+    ("--max-delay", "LOGMON_MAX_DELAY"),
 ];
 const NO_SANDBOX: (&str, &str) = ("--no-sandbox", "LOGMON_NO_SANDBOX");
 const META: &str = "--meta";
@@ -44,7 +45,7 @@ pub fn parse(
     env: impl Fn(&str) -> Option<OsString>,
 ) -> Option<CaptureConfig> {
     let mut given: Vec<(&'static str, OsString)> = Vec::new();
-    let mut meta: Vec<String> = Vec::new();
+    let mut meta: Vec<OsString> = Vec::new();
     let mut no_sandbox_flag = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -85,7 +86,7 @@ pub fn parse(
             return None;
         }
         if flag == META {
-            meta.push(value.into_string().ok()?);
+            meta.push(value);
         } else if given.iter().any(|(f, _)| *f == flag) {
             return None;
         } else {
@@ -139,6 +140,10 @@ pub fn parse(
     cfg.max_file_size = size("--max-file-size", config::DEFAULT_MAX_FILE_SIZE)?;
     cfg.pipe_size = size("--pipe-size", config::DEFAULT_PIPE_SIZE)?;
     cfg.keep_unshipped = size("--keep-unshipped", 0)?;
+    cfg.max_delay = match text("--max-delay")? {
+        Some(s) => config::parse_delay(&s).ok()?,
+        None => config::DEFAULT_MAX_DELAY,
+    };
     cfg.on_write_error = match text("--on-write-error")?.as_deref() {
         None | Some("drop") => WriteErrorPolicy::Drop,
         Some("block") => WriteErrorPolicy::Block,
@@ -185,19 +190,27 @@ mod tests {
         cfg.max_files = 3;
         cfg.max_file_size = 4096;
         cfg.keep_unshipped = 1 << 20;
+        cfg.max_delay = std::time::Duration::from_millis(7);
         cfg.no_sandbox = true;
         cfg.meta.insert_pair("job=web").expect("meta");
         let args = crate::launch::run_args(&cfg);
         assert_eq!(args[0], "run");
         assert_eq!(parse(args[1..].to_vec(), |_| None), Some(cfg));
         // systemd/logmon@.service: variables and --flag=value forms.
-        let unit = os(&["--task=api", "--max-file-size=10MiB", "--pipe-size", "1MiB"]);
+        let unit = os(&[
+            "--task=api",
+            "--max-file-size=10MiB",
+            "--pipe-size",
+            "1MiB",
+            "--max-delay=0",
+        ]);
         let env = |k: &str| (k == "LOGMON_LOG_DIR").then(|| OsString::from("/var/log/t"));
         let got = parse(unit, env).expect("fast path");
         assert_eq!(got.task.as_str(), "api");
         assert_eq!(got.log_dir, PathBuf::from("/var/log/t"));
         assert_eq!(got.max_file_size, 10 << 20);
         assert_eq!(got.pipe_size, 1 << 20);
+        assert_eq!(got.max_delay, std::time::Duration::ZERO);
     }
 
     #[test]
@@ -245,6 +258,11 @@ mod tests {
             Just("drop".to_string()),
             Just("block".to_string()),
             Just("k=v".to_string()),
+            Just("k=w".to_string()),
+            Just("50ms".to_string()),
+            Just("2s".to_string()),
+            Just("61s".to_string()),
+            Just("99999999999GiB".to_string()),
             Just(String::new()),
         ];
         let flag = prop_oneof![
@@ -259,6 +277,7 @@ mod tests {
             Just("--pipe-size"),
             Just("--keep-unshipped"),
             Just("--meta"),
+            Just("--max-delay"),
             Just("--no-sandbox"),
             Just("--tsak"),
         ];

@@ -28,8 +28,6 @@ pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_TEMPFAIL: i32 = 75;
 /// The most replicas JetStream keeps of a stream.
 const MAX_REPLICAS: usize = 5;
-/// The longest `--max-delay`.
-const MAX_DELAY: Duration = Duration::from_secs(10);
 
 /// logmon ship: publish the node's task logs into a NATS JetStream stream, exactly once.
 #[derive(Debug, Parser)]
@@ -70,7 +68,7 @@ pub struct Args {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPLICAS as u64))]
     pub replicas: usize,
     /// After a quiet spell, how long the first write waits for more to ship
-    /// them in one round (0 ships at once; at most 10s).
+    /// them in one round (0 ships at once; at most 60s).
     #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "100ms", value_parser = parse_delay)]
     pub max_delay: Duration,
     /// User name (with --password).
@@ -108,22 +106,10 @@ pub struct Args {
     pub status: bool,
 }
 
-/// `--max-delay`: a duration (`100ms`, `2s`, `0`) up to [`MAX_DELAY`].
+/// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
+/// capture's parser: one syntax for both flags).
 fn parse_delay(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration: write it as 100ms, 2s or 0");
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "" if n == 0 => Duration::ZERO,
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        _ => return Err(bad()),
-    };
-    if d > MAX_DELAY {
-        return Err(format!("at most {}s", MAX_DELAY.as_secs()));
-    }
-    Ok(d)
+    crate::config::parse_delay(s).map_err(|e| e.to_string())
 }
 
 /// A one-line error and its exit code.

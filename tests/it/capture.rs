@@ -1732,3 +1732,116 @@ fn keep_unshipped_holds_a_stream_until_the_shipper_leaves_a_position() {
         assert_eq!(bytes, line(n as u32), "file {n}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Coalesced draining (`--max-delay`, issue #30): a quiet stream's first
+// bytes wait in the pipe for later writes to join them in one drain. Each
+// test runs a held logmon (a delay no test run comes near) beside a control
+// logmon of `--max-delay 0` given the same line at the same time: once the
+// control has its line in its file, an immediate drain has had its chance,
+// so "not yet in the file" is an observation, not a race.
+// ---------------------------------------------------------------------------
+
+/// A delay no test run comes near.
+const HELD: &str = "60s";
+
+/// A control logmon (`--max-delay 0`, task `c` in `dir`) given `line`;
+/// returns once `line` is in its file.
+fn control_drained(dir: &Path, line: &[u8]) -> (Daemon, File) {
+    let dm = Daemon::start(dir, "c", &["--max-delay", "0"]);
+    let w = write_task(dir, "c", Stream::Stdout, line);
+    wait_for_size(dir, "c", Stream::Stdout, line.len() as u64, SOON);
+    (dm, w)
+}
+
+/// With `--max-delay`, a written line waits in the pipe (the file is
+/// empty, `status` counts nothing captured) while a `--max-delay 0`
+/// logmon already has the same line in its file; `stop` drains it at once
+/// (well before the delay) and the file has it byte-exact. The flag wins
+/// over `LOGMON_MAX_DELAY`.
+#[test]
+fn a_held_line_waits_in_the_pipe_and_stop_drains_it_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let line = numbered_line(0).into_bytes();
+    let held = Daemon::start(d.path(), "t", &["--max-delay", HELD]);
+    let _w = write_task(d.path(), "t", Stream::Stdout, &line);
+    let (control, _cw) = control_drained(d.path(), &line);
+    assert_eq!(status(d.path(), "t").stdout.bytes_captured, 0);
+    assert!(read_stream(d.path(), "t", Stream::Stdout).is_empty());
+    // Stop through the socket: it answers once everything is drained.
+    let sock = d.path().join(".t.logmon.sock");
+    let out = support::cli(&["stop", "--socket", sock.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out.stderr));
+    assert_eq!(held.wait(), Some(0));
+    assert_eq!(read_stream(d.path(), "t", Stream::Stdout), line);
+    stop(control);
+
+    // `--max-delay 0` on the command line beats the variable.
+    let e = tempfile::tempdir().unwrap();
+    let child = support::logmon(&[
+        "run",
+        "--task",
+        "t",
+        "--log-dir",
+        dir_str(e.path()),
+        "--max-delay",
+        "0",
+    ])
+    .env("LOGMON_MAX_DELAY", HELD)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let dm = Daemon::from_child(child, String::new);
+    let _w = write_task(e.path(), "t", Stream::Stdout, &line);
+    wait_for_size(e.path(), "t", Stream::Stdout, line.len() as u64, SOON);
+    stop(dm);
+}
+
+/// A kill -9 of a logmon holding lines loses none: they wait in the pipe,
+/// not in logmon, and the next logmon captures them byte-exact.
+#[test]
+fn kill_9_while_lines_are_held_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let lines = numbered(0, 20);
+    let held = Daemon::start(d.path(), "t", &["--max-delay", HELD]);
+    // One write: a burst of many would look to the hold like a task about
+    // to fill its pipe, and be drained at once.
+    let _w = write_task(d.path(), "t", Stream::Stdout, &lines);
+    let (control, _cw) = control_drained(d.path(), &numbered(0, 1));
+    assert_eq!(status(d.path(), "t").stdout.bytes_captured, 0);
+    held.signal(Signal::SIGKILL);
+    assert_eq!(held.wait(), None);
+    let next = Daemon::start(d.path(), "t", &["--max-delay", "0"]);
+    wait_for_size(d.path(), "t", Stream::Stdout, lines.len() as u64, SOON);
+    stop(next);
+    assert_numbered(&read_stream(d.path(), "t", Stream::Stdout), 0, 20);
+    stop(control);
+}
+
+/// Bytes filling the pipe past half are drained at once, however long the
+/// delay: a task writing a burst never waits on a full pipe for it. One
+/// write of 40 KiB into a 64 KiB pipe is in the file long before the 60 s
+/// delay.
+#[test]
+fn a_pipe_filling_past_half_is_drained_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let held = Daemon::start(
+        d.path(),
+        "t",
+        &["--max-delay", HELD, "--pipe-size", "64KiB"],
+    );
+    let capacity = {
+        let w =
+            logmon::internals::fifo::open_task_end(&fifo(d.path(), "t", Stream::Stdout)).unwrap();
+        nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap() as u64
+    };
+    assert_eq!(capacity, 64 * 1024, "the test needs a 64 KiB pipe");
+    let burst = numbered(0, 40 * 1024 / LINE);
+    assert!(burst.len() as u64 * 2 > capacity);
+    // One write(2): the task's SIGIO comes once it is all in the pipe.
+    let _w = write_task(d.path(), "t", Stream::Stdout, &burst);
+    wait_for_size(d.path(), "t", Stream::Stdout, burst.len() as u64, SOON);
+    stop(held);
+    assert_eq!(read_stream(d.path(), "t", Stream::Stdout), burst);
+}

@@ -1404,3 +1404,128 @@ fn logs_follow_of_a_task_without_files_says_it_waits_then_follows() {
         "one note only"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Issue #27, the configuration side: values the flag parser let through
+// (a size past 2^64 became the largest size, a repeated --meta key let the
+// last one win) or answered in clap's words instead of naming the flag.
+// ---------------------------------------------------------------------------
+
+/// Each mistake exits 2 with one `logmon: error:` line naming the flag (or
+/// key) and what is accepted, before anything is started: the log
+/// directory given does not exist, so a value let through would end on
+/// that error instead.
+#[test]
+fn config_mistakes_name_the_flag_and_what_it_accepts() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let missing = "/nonexistent/logmon-config-mistakes";
+    let run = ["run", "--task", "t", "--log-dir", missing];
+    /// Extra flags after `run`'s, a variable set, what stderr must name.
+    type Mistake<'a> = (Vec<&'a OsStr>, Option<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: Vec<Mistake> = vec![
+        (
+            vec!["--max-file-size".as_ref(), "99999999999GiB".as_ref()],
+            None,
+            &["--max-file-size", "too large", "18446744073709551615 bytes"],
+        ),
+        (
+            vec!["--keep-unshipped".as_ref(), "99999999999GiB".as_ref()],
+            None,
+            &[
+                "--keep-unshipped",
+                "too large",
+                "18446744073709551615 bytes",
+            ],
+        ),
+        (
+            vec!["--pipe-size".as_ref(), "99999999999GiB".as_ref()],
+            None,
+            &["--pipe-size", "too large", "2147483647 bytes"],
+        ),
+        (
+            vec![],
+            Some(("LOGMON_MAX_FILE_SIZE", "99999999999GiB")),
+            &[
+                "--max-file-size",
+                "18446744073709551615 bytes",
+                "LOGMON_MAX_FILE_SIZE",
+            ],
+        ),
+        (
+            vec!["--max-file-size".as_ref(), "-1".as_ref()],
+            None,
+            &["--max-file-size", "not a valid size", "negative"],
+        ),
+        (
+            vec!["--keep-unshipped".as_ref(), "-1".as_ref()],
+            None,
+            &["--keep-unshipped", "not a valid size", "negative"],
+        ),
+        (
+            vec![
+                "--meta".as_ref(),
+                "job=a".as_ref(),
+                "--meta".as_ref(),
+                "job=b".as_ref(),
+            ],
+            None,
+            &["\"job\"", "twice in --meta"],
+        ),
+        (
+            vec![],
+            Some(("LOGMON_META", "job=a,ns=x,job=b")),
+            &["\"job\"", "twice in LOGMON_META"],
+        ),
+        (
+            vec!["--meta".as_ref(), OsStr::from_bytes(b"note=caf\xe9")],
+            None,
+            &["--meta", "\"note=caf\u{FFFD}\"", "UTF-8"],
+        ),
+        (
+            vec!["--max-delay".as_ref(), "5x".as_ref()],
+            None,
+            &["--max-delay", "not a valid delay", "50ms"],
+        ),
+        (
+            vec!["--max-delay".as_ref(), "1h".as_ref()],
+            None,
+            &["--max-delay", "at most 60s"],
+        ),
+        (
+            vec![],
+            Some(("LOGMON_MAX_DELAY", "-3")),
+            &["--max-delay", "negative", "LOGMON_MAX_DELAY"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (extra, env, needles) in &cases {
+        let mut cmd = logmon(&run);
+        cmd.args(extra);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = finish(cmd);
+        let err = text(&out.stderr);
+        let ok = out.status.code() == Some(2)
+            && err.lines().count() == 1
+            && err.starts_with("logmon: error:")
+            && needles.iter().all(|n| err.contains(n));
+        if !ok {
+            failures.push(format!(
+                "{extra:?} {env:?}: exit {:?}: {err}",
+                out.status.code()
+            ));
+        }
+    }
+    // `exec` with its command but no `--` before it.
+    let out = cli(&["exec", "--task", "t", "--log-dir", missing, "echo", "hi"]);
+    let err = text(&out.stderr);
+    if out.status.code() != Some(2) || !err.contains("put `--` before the command") {
+        failures.push(format!(
+            "exec without --: exit {:?}: {err}",
+            out.status.code()
+        ));
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}

@@ -732,6 +732,13 @@ impl Dir {
     }
 }
 
+/// This process's effective uid, asked once (logmon never changes it; a
+/// busy shipper would otherwise ask at every look at a file).
+fn euid() -> u32 {
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
+}
+
 /// What a reader may believe about the names in a directory a task
 /// shares (DESIGN.md §9): who owns it, and whether others can rename or
 /// remove names in it. Taken from an `fstat` of the directory's
@@ -760,7 +767,7 @@ impl Trust {
         Trust {
             owner: st.st_uid,
             mode: st.st_mode,
-            euid: nix::unistd::geteuid().as_raw(),
+            euid: euid(),
         }
     }
 

@@ -201,11 +201,21 @@ impl Shipper {
             if self.hold_until.is_none_or(|t| t <= now) {
                 let windows = self.plan_round(now);
                 if !windows.is_empty() {
+                    // A round far from full is paced: the next waits out
+                    // --max-delay from this one's start, so a steady trickle
+                    // of writes costs a round per delay, not one per write.
+                    let planned: u64 = windows.iter().map(|(_, p)| p.end - p.start).sum();
+                    let paced = planned < round::BATCH / 2;
                     self.ship_round(windows).await;
                     self.gauges
                         .rounds
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if futures_util::FutureExt::now_or_never(&mut stop).is_some() {
+                    if paced {
+                        tokio::select! {
+                            () = tokio::time::sleep_until((now + self.cfg.delay).into()) => {}
+                            () = &mut stop => return self.save_final(),
+                        }
+                    } else if futures_util::FutureExt::now_or_never(&mut stop).is_some() {
                         return self.save_final();
                     }
                     continue;

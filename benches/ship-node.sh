@@ -72,7 +72,7 @@
 # shipbench-prof), and in its write window (-d 50 or more): from 5 s, 10 s
 # of `perf record -e cpu-clock --call-graph dwarf` with `perf stat -e
 # raw_syscalls:sys_enter` and the context switches; from 16 s, 10 s of
-# `perf trace -s` (syscalls by kind); from 28 s, 5 s of `strace -c -f`
+# `perf stat -e 'syscalls:sys_enter_*'` (syscalls by kind); from 28 s, 5 s of `strace -c -f`
 # (ptrace slows the shipper down: the counts of the other windows are the
 # undisturbed ones); from 35 s and 41 s, 5 s each of benches/tools/
 # inocount.c (the inotify events the log directories produce); reports in
@@ -429,13 +429,53 @@ ruleset(name="fwd") {{
         samples.append((now, phase, sum(w.values()), sum(s.values()), lb, lag_s, ticks(sp.pid) / CLK))
         return w, s
 
+    def sampler(t_start, told):
+        """The sampling loop, in a process and session of its own (so the
+        node's hundreds of processes do not starve it): every 250 ms until
+        `told` brings the end of the writes and the bytes written, then
+        every 50 ms until every stream is shipped (or -c passed). Returns
+        the samples, the catch-up time (None: not caught up), the largest
+        1-minute load average."""
+        load_max, next_sample, end = load1(), t_start, None
+        while end is None:
+            now = time.monotonic()
+            if now >= next_sample:
+                sample(now - t_start, "w")
+                load_max = max(load_max, load1())
+                next_sample += 0.25
+            if select.select([told], [], [], max(0.0, next_sample - time.monotonic()))[0]:
+                tasks_end, bytes_written = os.read(told, 100).split()
+                end, bytes_written = float(tasks_end), int(bytes_written)
+        while time.monotonic() - end < catchup:
+            now = time.monotonic()
+            w, s = sample(now - t_start, "c")
+            if sum(w.values()) >= bytes_written and all(s.get(k, 0) >= v for k, v in w.items()):
+                return samples, now - end, max(load_max, load1())
+            time.sleep(max(0.0, 0.05 - (time.monotonic() - now)))
+        return samples, None, max(load_max, load1())
+
     # ---- the tasks write -----------------------------------------------------------
-    os.setpriority(os.PRIO_PROCESS, 0, nice)  # the sampler too (the tasks not)
     loggers_t0 = sum(ticks(p.pid) for p in loggers)
-    recv_t0, busy0, self0, load_max = ticks(recv.pid), busy(), self_cpu(), load1()
+    recv_t0, busy0, self0 = ticks(recv.pid), busy(), self_cpu()
     inst_t0, sp_t0 = sum(ticks(p.pid) for p in instruments), ticks(sp.pid)
     t_start = time.monotonic()
     cs0, rq0 = threads(sp.pid)
+    told, tell = os.pipe()
+    result = os.path.join(run, "sampler.json")
+    sampler_pid = os.fork()
+    if sampler_pid == 0:
+        code = 1
+        try:
+            os.close(tell)
+            os.setsid()
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            got = sampler(t_start, told)
+            with open(result, "w") as f:
+                json.dump(got, f)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(told)
     tasks = subprocess.Popen([os.path.join(bindir, "tasks"), "-R", "-d", str(secs), "-r", str(rate),
                               "-o", os.path.join(run, "per-task")] + fifos,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
@@ -448,8 +488,8 @@ ruleset(name="fwd") {{
         os.makedirs(prof_dir, exist_ok=True)
         pst = {}
         def bg(argv, out_file=None):
-            p = subprocess.Popen(argv, stdout=open(out_file, "a") if out_file else subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+            p = subprocess.Popen(argv, stdout=open(out_file, "w") if out_file else subprocess.DEVNULL,
+                                 stderr=open(os.path.join(prof_dir, "tools.log"), "a"), preexec_fn=niced())
             procs.append(p)
             return p
         def perf_start():
@@ -464,30 +504,21 @@ ruleset(name="fwd") {{
             c, t = ctxsw(sp.pid) - pst["c0"], time.monotonic() - pst["t0"]
             with open(os.path.join(prof_dir, "ctxsw.txt"), "w") as f:
                 f.write(f"context switches of logmon ship (all threads) over {t:.1f} s: {c}, {c / t:.0f}/s\n")
-            # Syscalls by kind from the tracepoints (little overhead)…
-            bg(["timeout", "-s", "INT", "10", "perf", "trace", "-s", "-p", str(sp.pid), "-o", os.path.join(prof_dir, "perf-trace-s.txt")])
+            # Syscalls by kind, counted in the kernel (tracepoints: little overhead, nothing lost)…
+            bg(["perf", "stat", "-x,", "-e", "syscalls:sys_enter_*", "-p", str(sp.pid), "-o", os.path.join(prof_dir, "perf-syscalls.csv"),
+                "--", "sleep", "10"])
         def strace():  # …and from strace -c -f (ptrace: slows the shipper down)
             bg(["timeout", "-s", "INT", "5", "strace", "-c", "-f", "-p", str(sp.pid), "-o", os.path.join(prof_dir, "strace-c.txt")])
         dirs = [os.path.join(root, f"a{i}", "alloc", "logs") for i in range(n)]
         def inotify(ms):
             def f():
-                with open(os.path.join(prof_dir, "inotify.txt"), "a") as o:
-                    o.write(f"a second reader of the same inotify events, sleeping {ms} ms after each wakeup: ")
-                bg([os.path.join(bindir, "inocount"), "-d", "5", "-w", str(ms)] + dirs, os.path.join(prof_dir, "inotify.txt"))
+                bg([os.path.join(bindir, "inocount"), "-d", "5", "-w", str(ms)] + dirs, os.path.join(prof_dir, f"inotify-{ms}ms.txt"))
             return f
         prof = [(5.0, perf_start), (16.0, perf_end), (28.0, strace), (35.0, inotify(0)), (41.0, inotify(100))]
-    next_sample = t_start
-    tasks_end = None
-    while tasks_end is None:
-        now = time.monotonic()
-        if now >= next_sample:
-            sample(now - t_start, "w")
-            load_max = max(load_max, load1())
-            next_sample += 0.25
-        if prof and now - t_start >= prof[0][0]:
+    while not select.select([pidfd], [], [], max(0.0, min(0.25, prof[0][0] - (time.monotonic() - t_start))) if prof else None)[0]:
+        if prof and time.monotonic() - t_start >= prof[0][0]:
             prof.pop(0)[1]()
-        if select.select([pidfd], [], [], max(0.0, next_sample - time.monotonic()))[0]:
-            tasks_end = time.monotonic()
+    tasks_end = time.monotonic()
     _, wst, ru = os.wait4(tasks.pid, 0)
     tasks.returncode = 0
     tasks_cpu = ru.ru_utime + ru.ru_stime
@@ -496,15 +527,11 @@ ruleset(name="fwd") {{
     bytes_written, lines_written = int(tout["bytes"]), int(tout["lines"])
     wrote_s = tasks_end - t_start
 
-    # ---- catching up -----------------------------------------------------------------
-    caught = None
-    while time.monotonic() - tasks_end < catchup:
-        now = time.monotonic()
-        w, s = sample(now - t_start, "c")
-        if sum(w.values()) >= bytes_written and all(s.get(k, 0) >= v for k, v in w.items()):
-            caught = now - tasks_end
-            break
-        time.sleep(max(0.0, 0.05 - (time.monotonic() - now)))
+    # ---- catching up: the sampler says when ------------------------------------------
+    os.write(tell, f"{tasks_end} {bytes_written}\n".encode())
+    if os.waitpid(sampler_pid, 0)[1] != 0:
+        sys.exit("ship-node.sh: the sampler failed")
+    samples, caught, load_max = json.load(open(result))
     cpu = ticks(sp.pid) / CLK
     recv_cpu = (ticks(recv.pid) - recv_t0) / CLK
     loggers_cpu = (sum(ticks(p.pid) for p in loggers) - loggers_t0) / CLK
@@ -514,7 +541,6 @@ ruleset(name="fwd") {{
     # self_cpu() counts the tasks too: their tree was reaped by this process.
     others = machine - ((ticks(sp.pid) - sp_t0) / CLK + recv_cpu + inst_cpu + loggers_cpu + self_cpu() - self0)
     ncpu = os.cpu_count()
-    load_max = max(load_max, load1())
 
     # ---- checks ------------------------------------------------------------------------
     w, files = written()
@@ -587,8 +613,18 @@ ruleset(name="fwd") {{
                     last[head] = max(last.get(head, -1), int(idx))
                 rotated = sum(1 for p in short if int(p.rpartition(".")[2]) < last[p.rpartition(".")[0]])
                 untouched = sum(1 for p in short if by.get(p, 0) == 0)
+                # imfile's own offsets, saved at its exit: read or not?
+                offs = {}
+                for fn in os.listdir(os.path.join(run, "rs")):
+                    try:
+                        j = json.load(open(os.path.join(run, "rs", fn)))
+                        offs[j["filename"]] = j["curr_offs"]
+                    except (ValueError, KeyError, OSError):
+                        pass
+                unread = sum(files[p] - offs.get(p, 0) for p in short)
                 notes.append(f"{sum(short.values())} B not received, of {len(short)} files "
-                             f"({rotated} rotated away, {len(short) - rotated} active; {untouched} not read at all)")
+                             f"({rotated} rotated away, {len(short) - rotated} active; {untouched} not read at all; "
+                             f"imfile's saved offsets leave {unread} B of them unread)")
         else:
             exact = sh == in_files and bad == 0
         notes.append(f"sink: lines {lines_r}, bad {bad}")
@@ -661,7 +697,13 @@ if [ $PROFILE = 1 ]; then
     perf report -i "$P/perf.data" --children --sort symbol --stdio -g none --percent-limit 1 2>/dev/null |
         sed -e 's/ *- *- *$//' | cut -c1-200 >"$P/perf-children.txt" || true
     perf report -i "$P/perf.data" --no-children --sort dso --stdio -g none 2>/dev/null >"$P/perf-dso.txt" || true
-    for f in ctxsw.txt perf-stat.txt perf-trace-s.txt strace-c.txt inotify.txt; do echo "== $f"; cat "$P/$f"; done
+    awk -F, '$1 ~ /^[0-9]+$/ && $1 > 0 { sub("syscalls:sys_enter_", "", $3); printf "%10d %9.0f/s  %s\n", $1, $1 / 10, $3 }' "$P/perf-syscalls.csv" |
+        sort -nr >"$P/perf-syscalls.txt" || true
+    for ms in 0 100; do
+        echo "a second reader of the log directories' inotify events, sleeping $ms ms after each wakeup: $(cat "$P/inotify-${ms}ms.txt")"
+    done >"$P/inotify.txt"
+    rm -f "$P"/inotify-*ms.txt
+    for f in ctxsw.txt perf-stat.txt perf-syscalls.txt strace-c.txt inotify.txt; do echo "== $f"; cat "$P/$f"; done
     echo "== perf-dso.txt"; grep '%' "$P/perf-dso.txt"
     echo "== perf-self.txt (head)"; grep '%' "$P/perf-self.txt" | head -30
     echo "== perf-children.txt (logmon's own functions)"; grep 'logmon::\|async_nats\|tokio::' "$P/perf-children.txt" | head -40

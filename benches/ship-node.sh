@@ -179,7 +179,7 @@ mkdir -p "$OUT"
     echo "args: tasks=$TASKS rate/task=$RATE_MB MB/s secs=$SECS reps=$REPS shippers='$SHIPPERS' max-file-size=$FILE_SIZE keyed=$KEYED nice=$NICE own-session=$OWN profile=$PROFILE scratch=$WORK ($(stat -f -c %T "$WORK"))"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt" >&2
-printf 'rep\tshipper\ttasks\tsecs\tbytes_written\tlines_written\tbytes_in_files\tbytes_shipped\tlines_shipped\texact\tcpu_s\tcpu_s_per_gb\tlag_p50_s\tlag_p99_s\tlag_max_s\tlag_p50_kb\tlag_p99_kb\tcatchup_s\tctxsw_per_s\trunq_wait_s\treceiver_cpu_s\tnode_cpu_pct\tbusy_pct\tothers_cpu_pct\tload1_max\tnote\n' >"$OUT/summary.tsv"
+printf 'rep\tshipper\ttasks\tsecs\tbytes_written\tlines_written\tbytes_in_files\tbytes_shipped\tlines_shipped\texact\tcpu_s\tcpu_s_per_gb\tlag_p50_s\tlag_p99_s\tlag_max_s\tlag_p50_kb\tlag_p99_kb\tcatchup_s\tctxsw_per_s\trunq_wait_s\treceiver_cpu_s\tnode_cpu_pct\tbusy_pct\tothers_cpu_pct\tload1_max\tcpu_s_per_gb_shipped\tnote\n' >"$OUT/summary.tsv"
 
 # One run of one shipper: everything is started, sampled, checked and stopped
 # by this Python program (it kills whatever it started when it ends, however).
@@ -642,7 +642,7 @@ ruleset(name="fwd") {{
            f"{pct(ls, .5):.3f}", f"{pct(ls, .99):.3f}", f"{max(ls):.3f}", f"{pct(lb, .5) / 1e3:.0f}", f"{pct(lb, .99) / 1e3:.0f}",
            f"{caught:.2f}" if caught is not None else f">{catchup:g}", f"{(cs1 - cs0) / wrote_s:.0f}", f"{rq1 - rq0:.2f}",
            f"{recv_cpu:.2f}", f"{(tasks_cpu + loggers_cpu) / span / ncpu * 100:.0f}", f"{machine / span / ncpu * 100:.0f}",
-           f"{others / span / ncpu * 100:.0f}", f"{load_max:.1f}", "; ".join(notes) or "-"]
+           f"{others / span / ncpu * 100:.0f}", f"{load_max:.1f}", f"{cpu / max(sh, 1) * 1e9:.2f}", "; ".join(notes) or "-"]
     with open(os.path.join(out, "summary.tsv"), "a") as f:
         f.write("\t".join(map(str, row)) + "\n")
     with open(os.path.join(out, f"samples-{shipper}-r{rep}.tsv"), "w") as f:
@@ -651,7 +651,7 @@ ruleset(name="fwd") {{
             f.write(f"{x[0]:.3f}\t{x[1]}\t{x[2]}\t{x[3]}\t{x[4]}\t{x[5]:.3f}\t{x[6]:.2f}\n")
     say(f"CPU {cpu:.2f} s = {row[11]} s/GB; lag p50 {row[12]} s p99 {row[13]} s; caught up after {row[17]} s; "
         f"exact: {row[9]}; waited {row[19]} s for a CPU while writes went on; "
-        f"the node's tasks and loggers used {row[21]} %, everything {row[22]} %, others {row[23]} % of the machine; load max {row[24]}; {row[25]}")
+        f"the node's tasks and loggers used {row[21]} %, everything {row[22]} %, others {row[23]} % of the machine; load max {row[24]}; CPU per GB delivered {row[25]} s; {row[26]}")
 finally:
     for p in reversed(procs):
         stop(p, wait=15.0)
@@ -681,7 +681,7 @@ done
     awk -F'\t' '{ r = "|"; for (i = 1; i <= NF; i++) r = r " " $i " |"; print r }
         NR == 1 { r = "|"; for (i = 1; i <= NF; i++) r = r "---|"; print r }' "$OUT/summary.tsv"
     echo
-    echo "cpu_s: utime+stime of the shipper's process (all threads) from its start to when it was caught up; cpu_s_per_gb: per GB of task data."
+    echo "cpu_s: utime+stime of the shipper's process (all threads) from its start to when it was caught up (or gave up); cpu_s_per_gb: per GB of task data; cpu_s_per_gb_shipped: per GB it delivered."
     echo "lag: sampled every 250 ms over the write window after its first 2 s; catchup_s: from the last write until every stream was shipped to the byte."
     echo "exact: every line shipped once (bytes per stream == its files, lines == lines written; logmon: JetStream's count == the shipper's)."
     echo "ctxsw_per_s, runq_wait_s: the shipper's threads over the write window (runq_wait_s: time runnable but waiting for a CPU, schedstat)."

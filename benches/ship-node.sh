@@ -32,11 +32,12 @@
 #   3. benches/tools/tasks.c: every task writes -R MB/s (default 0.1) of
 #      100-byte lines, one write(2) each, every 10 ms, for -d s (default 50):
 #      N=200 tasks write 1 GB in all;
-#   4. every 250 ms: the bytes in each stream's files (W, stat) and the bytes
-#      shipped (S: the bytes of the stream's lines the sink received: logmon,
-#      the subscriber; rsyslog, the TCP sink); lag bytes =
-#      sum(W - S); lag seconds = over the streams, the largest "now minus
-#      the moment W reached S" (interpolated between samples: how long ago
+#   4. every 250 ms (a sampler in a session of its own, see below): the
+#      bytes in each stream's files (W, stat) and the bytes shipped (S: the
+#      bytes of the stream's lines the sink received: logmon, the
+#      subscriber; rsyslog, the TCP sink); lag bytes = sum(W - S); lag
+#      seconds = over the streams, the largest "now minus the moment W
+#      reached S" (interpolated between samples: how long ago
 #      the newest shipped byte was in the files), as benches/ship.sh -s does
 #      (-K: over all streams as one); p50/p99/max over the write window after
 #      its first 2 s;
@@ -44,11 +45,13 @@
 #      stream is shipped to the byte (catch-up time), for at most -c s;
 #   6. measured just before the shipper is stopped: its CPU (utime+stime of
 #      the process, every thread, /proc/PID/stat, since it started), CPU s
-#      per GB of task data, its context switches per second over the write
-#      window (all threads, /proc/PID/task/*/status), the receiver's CPU
-#      (nats-server / tcpsink), and the machine's CPU used by others (busy
-#      time from /proc/stat minus everything this run started) with the
-#      1-minute load average: a disturbed run says so;
+#      per GB of task data and per GB it delivered, its context switches per
+#      second and the time its threads waited for a CPU (schedstat) over the
+#      write window (all threads, /proc/PID/task/*), the receiver's CPU
+#      (nats-server / tcpsink), the node's (tasks and logmons) and the
+#      machine's CPU used by others (busy time from /proc/stat minus
+#      everything this run started) with the 1-minute load average: a
+#      disturbed run says so;
 #   7. checked: bytes in the files == bytes the tasks wrote; shipped == the
 #      files, per stream (logmon: `logmon ship --status` shipped_bytes, and
 #      the subscriber saw at least that; rsyslog: per file, at the sink);
@@ -66,15 +69,17 @@
 # Shippers alternate their order from one repetition to the next.  Output
 # (-o DIR, default target/bench-results/ship-node-DATE): env.txt,
 # summary.tsv, summary.md (printed), samples-SHIPPER-rREP.tsv (the lag over
-# time), and the plot of repetition 1 (benches/ship-node.gp) as
+# time), status-odd-logmon-rREP.json (streams with gap records, errors or a
+# byte count off, if any), and the plot of repetition 1 (benches/
+# ship-node.gp, titled with the last commit that changed src/) as
 # ship-node.png (or -g PATH).
 # Profile (-p): one logmon run with a binary built with symbols (target/
 # shipbench-prof), and in its write window (-d 50 or more): from 5 s, 10 s
 # of `perf record -e cpu-clock --call-graph dwarf` with `perf stat -e
 # raw_syscalls:sys_enter` and the context switches; from 16 s, 10 s of
-# `perf stat -e 'syscalls:sys_enter_*'` (syscalls by kind); from 28 s, 5 s of `strace -c -f`
-# (ptrace slows the shipper down: the counts of the other windows are the
-# undisturbed ones); from 35 s and 41 s, 5 s each of benches/tools/
+# `perf stat -e 'syscalls:sys_enter_*'` (syscalls by kind); from 28 s, 5 s
+# of `strace -c -f` (ptrace slows the shipper down: the counts of the other
+# windows are the undisturbed ones); from 35 s and 41 s, 5 s each of benches/tools/
 # inocount.c (the inotify events the log directories produce); reports in
 # DIR/profile/ (perf.data kept for `perf report -i`); the run's lag is not
 # a result.
@@ -168,13 +173,16 @@ WORK=$(mktemp -d "$SCRATCH/logmon-ship-node.XXXXXX")
 mkdir -p "$WORK/bin"
 for t in tasks tcpsink inocount; do cc -O2 -Wall -Wextra -o "$WORK/bin/$t" "$TOOLS/$t.c" || die "compiling $t.c failed"; done
 COMMIT=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')
+# The code measured: the last commit that changed it (benches/ changes do not).
+CODE=$(git -C "$ROOT" log -1 --format=%h -- src Cargo.toml Cargo.lock .cargo 2>/dev/null || echo '?')
+git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock .cargo 2>/dev/null || CODE=$CODE-dirty
 [ -n "$OUT" ] || OUT=$ROOT/target/bench-results/ship-node-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
 [ -n "$PNG" ] || PNG=$OUT/ship-node.png
 {
     echo "date: $(date -Is)"
     echo "host: $(uname -srm); $(nproc) CPUs; load at start $(cut -d' ' -f1-3 /proc/loadavg); sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo -)"
-    echo "logmon: $LOGMON (commit $COMMIT)"
+    echo "logmon: $LOGMON (worktree at $COMMIT; its code as of commit $CODE)"
     echo "nats-server: $(nats-server --version 2>/dev/null || echo -); rsyslog: $(rsyslogd -v 2>/dev/null | head -1 || echo -)"
     echo "args: tasks=$TASKS rate/task=$RATE_MB MB/s secs=$SECS reps=$REPS shippers='$SHIPPERS' max-file-size=$FILE_SIZE keyed=$KEYED nice=$NICE own-session=$OWN profile=$PROFILE scratch=$WORK ($(stat -f -c %T "$WORK"))"
 } >"$OUT/env.txt"
@@ -708,6 +716,6 @@ if [ $PROFILE = 1 ]; then
     echo "== perf-self.txt (head)"; grep '%' "$P/perf-self.txt" | head -30
     echo "== perf-children.txt (logmon's own functions)"; grep 'logmon::\|async_nats\|tokio::' "$P/perf-children.txt" | head -40
 elif command -v gnuplot >/dev/null && ls "$OUT"/samples-*-r1.tsv >/dev/null 2>&1; then
-    gnuplot -e "dir='$OUT'; png='$PNG'; commit='$COMMIT'" "$ROOT/benches/ship-node.gp" && say "plot: $PNG"
+    gnuplot -e "dir='$OUT'; png='$PNG'; commit='$CODE'" "$ROOT/benches/ship-node.gp" && say "plot: $PNG"
 fi
 say "results: $OUT"

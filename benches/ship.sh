@@ -122,7 +122,7 @@ EOF
   LOGMON_LOG=warn "$BIN/logmon-ship" --nats "$urls" --stream BENCH --create-stream --replicas "$replicas" \
     --state-dir "$dir/state" --log-dir "$dir/logs" & sp=$!; PIDS+=($sp)
   local tries=0
-  until [ -f "$dir/state/ship.json" ] && [ "$(status_field "$dir/state" shipped_bytes)" -ge "$bytes" ]; do
+  until [ -f "$dir/state/ship.state" ] && [ "$(status_field "$dir/state" shipped_bytes)" -ge "$bytes" ]; do
     sleep 0.1; tries=$((tries + 1))
     [ $tries -lt 6000 ] || { echo "did not catch up" >&2; exit 1; }
   done
@@ -155,7 +155,7 @@ steady_one() { # nodes
   done
   LOGMON_LOG=warn "$BIN/logmon-ship" --nats "$URLS" --stream BENCH --create-stream --replicas "$REPLICAS" \
     --state-dir "$dir/state" --log-dir "$dir/logs" & sp=$!; PIDS+=($sp)
-  for _ in $(seq 1 200); do [ -f "$dir/state/ship.json" ] && break; sleep 0.05; done
+  for _ in $(seq 1 200); do [ -f "$dir/state/ship.state" ] && break; sleep 0.05; done
   python3 - "$nodes" "$dir" "$TASKS" "$RATE" "$SECS" "$LINE" "$BIN/logmon" "$sp" <<'EOF'
 import bisect, json, os, subprocess, sys, time
 nodes, d, tasks, rate, secs, line, logmon, sp = sys.argv[1:]

@@ -221,6 +221,13 @@ impl Shipper {
                     continue;
                 }
             }
+            // Caught up: the positions of streams that moved since they
+            // were last left beside their files (at most once a second
+            // while moving) are left now.
+            let now = Instant::now();
+            for t in self.streams.map.values_mut() {
+                t.store_position(now);
+            }
             if let Err(e) = self.save() {
                 self.hold(&e.to_string());
             }
@@ -535,6 +542,10 @@ impl Shipper {
     }
 
     fn save_final(&mut self) -> Result<(), ShipError> {
+        let now = Instant::now();
+        for t in self.streams.map.values_mut() {
+            t.store_position(now);
+        }
         self.save()?;
         Ok(())
     }

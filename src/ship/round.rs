@@ -208,7 +208,7 @@ impl Shipper {
             h.insert("Logmon-Gap-Files", g.files.to_string());
             return Ok(vec![(t.subject.clone(), h, Bytes::new())]);
         }
-        let buf = Bytes::from(t.read(p.file, p.start, p.end)?);
+        let buf = Bytes::from(t.window_bytes(p.file, p.start, p.end)?);
         let mut out = Vec::new();
         let mut at = 0usize;
         for piece in split_lines(&buf, usize::try_from(p.max_msg).unwrap_or(usize::MAX)) {
@@ -254,7 +254,7 @@ impl Shipper {
                 st.shipped_bytes += p.end - p.start;
             }
         }
-        t.moved(st);
+        t.moved(st, Instant::now());
         t.succeeded();
         t.dirty = true;
         self.changed.insert(key.to_owned());

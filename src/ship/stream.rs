@@ -28,7 +28,7 @@ use nix::sys::stat::Mode;
 
 use super::state::{Gap, Pending, StreamState};
 use crate::config::{Stream, TaskName};
-use crate::dir::{Dir, FileId};
+use crate::dir::{Dir, FileId, Trust};
 use crate::timeline::Stamper;
 
 /// Bytes read per window (one persisted plan, many messages).
@@ -107,7 +107,15 @@ pub struct Tracked {
     used: u64,
     /// Names at this stream's that logmon did not make, seen so far.
     foreign: std::collections::HashSet<String>,
+    /// The bytes the last plan read: `(file, start, bytes)`.
+    planned: Option<(u64, u64, Vec<u8>)>,
+    /// A position not yet left beside the files, and when one last was.
+    position: Option<crate::shipped::Position>,
+    position_stored: Option<Instant>,
 }
+
+/// How often a moving stream's position is left beside its files.
+pub const POSITION_EVERY: Duration = Duration::from_secs(1);
 
 /// Foreign names remembered per stream or directory, at most (a task
 /// planting more only costs it the counting).
@@ -149,6 +157,9 @@ impl Tracked {
             open: None,
             used: 0,
             foreign: Default::default(),
+            planned: None,
+            position: None,
+            position_stored: None,
         }
     }
 
@@ -190,13 +201,18 @@ impl Tracked {
 
     /// The file `n` of the stream, open, if it is there and logmon's own
     /// (counted in `foreign` otherwise).
-    fn open_file(&self, dir: &Dir, n: u64, foreign: &mut u64) -> Result<Option<File>, WindowError> {
+    fn open_file(
+        &self,
+        dir: &Dir,
+        trust: &Trust,
+        n: u64,
+        foreign: &mut u64,
+    ) -> Result<Option<File>, WindowError> {
         let name = self.name(n);
         let read = |source| WindowError::Read {
             name: dir.display(&name).display().to_string(),
             source,
         };
-        let trust = dir.trust().map_err(read)?;
         // A look first: a FIFO or device at the name is never opened.
         match dir.stat(&name).map_err(read)? {
             None => return Ok(None),
@@ -220,8 +236,7 @@ impl Tracked {
     }
 
     /// Whether file `n` is there and logmon's own (a look, no open).
-    fn present(&self, dir: &Dir, n: u64) -> bool {
-        let Ok(trust) = dir.trust() else { return false };
+    fn present(&self, dir: &Dir, trust: &Trust, n: u64) -> bool {
         matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.foreign_file(&st).is_none())
     }
 
@@ -230,8 +245,21 @@ impl Tracked {
         self.open.as_mut().map(|o| o.stamper.stamp(n, offset).ns())
     }
 
+    /// The bytes `[start, end)` of the cursor's file `n`: those the plan
+    /// read already (a window is read once), else read now.
+    pub fn window_bytes(&mut self, n: u64, start: u64, end: u64) -> Result<Vec<u8>, WindowError> {
+        let want = usize::try_from(end - start).unwrap_or(usize::MAX);
+        match self.planned.take() {
+            Some((m, s, mut buf)) if m == n && s == start && buf.len() >= want => {
+                buf.truncate(want);
+                Ok(buf)
+            }
+            _ => self.read(n, start, end),
+        }
+    }
+
     /// Reads bytes `[start, end)` of the cursor's open file `n`.
-    pub fn read(&self, n: u64, start: u64, end: u64) -> Result<Vec<u8>, WindowError> {
+    fn read(&self, n: u64, start: u64, end: u64) -> Result<Vec<u8>, WindowError> {
         let (dir, file) = match &self.open {
             Some(Open {
                 dir,
@@ -257,15 +285,37 @@ impl Tracked {
     /// After an acknowledged window: forget what lies before the cursor,
     /// and leave the position beside the files for `run --keep-unshipped`
     /// (after the ack: it may only ever be behind the stream).
-    pub fn moved(&mut self, st: &StreamState) {
+    ///
+    /// The position is written at most once per [`POSITION_EVERY`] while
+    /// the stream keeps moving (a position behind the stream only holds
+    /// purge back, never lets it run early), and when it stops
+    /// ([`Tracked::store_position`]): a busy stream costs no write, and no
+    /// inotify event of the shipper's own, per window.
+    pub fn moved(&mut self, st: &StreamState, now: Instant) {
         self.learnt = self.learnt.split_off(&st.file);
         self.sizes = self.sizes.split_off(&st.file);
-        let Some(o) = self.open.as_mut() else { return };
-        o.stamper.forget_before(st.file);
-        let at = crate::shipped::Position {
+        if let Some(o) = self.open.as_mut() {
+            o.stamper.forget_before(st.file);
+        }
+        self.position = Some(crate::shipped::Position {
             file: st.file,
             offset: st.offset,
+        });
+        if self
+            .position_stored
+            .is_none_or(|t| now.duration_since(t) >= POSITION_EVERY)
+        {
+            self.store_position(now);
+        }
+    }
+
+    /// Leaves the stream's position beside its files, if it moved since.
+    pub fn store_position(&mut self, now: Instant) {
+        let Some(o) = self.open.as_mut() else { return };
+        let Some(at) = self.position.take() else {
+            return;
         };
+        self.position_stored = Some(now);
         if let Err(e) = o.shipped.store(&o.dir, &self.task, self.stream, at) {
             tracing::debug!(task = ?self.task.as_str(), stream = %self.stream, error = %e,
                 "cannot leave the shipped position in the log directory");
@@ -286,9 +336,13 @@ impl Tracked {
                 source: std::io::Error::other("directory not open"),
             });
         };
+        let trust = dir.trust().map_err(|source| WindowError::Read {
+            name: dir.path().display().to_string(),
+            source,
+        })?;
         loop {
             let n = st.file;
-            self.open_cursor(&dir, n, &mut st.foreign_files)?;
+            self.open_cursor(&dir, &trust, n, &mut st.foreign_files)?;
             let cursor_open = self.cursor_open(n);
             if let Some(p) = &st.pending {
                 if p.gap.is_some() || cursor_open {
@@ -299,18 +353,18 @@ impl Tracked {
                 st.pending = None;
             }
             if !cursor_open {
-                return Ok(self.gap_from_missing(&dir, st, max_msg));
+                return Ok(self.gap_from_missing(&dir, &trust, st, max_msg));
             }
             let len = self.cursor_len(n)?;
             self.sizes.insert(n, len);
             self.learn(n, len);
             if st.offset < len {
-                return self.lines(st, n, len, max_msg, now, &dir);
+                return self.lines(st, n, len, max_msg, now, &dir, &trust);
             }
             // Caught up in file n: the next file, looked up on disk. Once
             // it exists, file n is final: its length is looked at again,
             // as it may have grown since the first look.
-            if self.present(&dir, n + 1) {
+            if self.present(&dir, &trust, n + 1) {
                 if self.cursor_len(n)? > len {
                     continue;
                 }
@@ -318,11 +372,22 @@ impl Tracked {
                 st.offset = 0;
                 continue;
             }
-            let later = self.next_known(&dir, n + 1);
+            // No file n + 1. While file n is there (logmon makes files in
+            // order and purges the lowest first), a later one can only be
+            // one an event or a listing told of: the directory is listed
+            // again only if file n itself was deleted.
+            let deleted = self.cursor_nlink(n)? == 0;
+            let later = self.next_known(&dir, &trust, n + 1, deleted);
             let Some(next) = later else {
                 self.partial_since = None;
                 return Ok(Planned::Idle);
             };
+            // A later file is there, so file n is final, and it may have
+            // grown since the first look; file n + 1 may have come since
+            // the look above (a rotation in between): neither is a gap.
+            if next == n + 1 || self.cursor_len(n)? > len {
+                continue;
+            }
             // Files between were purged before they were opened.
             let bytes = self.learnt.range(n + 1..next).map(|(_, l)| l).sum::<u64>();
             return Ok(Planned::Window(Pending {
@@ -340,11 +405,17 @@ impl Tracked {
     }
 
     /// Opens the cursor's file `n` unless it is open already.
-    fn open_cursor(&mut self, dir: &Dir, n: u64, foreign: &mut u64) -> Result<(), WindowError> {
+    fn open_cursor(
+        &mut self,
+        dir: &Dir,
+        trust: &Trust,
+        n: u64,
+        foreign: &mut u64,
+    ) -> Result<(), WindowError> {
         if self.cursor_open(n) {
             return Ok(());
         }
-        let f = self.open_file(dir, n, foreign)?;
+        let f = self.open_file(dir, trust, n, foreign)?;
         if let Some(o) = self.open.as_mut() {
             o.file = f.map(|f| (n, f));
         }
@@ -356,43 +427,63 @@ impl Tracked {
     }
 
     fn cursor_len(&self, n: u64) -> Result<u64, WindowError> {
-        match &self.open {
-            Some(Open {
-                file: Some((_, f)), ..
-            }) => f
-                .metadata()
-                .map(|m| m.len())
-                .map_err(|source| WindowError::Read {
-                    name: self.name(n),
-                    source,
-                }),
-            _ => Ok(0),
-        }
+        self.cursor_stat(n)
+            .map(|st| u64::try_from(st.st_size).unwrap_or(0))
+    }
+
+    /// Links of the cursor's file (0: it was deleted).
+    fn cursor_nlink(&self, n: u64) -> Result<u64, WindowError> {
+        self.cursor_stat(n).map(|st| st.st_nlink)
+    }
+
+    fn cursor_stat(&self, n: u64) -> Result<nix::sys::stat::FileStat, WindowError> {
+        let Some(Open {
+            file: Some((_, f)), ..
+        }) = &self.open
+        else {
+            return Err(WindowError::Read {
+                name: self.name(n),
+                source: std::io::Error::other("file not open"),
+            });
+        };
+        nix::sys::stat::fstat(f).map_err(|e| WindowError::Read {
+            name: self.name(n),
+            source: e.into(),
+        })
     }
 
     /// The first trusted file past `from` (inclusive), from the files
-    /// known, confirmed on disk; the directory is listed again when what
-    /// was known is gone.
-    fn next_known(&mut self, dir: &Dir, from: u64) -> Option<u64> {
+    /// known, confirmed on disk; with `list`, the directory is listed
+    /// again when none of those is there.
+    fn next_known(&mut self, dir: &Dir, trust: &Trust, from: u64, list: bool) -> Option<u64> {
         let known: Vec<u64> = self.sizes.range(from..).map(|(&n, _)| n).collect();
         for n in known {
-            if self.present(dir, n) {
+            if self.present(dir, trust, n) {
                 return Some(n);
             }
             self.sizes.remove(&n);
         }
+        if !list {
+            return None;
+        }
         let listed = crate::rotate::scan_indices_in(dir, &self.task, self.stream).ok()?;
-        let trust = dir.trust().ok()?;
-        listed.into_iter().filter(|&n| n >= from).find(|&n| {
-            matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.foreign_file(&st).is_none())
-        })
+        listed
+            .into_iter()
+            .filter(|&n| n >= from)
+            .find(|&n| self.present(dir, trust, n))
     }
 
     /// The cursor's file is gone: a gap record up to the next file there
     /// is, or idle if there is none.
-    fn gap_from_missing(&mut self, dir: &Dir, st: &StreamState, max_msg: u64) -> Planned {
+    fn gap_from_missing(
+        &mut self,
+        dir: &Dir,
+        trust: &Trust,
+        st: &StreamState,
+        max_msg: u64,
+    ) -> Planned {
         let n = st.file;
-        let Some(next) = self.next_known(dir, n + 1) else {
+        let Some(next) = self.next_known(dir, trust, n + 1, true) else {
             return Planned::Idle;
         };
         let bytes = self
@@ -414,6 +505,7 @@ impl Tracked {
     }
 
     /// A window of whole lines from the cursor in file `n` of `len` bytes.
+    #[allow(clippy::too_many_arguments)]
     fn lines(
         &mut self,
         st: &StreamState,
@@ -422,6 +514,7 @@ impl Tracked {
         max_msg: u64,
         now: Instant,
         dir: &Dir,
+        trust: &Trust,
     ) -> Result<Planned, WindowError> {
         let o = st.offset;
         let want = (len - o).min(WINDOW);
@@ -430,7 +523,7 @@ impl Tracked {
         // The file is final when a later one exists (and then it has not
         // grown since its length was taken).
         let final_file =
-            || self.present(dir, n + 1) && self.cursor_len(n).is_ok_and(|now| now == len);
+            || self.present(dir, trust, n + 1) && self.cursor_len(n).is_ok_and(|now| now == len);
         let take = match last_nl {
             _ if o + want < len => last_nl.unwrap_or(want.min(max_msg).max(1)),
             Some(c) => c,
@@ -447,6 +540,7 @@ impl Tracked {
             }
         };
         self.partial_since = None;
+        self.planned = Some((n, o, buf));
         Ok(Planned::Window(Pending {
             file: n,
             start: o,
@@ -513,6 +607,7 @@ impl Streams {
                 .min_by_key(|t| t.used);
             match victim {
                 Some(v) => {
+                    v.store_position(Instant::now());
                     v.open = None;
                     self.open -= 1;
                 }
@@ -596,9 +691,11 @@ mod tests {
             Planned::Window(p) => assert_eq!((p.file, p.start, p.end), (1, 0, 2)),
             other => panic!("{other:?}"),
         }
-        // Files between purged before they were read: a gap to the next.
+        // Purged (the file at the cursor, held open, and the next ones)
+        // before they were read: a gap to the next file there.
         st.file = 1;
         st.offset = 2;
+        std::fs::remove_file(d.path().join("t.stdout.1")).unwrap();
         std::fs::write(d.path().join("t.stdout.4"), "e\n").unwrap();
         match t.plan(&mut st, 1 << 20, now).unwrap() {
             Planned::Window(p) => {

@@ -518,7 +518,10 @@ impl Tree {
                 if mask.contains(AddWatchFlags::IN_ATTRIB) {
                     out.push(Change::Attrib(id));
                 }
-            } else {
+            } else if !ev.name.starts_with(b".") || ev.name.ends_with(b".logmon.meta") {
+                // Dotfiles (indexes, positions, FIFOs, logmon's own) say
+                // nothing a stream's plan needs, but the metadata: most of
+                // a busy node's events end here, before any allocation.
                 out.push(Change::File {
                     dir: id,
                     name: OsStr::from_bytes(ev.name).to_owned(),

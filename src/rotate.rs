@@ -923,6 +923,16 @@ impl Rotator {
         }
     }
 
+    /// Purges now, not only when a new file is made: called while writes
+    /// fail (a full disk), so that files held for the shipper
+    /// (`--keep-unshipped`) that it has read since are freed and capture
+    /// can go on. Errors are logged: the retry of the write reports its own.
+    pub fn free_space(&mut self) {
+        if let Err(e) = self.purge(false) {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot purge");
+        }
+    }
+
     /// Removes the lowest indices until at most `max_files` remain, by
     /// name through the directory fd (a planted symlink's target is never
     /// touched; a planted directory is left alone).

@@ -16,7 +16,10 @@
 //! - **No timers when idle.** The only timers are the partial-line deadline
 //!   and the write-error retry, both armed only while there is such work.
 //! - **Capture never stops for good on a write error**: see
-//!   [`WriteErrorPolicy`].
+//!   [`WriteErrorPolicy`]. Each retry purges first, so a disk filled by
+//!   files held for the shipper (`--keep-unshipped`) frees itself once the
+//!   shipper has read them
+//!   (`tests/it/chaos.rs::a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed`).
 //! - **Capture time beside the bytes** (DESIGN.md §11): what one drain
 //!   pass moves into one file is one batch and gets one record in that
 //!   file's index, written after the bytes (never a syscall per line; the
@@ -388,10 +391,14 @@ impl StreamCapture {
                 }
             };
         }
-        if f.dropped_unreported == 0 {
+        let dropped = f.dropped_unreported;
+        // The retry is due. What purge may remove goes first: a disk full
+        // of files held for a shipper that has read them since frees
+        // itself here, as no new file (whose creation purges) can be made.
+        self.rotator.free_space();
+        if dropped == 0 {
             return Ok(Next::Plan);
         }
-        let dropped = f.dropped_unreported;
         match self.write_marker(dropped) {
             Err(e) => self.fail(now, &e),
             Ok(()) => {

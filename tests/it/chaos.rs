@@ -108,3 +108,121 @@ fn a_line_parses_back_to_its_id_and_has_its_length() {
 fn role() {
     role::dispatch();
 }
+
+// ---------------------------------------------------------------------------
+// What the chaos run found, each reproduced on its own.
+// ---------------------------------------------------------------------------
+
+/// A tmpfs mounted for a test; unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` bytes at a new directory `name` in `parent`;
+    /// None (with the reason printed) when not root.
+    fn mount(parent: &std::path::Path, name: &str, size: u64) -> Option<Tmpfs> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipping: mounting a tmpfs needs root");
+            return None;
+        }
+        let at = parent.join(name);
+        std::fs::create_dir(&at).unwrap();
+        run::mount_tmpfs(&at, size).unwrap();
+        Some(Tmpfs(at))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = std::process::Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+/// Finding (a 60 s run, seed 7): a small disk filled up with files held
+/// by `--keep-unshipped` while the shipper was behind; the shipper caught
+/// up and left its position, yet logmon dropped everything the task wrote
+/// from then on, and could not write its marker either: purge runs only
+/// when a new file is made, and the full disk let the active file grow no
+/// more, so no new file was ever made. A write that fails must free what
+/// purge may free before it is retried.
+#[test]
+fn a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed() {
+    use crate::support::*;
+    use logmon::config::Stream;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let d = tempfile::tempdir().unwrap();
+    let Some(small) = Tmpfs::mount(d.path(), "small", 256 * 1024) else {
+        return;
+    };
+    let dir = &small.0;
+    // The shipper's position (what `logmon ship` leaves), at the start: it
+    // is rewritten in place below, as the shipper does, full disk or not.
+    let position = dir.join(".t.stdout.shipped");
+    std::fs::write(&position, format!("{:020} {:020}\n", 0, 0)).unwrap();
+    let dm = Daemon::start(
+        dir,
+        "t",
+        &[
+            "--max-files",
+            "2",
+            "--max-file-size",
+            "16KiB",
+            "--keep-unshipped",
+            "1MiB",
+        ],
+    );
+    let stats = || {
+        logmon::client::Handle::connect_socket(&dm.ready.socket, Duration::from_secs(10))
+            .unwrap()
+            .stats()
+            .unwrap()
+            .stdout
+    };
+    let mut task = logmon::open_task_end(&fifo(dir, "t", Stream::Stdout)).unwrap();
+    // Twice the disk, everything held: the disk fills, logmon drops.
+    let mut i = 0;
+    while i < 5000 {
+        task.write_all(numbered_line(i).as_bytes()).unwrap();
+        i += 1;
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || stats().bytes_dropped > 0),
+        "the disk never filled: {:?}",
+        stats()
+    );
+    // The shipper has shipped every file below the active one.
+    let active = stats().active_index;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&position)
+        .unwrap()
+        .write_all_at(format!("{active:020} {:020}\n", 0).as_bytes(), 0)
+        .unwrap();
+    // Capture resumes: a line written now lands in the files.
+    let resumed = wait_until(Duration::from_secs(20), || {
+        task.write_all(numbered_line(i).as_bytes()).unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_millis(50));
+        read_stream(dir, "t", Stream::Stdout)
+            .windows(numbered_line(i - 1).len())
+            .any(|w| w == numbered_line(i - 1).as_bytes())
+    });
+    let s = stats();
+    stop(dm);
+    let text = String::from_utf8_lossy(&read_stream(dir, "t", Stream::Stdout)).into_owned();
+    assert!(
+        resumed,
+        "logmon still drops every line on a disk full of files the shipper has read: {s:?}, files {:?}",
+        indices(dir, "t", Stream::Stdout)
+    );
+    assert!(text.contains("logmon: dropped "), "no marker for the drop");
+}

@@ -31,7 +31,9 @@
 //! of the shipper, kill -9 of one NATS node (restarted 2 to 20 s later),
 //! SIGSTOP of one, kill -9 of all three, a full disk (a ballast file fills
 //! one tmpfs for 2 to 15 s), a task restart (the agent ends it, ensures,
-//! starts the next generation), and a task ending while a new one starts;
+//! starts the next generation), a task ending while a new one starts, and a
+//! task's process exiting on its own (SIGTERM from outside the agent, as a
+//! crash or a finished job would: the agent starts the next generation);
 //! one time in two, the logmon of a task that restarts or ends is stopped
 //! (3 to 10 s) the moment the task's process is gone, when it alone holds
 //! what the task wrote last.
@@ -132,6 +134,9 @@ pub enum Fault {
     DiskFull,
     TaskRestart,
     TaskReplace,
+    /// The task's process exits on its own (SIGTERM from outside the
+    /// agent, as a crash or a finished job): the agent restarts it.
+    TaskExit,
     /// SIGSTOP of a logmon as its task exits (after a restart or an end,
     /// one time in two): a logmon hung just when it must drain a pipe no
     /// task holds any more.
@@ -139,7 +144,7 @@ pub enum Fault {
 }
 
 /// Every kind and its weight.
-const FAULTS: [(Fault, u64); 12] = [
+const FAULTS: [(Fault, u64); 13] = [
     (Fault::LogmonKill, 20),
     (Fault::LogmonStop, 14),
     (Fault::AgentKill, 6),
@@ -152,6 +157,7 @@ const FAULTS: [(Fault, u64); 12] = [
     (Fault::DiskFull, 5),
     (Fault::TaskRestart, 10),
     (Fault::TaskReplace, 6),
+    (Fault::TaskExit, 6),
 ];
 
 impl Fault {
@@ -169,6 +175,7 @@ impl Fault {
             Fault::DiskFull => "disk full (tmpfs)",
             Fault::TaskRestart => "task restart",
             Fault::TaskReplace => "task end + new task",
+            Fault::TaskExit => "task exits on its own (restarted)",
             Fault::LogmonStopAtExit => "logmon SIGSTOP as its task exits",
         }
     }
@@ -178,6 +185,11 @@ impl Fault {
 #[derive(Debug)]
 enum Undo {
     Cont {
+        pid: u32,
+        start_time: u64,
+        what: String,
+    },
+    Term {
         pid: u32,
         start_time: u64,
         what: String,
@@ -727,6 +739,15 @@ impl Run {
                     self.note(None, format!("SIGCONT {what} pid {pid}"));
                 }
             }
+            Undo::Term {
+                pid,
+                start_time,
+                what,
+            } => {
+                if procs::signal(pid, start_time, Signal::SIGTERM) {
+                    self.note(None, format!("SIGTERM {what} pid {pid}"));
+                }
+            }
             Undo::Ensure(i) => {
                 self.tasks[i].want.ensures += 1;
                 self.write_want(i);
@@ -921,6 +942,57 @@ impl Run {
                 self.write_want(i);
                 let n = self.tasks[i].name.clone();
                 self.note(Some(f), format!("restart task {n}"));
+            }
+            Fault::TaskExit => {
+                let Some(i) = self.pick_task() else { return };
+                let n = self.tasks[i].name.clone();
+                let r: Option<task::Running> =
+                    agent::read_json(&task::running_path(&self.agent_args.dir, &n));
+                let Some(r) = r.filter(|r| logmon::process::is_alive_with(r.pid, r.start_time))
+                else {
+                    self.note(None, format!("{}: {n} does not run now", f.name()));
+                    return;
+                };
+                // One time in two its logmon hangs first: the task's last
+                // lines wait in the pipe when it exits.
+                let hung = match self.logmons_of(i).into_iter().next() {
+                    Some(p) if self.rng.below(2) == 0 => p,
+                    _ => {
+                        self.watch_exit(i);
+                        procs::signal(r.pid, r.start_time, Signal::SIGTERM);
+                        self.note(
+                            Some(f),
+                            format!("SIGTERM task {n} pid {} (not through the agent)", r.pid),
+                        );
+                        return;
+                    }
+                };
+                hung.signal(Signal::SIGSTOP);
+                self.note(
+                    Some(f),
+                    format!(
+                        "SIGSTOP logmon of {n}, pid {}; then SIGTERM task pid {} (not through the agent)",
+                        hung.pid, r.pid
+                    ),
+                );
+                self.later(
+                    200,
+                    1000,
+                    Undo::Term {
+                        pid: r.pid,
+                        start_time: r.start_time,
+                        what: format!("task {n}"),
+                    },
+                );
+                self.later(
+                    3000,
+                    10_000,
+                    Undo::Cont {
+                        pid: hung.pid,
+                        start_time: hung.start_time,
+                        what: format!("logmon of {n}"),
+                    },
+                );
             }
             Fault::TaskReplace => {
                 let Some(i) = self.pick_task() else { return };

@@ -21,7 +21,10 @@
 //! `a_live_process_named_by_the_state_is_never_killed`); a logmon that
 //! answers for another task or directory is never stopped
 //! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
-//! taken by `run` is the last line of defence.
+//! taken by `run` is the last line of defence. The hook holds the FIFOs
+//! open until the fresh logmon does, so killing an old one never discards
+//! what waits in a pipe whose task has exited
+//! (`tests/it/chaos.rs::a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure`).
 //!
 //! A logmon is never stopped or killed for its version (DESIGN.md §5,
 //! "Upgrades"): one of the previous release is reattached to, as any
@@ -200,6 +203,12 @@ impl Hook {
     /// said in [`Outcome::notes`].
     pub fn prestart(&self, previous: Option<&ReattachConfig>) -> Result<Outcome, HookError> {
         let dir = self.log_dir()?;
+        // Held until the fresh logmon holds them: what waits in the pipes
+        // outlives an old logmon killed below, even once the task is gone.
+        let _pipes: Vec<std::fs::File> = crate::config::Stream::ALL
+            .iter()
+            .filter_map(|&s| crate::fifo::hold(self.config.fifo(s)).ok())
+            .collect();
         let task = self.config.task.as_str();
         let expect = Expect {
             task,

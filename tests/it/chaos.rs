@@ -226,3 +226,56 @@ fn a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed() {
     );
     assert!(text.contains("logmon: dropped "), "no marker for the drop");
 }
+
+/// Finding (a 60 s run, seed 31): a task exited while its logmon hung
+/// (SIGSTOP); the agent's ensure found the logmon unresponsive and killed
+/// it, and the lines the task wrote last were gone with the pipe, whose
+/// only holder it killed (22,950 bytes of two tasks). `ensure` holds the
+/// FIFOs from before it kills until the fresh logmon holds them: the lines
+/// wait in the pipe for it.
+#[test]
+fn a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure() {
+    use crate::support::*;
+    use logmon::config::Stream;
+    use logmon::protocol::ReattachConfig;
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let state = d.path().join("state.json");
+    let ensure = || -> (serde_json::Value, Detached) {
+        let out = cli(&[
+            "ensure",
+            "--state",
+            state.to_str().unwrap(),
+            "--task",
+            "t",
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ]);
+        assert_exit(&out, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let cfg: ReattachConfig = serde_json::from_value(v["config"].clone()).unwrap();
+        (v, Detached(cfg))
+    };
+    let (_, first) = ensure();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.0.pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    // The task writes its last lines and exits while its logmon hangs.
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 1000);
+    let (v, _second) = ensure();
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Unresponsive"),
+        "{v}"
+    );
+    wait_until(Duration::from_secs(30), || {
+        read_stream(&logs, "t", Stream::Stdout).len() >= numbered(0, 1000).len()
+    });
+    assert_exit(&cli(&["stop", "--state", state.to_str().unwrap()]), 0);
+    assert_numbered(&read_stream(&logs, "t", Stream::Stdout), 0, 1000);
+}

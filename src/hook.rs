@@ -24,7 +24,10 @@
 //! taken by `run` is the last line of defence. The hook holds the FIFOs
 //! open until the fresh logmon does, so killing an old one never discards
 //! what waits in a pipe whose task has exited
-//! (`tests/it/chaos.rs::a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure`).
+//! (`tests/it/chaos.rs::a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure`);
+//! [`Hook::stop`] asks an unresponsive one to stop by SIGCONT and SIGTERM
+//! (drain, fsync, exit) before it kills it
+//! (`a_task_that_ended_while_its_logmon_hung_loses_no_line_to_stop`).
 //!
 //! A logmon is never stopped or killed for its version (DESIGN.md §5,
 //! "Upgrades"): one of the previous release is reattached to, as any
@@ -471,13 +474,14 @@ impl Hook {
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted
     /// state alone: it also works for a task that was already terminal when
     /// the agent came back. A logmon that is already gone is success. A
-    /// process that does not answer is killed only if it holds a logmon
-    /// task lock.
+    /// process that does not answer is signalled only if it holds a logmon
+    /// task lock: continued and sent SIGTERM (logmon's own drain and
+    /// exit), killed only if it has not exited within `timeout`.
     pub fn stop(state: &ReattachConfig, timeout: Duration) -> Result<(), HookError> {
         match client::reattach(state) {
             Ok(h) => h.stop(timeout).or_else(|e| {
                 tracing::warn!(error = %e, "stop through the socket failed; killing");
-                kill_if_logmon(state)
+                end_if_logmon(state, timeout)
             }),
             Err(ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }) => Ok(()),
             Err(
@@ -490,7 +494,7 @@ impl Hook {
                 what: format!("pid {pid}"),
                 uid: process::uid_of(pid).unwrap_or(0),
             }),
-            Err(_) => kill_if_logmon(state),
+            Err(_) => end_if_logmon(state, timeout),
         }
     }
 }
@@ -504,10 +508,14 @@ fn version_gap(pid: u32, e: &ReattachError) -> HookError {
     }
 }
 
-/// Kills the process in `state` only if it holds a logmon task lock
+/// Ends the process in `state` only if it holds a logmon task lock
 /// (`.<task>.logmon.lock`): without a configuration at hand, that is the
-/// proof it is a logmon and not a process that took its pid.
-fn kill_if_logmon(state: &ReattachConfig) -> Result<(), HookError> {
+/// proof it is a logmon and not a process that took its pid. Continued
+/// (it may be stopped) and sent SIGTERM first, logmon's own stop (drain,
+/// fsync, exit): the task may have ended, and then the pipe it leaves
+/// dies with its last reader, with whatever it still holds. Killed only if
+/// it is still there after `timeout`.
+fn end_if_logmon(state: &ReattachConfig, timeout: Duration) -> Result<(), HookError> {
     if !process::is_alive_with(state.pid, state.start_time) {
         return Ok(());
     }
@@ -533,6 +541,18 @@ fn kill_if_logmon(state: &ReattachConfig) -> Result<(), HookError> {
             pid: state.pid,
             why: "it does not answer and is not proven to be a logmon (it holds no logmon lock); not signalled".into(),
         });
+    }
+    if let Ok(Some(fd)) = process::pidfd_checked(state.pid, state.start_time) {
+        tracing::info!(
+            pid = state.pid,
+            "asking an unresponsive logmon to stop (SIGCONT, SIGTERM)"
+        );
+        let _ = process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGCONT);
+        if process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGTERM).is_ok()
+            && process::pidfd_wait(&fd, timeout).unwrap_or(false)
+        {
+            return Ok(());
+        }
     }
     kill_checked(state)
 }

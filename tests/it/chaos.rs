@@ -279,3 +279,45 @@ fn a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure() {
     assert_exit(&cli(&["stop", "--state", state.to_str().unwrap()]), 0);
     assert_numbered(&read_stream(&logs, "t", Stream::Stdout), 0, 1000);
 }
+
+/// Finding (the same run, looked at for the agent's other path): a task
+/// ended while its logmon hung, and the agent's `Hook::stop` found the
+/// logmon unresponsive and killed it: what the task wrote last was lost
+/// with the pipe. An unresponsive logmon is now continued and asked to
+/// stop by SIGTERM (drain, fsync, exit), and killed only if it has not
+/// exited within the stop's timeout.
+#[test]
+fn a_task_that_ended_while_its_logmon_hung_loses_no_line_to_stop() {
+    use crate::support::*;
+    use logmon::config::Stream;
+    use logmon::protocol::ReattachConfig;
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let state = d.path().join("state.json");
+    let out = cli(&[
+        "ensure",
+        "--state",
+        state.to_str().unwrap(),
+        "--task",
+        "t",
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    assert_exit(&out, 0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = Detached(serde_json::from_value::<ReattachConfig>(v["config"].clone()).unwrap());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.0.pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    // The task writes its last lines and ends while its logmon hangs.
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 1000);
+    logmon::hook::Hook::stop(&first.0, Duration::from_secs(30)).unwrap();
+    assert!(!logmon::process::is_alive_with(
+        first.0.pid,
+        first.0.start_time
+    ));
+    assert_numbered(&read_stream(&logs, "t", Stream::Stdout), 0, 1000);
+}

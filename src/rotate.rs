@@ -510,6 +510,11 @@ impl Rotator {
         self.at_line_start
     }
 
+    /// The task.
+    pub fn task(&self) -> &TaskName {
+        &self.task
+    }
+
     /// The log directory's handle in use.
     pub fn dir(&self) -> &Arc<Dir> {
         &self.dir

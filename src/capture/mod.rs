@@ -20,6 +20,9 @@
 //!   files held for the shipper (`--keep-unshipped`) frees itself once the
 //!   shipper has read them
 //!   (`tests/it/chaos.rs::a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed`).
+//!   The count of bytes dropped and not yet announced is kept beside the
+//!   files (`ledger`), so a logmon killed before its marker leaves it to
+//!   the next one (`tests/it/chaos.rs::a_drop_count_outlives_a_kill_9_of_its_logmon`).
 //! - **Capture time beside the bytes** (DESIGN.md §11): what one drain
 //!   pass moves into one file is one batch and gets one record in that
 //!   file's index, written after the bytes (never a syscall per line; the
@@ -41,6 +44,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Stream, WriteErrorPolicy};
 use crate::rotate::{plan, Rotator, Step};
 
+mod ledger;
 #[allow(unsafe_code)] // FIONREAD, reading into an uninitialized buffer
 pub mod pipe;
 mod pump;
@@ -224,6 +228,9 @@ pub struct StreamCapture {
     stats: StreamStats,
     partial_since: Option<Instant>,
     failure: Option<Failure>,
+    /// Where the count of bytes dropped and not yet announced outlives
+    /// this process (drop policy only).
+    ledger: Option<ledger::Ledger>,
     left: usize,
     /// How many bytes at the head of the source are known to hold no
     /// newline: a held partial line already searched.
@@ -232,16 +239,37 @@ pub struct StreamCapture {
 
 impl StreamCapture {
     /// Captures `stream` into `rotator` with the write-error `policy`.
+    /// With `drop`, bytes a previous logmon of the stream dropped and did
+    /// not announce (its ledger) are announced by this one's first write.
     pub fn new(stream: Stream, rotator: Rotator, policy: WriteErrorPolicy) -> Self {
+        let (ledger, carried) = match policy {
+            WriteErrorPolicy::Drop => {
+                let (l, carried) = ledger::Ledger::open(rotator.dir(), rotator.task(), stream);
+                (Some(l), carried)
+            }
+            WriteErrorPolicy::Block => (None, 0),
+        };
         StreamCapture {
             stream,
             rotator,
             policy,
             stats: StreamStats::default(),
             partial_since: None,
-            failure: None,
+            failure: (carried > 0).then(|| Failure {
+                next_retry: Instant::now(),
+                dropped_unreported: carried,
+            }),
+            ledger,
             left: 0,
             clean: 0,
+        }
+    }
+
+    /// Stores the count of bytes dropped and not yet announced.
+    fn ledger(&mut self) {
+        let n = self.failure.as_ref().map_or(0, |f| f.dropped_unreported);
+        if let Some(l) = &mut self.ledger {
+            l.store(n);
         }
     }
 
@@ -387,6 +415,7 @@ impl StreamCapture {
                     if let Some(f) = &mut self.failure {
                         f.dropped_unreported += n as u64;
                     }
+                    self.ledger();
                     Ok(Next::LookAgain)
                 }
             };
@@ -405,6 +434,7 @@ impl StreamCapture {
                 if let Some(f) = &mut self.failure {
                     f.dropped_unreported = 0;
                 }
+                self.ledger();
             }
         }
         // The marker moved the file's end (or failed): look again.
@@ -516,6 +546,7 @@ impl StreamCapture {
                 if let Some(f) = &mut self.failure {
                     f.dropped_unreported = 0;
                 }
+                self.ledger();
             }
             Err(e) => tracing::error!(stream = %self.stream, dropped, error = %e,
                 "stopping; cannot write the marker for the dropped bytes"),

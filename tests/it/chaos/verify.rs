@@ -11,7 +11,8 @@
 //! `--on-write-error drop`: the bytes between the last byte kept and the
 //! first byte after must be exactly N; a line cut by the drop gets a
 //! newline logmon adds, so a fragment before a marker may carry one byte
-//! that is not the task's) or a gap record (files purged before they were
+//! that is not the task's — and a line cut just before its own newline
+//! looks whole with logmon's) or a gap record (files purged before they were
 //! shipped). Drops are allowed only on the tasks whose directory is on a
 //! small file system the run fills; a gap record, with `--keep-unshipped`
 //! larger than anything the run holds, is never allowed. A line that
@@ -272,12 +273,16 @@ impl Checker {
         if let Some(n) = plan::marker(l) {
             self.t.markers += 1;
             let at = self.at;
+            // Right after a line that looked whole, the newline seen may
+            // have been logmon's (the write stopped just before the
+            // line's own, which was dropped).
+            let fresh = self.hole.is_none();
             let h = self.hole.get_or_insert(Hole {
                 from: at,
                 ..Default::default()
             });
             h.markers += n;
-            if h.last_was_frag {
+            if h.last_was_frag || fresh {
                 h.seps += 1;
             }
             h.last_was_frag = false;

@@ -9,6 +9,9 @@
 //!                  [--small-disk 6MiB] [--dir /tmp] [--quiet]
 //! ```
 //!
+//! `--seed N --recheck DIR` checks a kept run's stream again (its servers
+//! started from their stores), replica by replica.
+//!
 //! It prints the fault log as it goes (each fault with its time), then
 //! the figures: faults by kind, lines and bytes written and found, bytes
 //! dropped and announced, gaps, lost, duplicated; exits 0 if the run
@@ -42,7 +45,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const USAGE: &str = "usage: chaos [--seed N] [--duration 10m] [--tasks 100] [--fault-every 1s] \
-                     [--small-disk 6MiB] [--dir DIR] [--quiet]";
+                     [--small-disk 6MiB] [--dir DIR] [--quiet]\n       chaos --seed N --recheck DIR";
 
 /// `90`, `90s`, `10m`, `500ms`.
 fn duration(s: &str) -> Result<Duration, String> {
@@ -60,7 +63,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn parse() -> Result<run::Config, String> {
+fn parse() -> Result<(run::Config, Option<PathBuf>), String> {
     let mut cfg = run::Config {
         seed: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -77,6 +80,7 @@ fn parse() -> Result<run::Config, String> {
         keep: true,
         verbose: true,
     };
+    let mut recheck = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or(format!("{a} needs a value"));
@@ -90,13 +94,14 @@ fn parse() -> Result<run::Config, String> {
             }
             "--dir" => cfg.parent = PathBuf::from(val()?),
             "--quiet" => cfg.verbose = false,
+            "--recheck" => recheck = Some(PathBuf::from(val()?)),
             // `cargo bench` adds it.
             "--bench" => {}
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    Ok(cfg)
+    Ok((cfg, recheck))
 }
 
 extern "C" fn on_signal(_: nix::libc::c_int) {
@@ -120,7 +125,7 @@ fn handle_interrupts() {
 
 fn main() -> ExitCode {
     role::dispatch();
-    let cfg = match parse() {
+    let (cfg, recheck) = match parse() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("chaos: {e}");
@@ -133,6 +138,15 @@ fn main() -> ExitCode {
     }
     if !nats::have_nats() {
         return ExitCode::from(2);
+    }
+    if let Some(root) = recheck {
+        let report = run::recheck(&root, cfg.seed);
+        println!("{}", report.summary());
+        return if report.passed() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     let replay = format!(
         "benches/chaos.sh --seed {} --duration {}s --tasks {} --fault-every {}ms --small-disk {}",

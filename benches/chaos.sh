@@ -11,6 +11,7 @@
 # Usage: benches/chaos.sh [--seed N] [--duration 10m] [--tasks 100]
 #                         [--fault-every 1s] [--small-disk 6MiB] [--dir DIR]
 #                         [--quiet]
+#        benches/chaos.sh --seed N --recheck DIR   (a kept run's stream, again)
 #
 # Needs root (it mounts two small tmpfs) and nats-server. Builds the
 # release binaries (`cargo bench --no-run`), then runs the bench binary

@@ -384,3 +384,57 @@ fn a_drop_count_outlives_a_kill_9_of_its_logmon() {
     );
     assert!(text.ends_with(&numbered_line(n)), "the next line after");
 }
+
+/// Finding (a 60 s run, seed 31): the agent asked a task to end, its
+/// logmon was killed, and the task's last lines went with the pipe when
+/// the task exited: no process held it any more, and `Hook::stop` found
+/// the logmon gone and had nothing to stop. The example agent (and the
+/// chaos agent) now hold the FIFOs until logmon is stopped, and run the
+/// prestart once more before the stop, so a fresh logmon drains them.
+#[test]
+fn the_example_agent_loses_no_line_when_logmon_dies_before_its_task_ends() {
+    use crate::support::*;
+    use logmon::config::Stream;
+    let dir = tempfile::tempdir().unwrap();
+    let (logs, state) = (dir.path().join("logs"), dir.path().join("state"));
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            kill_mentioning(self.0.to_str().unwrap());
+        }
+    }
+    let _cleanup = Cleanup(dir.path().to_owned());
+    let gate = dir.path().join("go");
+    // 500 lines, the gate, 500 more, the end.
+    let script = format!(
+        "i=0; while [ $i -lt 500 ]; do echo \"line $i\"; i=$((i+1)); done; \
+         while [ ! -e {gate} ]; do sleep 0.05; done; \
+         while [ $i -lt 1000 ]; do echo \"line $i\"; i=$((i+1)); done",
+        gate = gate.display()
+    );
+    let agent = std::process::Command::new(crate::ensure::example_agent())
+        .args(["--state-dir", state.to_str().unwrap()])
+        .args(["--log-dir", logs.to_str().unwrap(), "--task", "t"])
+        .args(["--", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first_half: usize = (0..500).map(|i| format!("line {i}\n").len()).sum();
+    assert!(wait_until(Duration::from_secs(60), || {
+        read_stream(&logs, "t", Stream::Stdout).len() >= first_half
+    }));
+    // The logmon dies; the task writes its last lines and ends.
+    kill_checked(&logmon::hook::load_state(&state.join("t.logmon.json")).unwrap());
+    std::fs::write(&gate, b"").unwrap();
+    let out = agent.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let got = String::from_utf8(read_stream(&logs, "t", Stream::Stdout)).unwrap();
+    let expected: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+    assert!(
+        got == expected,
+        "{} lines of 1000 in the files",
+        got.lines().count()
+    );
+}

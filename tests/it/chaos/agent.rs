@@ -10,9 +10,12 @@
 //! (`<task>.want.json`, written by the run): a restart counter (a task
 //! started under a smaller one is asked to end, so the next generation
 //! starts), an ensure counter (the run killed the task's logmon: ensure
-//! now) and `end`. Before it asks a task to end it ensures the task's
-//! logmon (a pipe that loses its last holder loses what it holds: a task
-//! ending while no logmon reads takes its unread lines with it).
+//! now) and `end`. A pipe that loses its last holder loses what it holds,
+//! so, as the example agent does, it holds the task's FIFOs from its first
+//! prestart until the task's logmon is stopped, and once the task has
+//! ended it ensures once more before the stop (a logmon that died before
+//! the task ended is replaced, and the fresh one drains the pipes); it
+//! also ensures before it asks a task to end.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -122,6 +125,9 @@ struct Runner {
     /// When the task was last asked to end, and whether its logmon was
     /// ensured for that.
     termed: Option<Instant>,
+    /// The task's FIFOs, held until its logmon is stopped (see the
+    /// module docs).
+    held: Vec<std::fs::File>,
 }
 
 impl Runner {
@@ -142,6 +148,7 @@ impl Runner {
             hook,
             children: Vec::new(),
             termed: None,
+            held: Vec::new(),
         }
     }
 
@@ -189,7 +196,13 @@ impl Runner {
             }
             self.termed = None;
             if want.end {
+                // Ensured once more: a logmon that died before the task
+                // ended is replaced, and the fresh one drains the pipes.
+                if !self.prestart(&want) {
+                    continue;
+                }
                 if self.stop() {
+                    self.held.clear();
                     let _ = std::fs::write(self.path(done_path), b"");
                     return;
                 }
@@ -213,6 +226,12 @@ impl Runner {
     /// The prestart hook on the persisted state; the new state persisted.
     /// On failure, says why and waits a second (the caller tries again).
     fn prestart(&mut self, want: &Want) -> bool {
+        if self.held.is_empty() {
+            self.held = Stream::ALL
+                .iter()
+                .filter_map(|&s| logmon::open_task_end(self.hook.config.fifo(s)).ok())
+                .collect();
+        }
         let st = self.path(state_path);
         let previous = hook::load_state(&st);
         let r = self

@@ -17,6 +17,12 @@
 //! The run's own processes (the agent, the tasks) are this test binary
 //! started again to run only [`role`], an ignored test that does nothing
 //! unless `CHAOS_ROLE` is set.
+//!
+//! Below the run, each thing it found, reproduced on its own (the fix's
+//! commit names the test): a disk full of files held for a shipper that
+//! had caught up, a task that exited or ended while its logmon hung, a drop
+//! count killed with its logmon, a logmon dead when its task ended (the
+//! example agent); the shipper's race is a unit test in `src/ship/stream.rs`.
 
 mod agent;
 mod plan;

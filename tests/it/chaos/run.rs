@@ -258,8 +258,9 @@ impl Report {
             t.lines, t.bytes, t.lines_ok, t.bytes_ok, t.messages
         );
         s += &format!(
-            "announced drops (disk full, --on-write-error drop): {} bytes in {} markers {:?}\n",
-            t.dropped, t.markers, self.verdict.dropped_by_task
+            "announced drops (disk full, --on-write-error drop): {} bytes in {} markers {:?}; \
+             {} bytes at a task's end, the disk still full, announced only by the ledger\n",
+            t.dropped, t.markers, self.verdict.dropped_by_task, t.dropped_ledger
         );
         s += &format!(
             "gap records: {} ({} bytes)\nlost: {} bytes\nduplicated: {} messages, {} lines, {} bytes\n",
@@ -1298,9 +1299,15 @@ impl Run {
         self.check_files();
 
         // What JetStream holds.
+        // The tmpfs tasks' ledgers, read while they are mounted.
         let expect = expectations(
             &dir,
-            self.tasks.iter().map(|t| (t.name.as_str(), t.group > 0)),
+            self.tasks.iter().map(|t| {
+                (
+                    t.name.as_str(),
+                    (t.group > 0).then(|| t.want.log_dir.clone()),
+                )
+            }),
         );
         self.report.generations = expect.iter().map(|e| e.gens.len()).sum();
         for e in &expect {
@@ -1501,15 +1508,27 @@ impl Run {
 /// What each task of the run wrote, from the records in the agent's
 /// directory `dir`; `tasks`: each task's name and whether its directory is
 /// on a small tmpfs.
-fn expectations<'a>(dir: &Path, tasks: impl Iterator<Item = (&'a str, bool)>) -> Vec<Expect> {
+fn expectations<'a>(
+    dir: &Path,
+    tasks: impl Iterator<Item = (&'a str, Option<PathBuf>)>,
+) -> Vec<Expect> {
     tasks
-        .map(|(task, tmpfs)| Expect {
+        .map(|(task, log_dir)| Expect {
             task: task.to_owned(),
-            tmpfs,
+            tmpfs: log_dir.is_some(),
             gens: task::records(dir, task)
                 .into_iter()
                 .map(|(g, r)| (g, r.lines))
                 .collect(),
+            ledger: Stream::ALL.map(|s| {
+                log_dir
+                    .as_ref()
+                    .and_then(|d| {
+                        std::fs::read_to_string(d.join(format!(".{task}.{s}.dropped"))).ok()
+                    })
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0)
+            }),
         })
         .collect()
 }
@@ -1658,11 +1677,18 @@ pub fn recheck(root: &Path, seed: u64) -> Report {
         .collect();
     names.sort();
     // One task in ten on a small tmpfs, as the run made them.
+    // One task in ten on a small tmpfs, as the run made them; their
+    // ledgers in the copies of the tmpfs kept with the run.
     let expect = expectations(
         &dir,
         names.iter().map(|n| {
             let i: usize = n[1..].parse().unwrap_or(0);
-            (n.as_str(), i % 10 == 3)
+            let kept = root
+                .join("nodes")
+                .join(format!("{}.kept", GROUPS[1 + (i / 10) % 2]))
+                .join(n)
+                .join("logs");
+            (n.as_str(), (i % 10 == 3).then_some(kept))
         }),
     );
     report.tasks_started = expect.len();

@@ -267,8 +267,8 @@ impl Report {
             t.gap_records, t.gap_bytes, t.lost, t.dup_messages, t.dup_lines, t.dup_bytes
         );
         s += &format!(
-            "lines spanning two messages: {} partial lines, {} long lines, {} others\n",
-            t.split_partial, t.split_long, t.split_other
+            "lines spanning two messages: {} partial lines, {} long lines, {} cut by a full disk, {} others\n",
+            t.split_partial, t.split_long, t.split_disk_full, t.split_other
         );
         for n in self.notes.iter().chain(&self.verdict.notes) {
             s += &format!("note: {n}\n");

@@ -17,9 +17,11 @@
 //! small file system the run fills; a gap record, with `--keep-unshipped`
 //! larger than anything the run holds, is never allowed. A line that
 //! spans two messages is allowed only if the task paused in it (a partial
-//! line: logmon writes it after 1 s, the shipper ships it after 1.5 s) or
-//! it is longer than PIPE_BUF (the pipe hands it over in pieces, and one
-//! longer than a file is cut by rotation).
+//! line: logmon writes it after 1 s, the shipper ships it after 1.5 s), it
+//! is longer than PIPE_BUF (the pipe hands it over in pieces, and one
+//! longer than a file is cut by rotation), or its task's disk is one the
+//! run fills (a write stopped mid-line by the full disk, the rest written
+//! a retry later).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -71,6 +73,10 @@ pub struct Totals {
     /// Lines spanning two messages: partial lines, long lines, others.
     pub split_partial: u64,
     pub split_long: u64,
+    /// Short lines of a task on a disk the run fills: the write stopped
+    /// mid-line on the full disk and the shipper shipped the part as a
+    /// partial line (1.5 s) before the rest could be written.
+    pub split_disk_full: u64,
     pub split_other: u64,
 }
 
@@ -96,6 +102,7 @@ impl Totals {
             dup_lines,
             split_partial,
             split_long,
+            split_disk_full,
             split_other
         );
     }
@@ -361,6 +368,7 @@ impl Checker {
             match self.lines.shape(id).0 {
                 Shape::Partial => self.t.split_partial += 1,
                 Shape::Long => self.t.split_long += 1,
+                Shape::Short if self.tmpfs => self.t.split_disk_full += 1,
                 Shape::Short => {
                     self.t.split_other += 1;
                     self.error(format!("line {id:?} split across two messages"));

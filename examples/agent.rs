@@ -21,7 +21,10 @@
 //!   so it never gets SIGPIPE, even while no logmon runs;
 //! - logmon is launched from this very executable (`run` is dispatched to
 //!   [`logmon::cli::main`]), so the agent needs no `logmon` on PATH;
-//! - stop ([`logmon::hook::Hook::stop`]) works from the persisted state alone.
+//! - stop ([`logmon::hook::Hook::stop`]) works from the persisted state alone;
+//!   the agent holds the FIFOs and runs the prestart once more before it,
+//!   so a logmon that died before its task ended loses none of the task's
+//!   last lines.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -103,6 +106,14 @@ fn agent() -> Result<ExitCode, String> {
         serde_json::to_string(&outcome).map_err(|e| e.to_string())?
     );
 
+    // The agent holds the FIFOs too, until logmon is stopped: a pipe lives
+    // as long as a descriptor of it, so the lines a task writes last are
+    // not lost if its logmon dies and the task ends before another runs.
+    let _held = [
+        logmon::open_task_end(&hook.config.stdout_fifo).map_err(|e| e.to_string())?,
+        logmon::open_task_end(&hook.config.stderr_fifo).map_err(|e| e.to_string())?,
+    ];
+
     // The task: adopt it if it still runs (we are a restarted agent), else
     // start it with its output on the FIFOs' task ends.
     let adopted = std::fs::read(&task_state)
@@ -151,7 +162,13 @@ fn agent() -> Result<ExitCode, String> {
         }
     };
 
-    // The task is terminal: stop logmon (it drains every byte first).
+    // The task is terminal. Prestart once more (a logmon that died
+    // meanwhile is replaced, and the fresh one drains what waits in the
+    // pipes), then stop logmon (it drains every byte first).
+    let outcome = hook
+        .prestart(Some(&outcome.config))
+        .map_err(|e| e.to_string())?;
+    hook::persist_state(&logmon_state, &outcome.config).map_err(|e| e.to_string())?;
     Hook::stop(&outcome.config, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&task_state);
     let _ = std::fs::remove_file(&logmon_state);

@@ -229,6 +229,16 @@ pub fn open_reader_at(
     Ok((fd, cap))
 }
 
+/// Opens the existing FIFO at `path` O_RDWR|O_NONBLOCK (never created,
+/// never a symlink followed, checked to be a FIFO), to keep its pipe, and
+/// whatever waits in it, alive while the reader is replaced: a pipe lives
+/// as long as a descriptor of it, so killing its only reader (its task has
+/// exited) would discard what it holds. Nothing is read from it.
+pub fn hold(path: &Path) -> Result<File, FifoError> {
+    let (dir, name) = dir_and_name(path)?;
+    open_rdwr_at(&dir, name, true)
+}
+
 /// Opens the *task's* end of the FIFO at `path` (creating it if missing):
 /// O_RDWR in blocking mode, so the open never waits for a reader, a write
 /// blocks while the pipe is full, and the task never gets SIGPIPE/EPIPE while

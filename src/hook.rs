@@ -21,7 +21,13 @@
 //! `a_live_process_named_by_the_state_is_never_killed`); a logmon that
 //! answers for another task or directory is never stopped
 //! (`ensure_for_another_task_leaves_its_logmon_alone`). The task lock
-//! taken by `run` is the last line of defence.
+//! taken by `run` is the last line of defence. The hook holds the FIFOs
+//! open until the fresh logmon does, so killing an old one never discards
+//! what waits in a pipe whose task has exited
+//! (`tests/it/chaos.rs::a_task_that_exited_while_its_logmon_hung_loses_no_line_to_ensure`);
+//! [`Hook::stop`] asks an unresponsive one to stop by SIGCONT and SIGTERM
+//! (drain, fsync, exit) before it kills it
+//! (`a_task_that_ended_while_its_logmon_hung_loses_no_line_to_stop`).
 //!
 //! A logmon is never stopped or killed for its version (DESIGN.md §5,
 //! "Upgrades"): one of the previous release is reattached to, as any
@@ -301,6 +307,12 @@ impl Hook {
     pub fn prestart(&self, previous: Option<&ReattachConfig>) -> Result<Outcome, HookError> {
         let mut notes: Vec<String> = self.recreate_log_dir(previous)?.into_iter().collect();
         let dir = self.log_dir()?;
+        // Held until the fresh logmon holds them: what waits in the pipes
+        // outlives an old logmon killed below, even once the task is gone.
+        let _pipes: Vec<std::fs::File> = crate::config::Stream::ALL
+            .iter()
+            .filter_map(|&s| crate::fifo::hold(self.config.fifo(s)).ok())
+            .collect();
         let task = self.config.task.as_str();
         let mut stopped = None;
         // Without metadata of its own, a fresh logmon gets the state's.
@@ -600,7 +612,7 @@ impl Hook {
         notes: &mut Vec<String>,
     ) -> Result<(), HookError> {
         let (pid, task) = (prev.pid, &self.config.task);
-        notes.push(if terminate_checked(prev)? {
+        notes.push(if terminate_checked(prev, RETIRE_TIMEOUT)? {
             format!("stopped the old logmon pid {pid} of task {task} with SIGTERM: it {why}; it drained what its --on-write-error policy let it")
         } else {
             format!("killed the old logmon pid {pid} of task {task}: it {why}, and it had not exited {RETIRE_TIMEOUT:?} after SIGTERM")
@@ -709,13 +721,14 @@ impl Hook {
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted
     /// state alone: it also works for a task that was already terminal when
     /// the agent came back. A logmon that is already gone is success. A
-    /// process that does not answer is killed only if it holds a logmon
-    /// task lock.
+    /// process that does not answer is signalled only if it holds a logmon
+    /// task lock: continued and sent SIGTERM (logmon's own drain and
+    /// exit), killed only if it has not exited within `timeout`.
     pub fn stop(state: &ReattachConfig, timeout: Duration) -> Result<(), HookError> {
         match client::reattach(state) {
             Ok(h) => h.stop(timeout).or_else(|e| {
                 tracing::warn!(error = %e, "stop through the socket failed; killing");
-                kill_if_logmon(state)
+                end_if_logmon(state, timeout)
             }),
             Err(ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }) => Ok(()),
             Err(
@@ -728,7 +741,7 @@ impl Hook {
                 what: format!("pid {pid}"),
                 uid: process::uid_of(pid).unwrap_or(0),
             }),
-            Err(_) => kill_if_logmon(state),
+            Err(_) => end_if_logmon(state, timeout),
         }
     }
 }
@@ -840,13 +853,16 @@ fn version_gap(pid: u32, e: &ReattachError) -> HookError {
     }
 }
 
-/// Kills the process in `state` only if it holds a logmon task lock
+/// Ends the process in `state` only if it holds a logmon task lock
 /// (`.<task>.logmon.lock`): without a configuration at hand, that is the
-/// proof it is a logmon and not a process that took its pid. When that
+/// proof it is a logmon and not a process that took its pid. Continued
+/// (it may be stopped) and sent SIGTERM first, logmon's own stop (drain,
+/// fsync, exit): the task may have ended, and then the pipe it leaves
+/// dies with its last reader, with whatever it still holds; and when the
 /// lock's name is gone (its log directory, and the socket in it, were
-/// deleted: it cannot be asked), it gets SIGTERM first, on which it drains
-/// as on `Stop` ([`terminate_checked`]).
-fn kill_if_logmon(state: &ReattachConfig) -> Result<(), HookError> {
+/// deleted) it cannot be asked otherwise. Killed only if it is still there
+/// after `timeout` ([`terminate_checked`]).
+fn end_if_logmon(state: &ReattachConfig, timeout: Duration) -> Result<(), HookError> {
     if !process::is_alive_with(state.pid, state.start_time) {
         return Ok(());
     }
@@ -870,17 +886,16 @@ fn kill_if_logmon(state: &ReattachConfig) -> Result<(), HookError> {
             pid: state.pid,
             why: "it does not answer and is not proven to be a logmon (it holds no logmon lock); not signalled".into(),
         }),
-        Some(true) => terminate_checked(state).map(|_| ()),
-        Some(false) => kill_checked(state),
+        Some(_) => terminate_checked(state, timeout).map(|_| ()),
     }
 }
 
-/// Sends SIGTERM to the process in `state` through a pidfd (pid and start
-/// time checked), on which a logmon drains as on `Stop`, and waits
-/// [`RETIRE_TIMEOUT`] for it to exit; still there, it is killed (a kill
+/// Sends SIGCONT and SIGTERM to the process in `state` through a pidfd
+/// (pid and start time checked), on which a logmon drains as on `Stop`,
+/// and waits `timeout` for it to exit; still there, it is killed (a kill
 /// loses nothing that waits in a pipe either). Returns whether SIGTERM was
 /// enough.
-fn terminate_checked(state: &ReattachConfig) -> Result<bool, HookError> {
+fn terminate_checked(state: &ReattachConfig, timeout: Duration) -> Result<bool, HookError> {
     let err = |e: std::io::Error| HookError::OldStillRunning {
         pid: state.pid,
         why: e.to_string(),
@@ -888,9 +903,14 @@ fn terminate_checked(state: &ReattachConfig) -> Result<bool, HookError> {
     let Some(fd) = process::pidfd_checked(state.pid, state.start_time).map_err(err)? else {
         return Ok(true);
     };
-    tracing::info!(pid = state.pid, "sending SIGTERM to the logmon");
+    tracing::info!(
+        pid = state.pid,
+        "asking the logmon to stop (SIGCONT, SIGTERM)"
+    );
+    // A stopped process would not act on SIGTERM before the timeout.
+    let _ = process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGCONT);
     process::pidfd_signal(&fd, nix::sys::signal::Signal::SIGTERM).map_err(err)?;
-    if process::pidfd_wait(&fd, RETIRE_TIMEOUT).map_err(err)? {
+    if process::pidfd_wait(&fd, timeout).map_err(err)? {
         return Ok(true);
     }
     kill_checked(state)?;

@@ -510,6 +510,11 @@ impl Rotator {
         self.at_line_start
     }
 
+    /// The task.
+    pub fn task(&self) -> &TaskName {
+        &self.task
+    }
+
     /// The log directory's handle in use.
     pub fn dir(&self) -> &Arc<Dir> {
         &self.dir
@@ -920,6 +925,16 @@ impl Rotator {
         if !ours {
             self.size = 0;
             self.at_line_start = true;
+        }
+    }
+
+    /// Purges now, not only when a new file is made: called while writes
+    /// fail (a full disk), so that files held for the shipper
+    /// (`--keep-unshipped`) that it has read since are freed and capture
+    /// can go on. Errors are logged: the retry of the write reports its own.
+    pub fn free_space(&mut self) {
+        if let Err(e) = self.purge(false) {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot purge");
         }
     }
 

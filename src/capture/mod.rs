@@ -24,7 +24,13 @@
 //!   `kill_9_while_lines_are_held_loses_nothing`,
 //!   `a_pipe_filling_past_half_is_drained_at_once`).
 //! - **Capture never stops for good on a write error**: see
-//!   [`WriteErrorPolicy`].
+//!   [`WriteErrorPolicy`]. Each retry purges first, so a disk filled by
+//!   files held for the shipper (`--keep-unshipped`) frees itself once the
+//!   shipper has read them
+//!   (`tests/it/chaos.rs::a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed`).
+//!   The count of bytes dropped and not yet announced is kept beside the
+//!   files (`ledger`), so a logmon killed before its marker leaves it to
+//!   the next one (`tests/it/chaos.rs::a_drop_count_outlives_a_kill_9_of_its_logmon`).
 //! - **Capture time beside the bytes** (DESIGN.md §11): what one drain
 //!   pass moves into one file is one batch and gets one record in that
 //!   file's index, written after the bytes (never a syscall per line; the
@@ -46,6 +52,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Stream, WriteErrorPolicy};
 use crate::rotate::{plan, Rotator, Step};
 
+mod ledger;
 #[allow(unsafe_code)] // FIONREAD, reading into an uninitialized buffer
 pub mod pipe;
 mod pump;
@@ -229,6 +236,9 @@ pub struct StreamCapture {
     stats: StreamStats,
     partial_since: Option<Instant>,
     failure: Option<Failure>,
+    /// Where the count of bytes dropped and not yet announced outlives
+    /// this process (drop policy only).
+    ledger: Option<ledger::Ledger>,
     left: usize,
     /// How many bytes at the head of the source are known to hold no
     /// newline: a held partial line already searched.
@@ -237,16 +247,37 @@ pub struct StreamCapture {
 
 impl StreamCapture {
     /// Captures `stream` into `rotator` with the write-error `policy`.
+    /// With `drop`, bytes a previous logmon of the stream dropped and did
+    /// not announce (its ledger) are announced by this one's first write.
     pub fn new(stream: Stream, rotator: Rotator, policy: WriteErrorPolicy) -> Self {
+        let (ledger, carried) = match policy {
+            WriteErrorPolicy::Drop => {
+                let (l, carried) = ledger::Ledger::open(rotator.dir(), rotator.task(), stream);
+                (Some(l), carried)
+            }
+            WriteErrorPolicy::Block => (None, 0),
+        };
         StreamCapture {
             stream,
             rotator,
             policy,
             stats: StreamStats::default(),
             partial_since: None,
-            failure: None,
+            failure: (carried > 0).then(|| Failure {
+                next_retry: Instant::now(),
+                dropped_unreported: carried,
+            }),
+            ledger,
             left: 0,
             clean: 0,
+        }
+    }
+
+    /// Stores the count of bytes dropped and not yet announced.
+    fn ledger(&mut self) {
+        let n = self.failure.as_ref().map_or(0, |f| f.dropped_unreported);
+        if let Some(l) = &mut self.ledger {
+            l.store(n);
         }
     }
 
@@ -392,20 +423,26 @@ impl StreamCapture {
                     if let Some(f) = &mut self.failure {
                         f.dropped_unreported += n as u64;
                     }
+                    self.ledger();
                     Ok(Next::LookAgain)
                 }
             };
         }
-        if f.dropped_unreported == 0 {
+        let dropped = f.dropped_unreported;
+        // The retry is due. What purge may remove goes first: a disk full
+        // of files held for a shipper that has read them since frees
+        // itself here, as no new file (whose creation purges) can be made.
+        self.rotator.free_space();
+        if dropped == 0 {
             return Ok(Next::Plan);
         }
-        let dropped = f.dropped_unreported;
         match self.write_marker(dropped) {
             Err(e) => self.fail(now, &e),
             Ok(()) => {
                 if let Some(f) = &mut self.failure {
                     f.dropped_unreported = 0;
                 }
+                self.ledger();
             }
         }
         // The marker moved the file's end (or failed): look again.
@@ -517,6 +554,7 @@ impl StreamCapture {
                 if let Some(f) = &mut self.failure {
                     f.dropped_unreported = 0;
                 }
+                self.ledger();
             }
             Err(e) => tracing::error!(stream = %self.stream, dropped, error = %e,
                 "stopping; cannot write the marker for the dropped bytes"),

@@ -2,7 +2,9 @@
 //! from the files themselves (the cursor file's `fstat`, the next file's
 //! `fstatat`), not from a listing that may be stale, so a caught-up
 //! shipper never sleeps on a stream with unshipped bytes (DESIGN.md §12;
-//! `tests::a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing`).
+//! `tests::a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing`),
+//! and a rotation between two of its looks is neither a gap nor a skipped
+//! tail (`tests::a_rotation_between_two_looks_is_no_gap_and_skips_no_byte`).
 //!
 //! A stream file is read only if it is logmon's own ([`crate::dir::Trust`]:
 //! a regular one-link file of root, the shipper's uid or the directory's
@@ -704,6 +706,69 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Issue #31 (the chaos run): logmon rotated between the plan's two
+    /// looks for the next file (absent, then there). The shipper published
+    /// a gap record of 0 files and moved to the new file, skipping what
+    /// logmon had appended to the old one in between. Raced here: a thread
+    /// appends a line to file r and creates r+1, as logmon rotates, while
+    /// the plan runs caught up. No gap record, and every byte planned.
+    #[test]
+    fn a_rotation_between_two_looks_is_no_gap_and_skips_no_byte() {
+        use std::io::Write;
+        const ROUNDS: u64 = 400;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("t.stdout.0"), "a\n").unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let (mut s, k) = tracked(&dir);
+        s.open(&k, dir.clone());
+        let t = s.map.get_mut(&k).unwrap();
+        let mut st = StreamState::default();
+        let now = Instant::now();
+        let (mut planned, mut gaps) = (0, Vec::new());
+        let mut step = |t: &mut Tracked, st: &mut StreamState| match t.plan(st, 1 << 20, now) {
+            Ok(Planned::Window(p)) => match p.gap {
+                // What `finish` does with an acknowledged window.
+                Some(g) => {
+                    st.file = g.to_file;
+                    st.offset = 0;
+                    gaps.push((p.file, g));
+                }
+                None => {
+                    planned += p.end - p.start;
+                    st.offset = p.end;
+                }
+            },
+            Ok(Planned::Idle) => {}
+            other => panic!("{other:?}"),
+        };
+        for r in 0..ROUNDS {
+            let p = d.path().to_owned();
+            let rotate = std::thread::spawn(move || {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(p.join(format!("t.stdout.{r}")))
+                    .unwrap()
+                    .write_all(b"b\n")
+                    .unwrap();
+                std::fs::write(p.join(format!("t.stdout.{}", r + 1)), "a\n").unwrap();
+            });
+            while st.file == r {
+                step(t, &mut st);
+            }
+            rotate.join().unwrap();
+        }
+        for _ in 0..3 {
+            step(t, &mut st);
+        }
+        assert!(
+            gaps.is_empty(),
+            "{} gap records, the first: {:?}",
+            gaps.len(),
+            gaps[0]
+        );
+        assert_eq!(planned, 4 * ROUNDS + 2, "bytes planned");
     }
 
     /// A file logmon did not make at the next index is not a next file:

@@ -484,7 +484,7 @@ fn state_file_is_replaced_atomically_and_private() {
     a.stop();
 }
 
-fn example_agent() -> PathBuf {
+pub fn example_agent() -> PathBuf {
     // target/debug/deps/ensure-… → target/debug/examples/agent
     let exe = std::env::current_exe().unwrap();
     let p = exe

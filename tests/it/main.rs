@@ -22,6 +22,7 @@
 mod support;
 
 mod capture;
+mod chaos;
 mod cli_errors;
 mod control;
 mod daemon_binary;

@@ -400,6 +400,11 @@ pub struct Stamper {
     skipped: Vec<(std::path::PathBuf, String)>,
     /// Wait for a missing record of the active file (following).
     live: bool,
+    /// Keep each index's descriptor between stamps (the shipper, whose
+    /// stamper lives as long as the stream's other descriptors): a
+    /// refresh is then an `fstat` and the new records, not an open, a
+    /// check and a close each time.
+    hold: bool,
 }
 
 impl Stamper {
@@ -417,6 +422,17 @@ impl Stamper {
             skipped_seen: Default::default(),
             skipped: Vec::new(),
             live,
+            hold: false,
+        }
+    }
+
+    /// As [`Stamper::new`] (not live), keeping the descriptor of each
+    /// index it reads until [`Stamper::forget_before`] drops its file:
+    /// for a caller that bounds how many stampers it keeps.
+    pub fn holding(dir: Arc<Dir>, task: &TaskName, stream: Stream) -> Stamper {
+        Stamper {
+            hold: true,
+            ..Stamper::new(dir, task, stream, false)
         }
     }
 
@@ -436,9 +452,12 @@ impl Stamper {
         };
         let name = index_name(&self.task, self.stream, n);
         match open_log(&self.dir, &trust, &name) {
+            Ok(Opened::File(f, _)) if self.hold => {
+                IndexFile::open(f, n, len).map_err(|_| Absent::Unreadable)
+            }
             Ok(Opened::File(f, _)) => {
-                // No descriptor held between stamps (a shipper follows
-                // thousands of streams): opened again, checked again.
+                // No descriptor held between stamps (a reader may look at
+                // thousands of files): opened again, checked again.
                 let dir = Arc::clone(&self.dir);
                 let again = name.clone();
                 let reopen = Reopen(Arc::new(move || match open_log(&dir, &trust, &again) {
@@ -1249,6 +1268,38 @@ impl CursorFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holding_stamper_reads_the_records_appended_since_its_first_stamp() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let task = TaskName::new("web").unwrap();
+        let log = d.path().join(file_name(&task, Stream::Stdout, 0));
+        std::fs::write(&log, b"a\n").unwrap();
+        let ix = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(d.path().join(index_name(&task, Stream::Stdout, 0)))
+            .unwrap();
+        let mut w = crate::index::IndexWriter::fresh(ix, 0).unwrap();
+        w.append(0, 100 * NS).unwrap();
+        w.flush().unwrap();
+        let mut s = Stamper::holding(dir, &task, Stream::Stdout);
+        assert_eq!(s.stamp(0, 0), Stamp::Indexed(100 * NS));
+        // The next batch: its bytes, then its record, as the daemon writes.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .unwrap()
+            .write_all(b"b\n")
+            .unwrap();
+        w.append(2, 200 * NS).unwrap();
+        w.flush().unwrap();
+        assert_eq!(s.stamp(0, 2), Stamp::Indexed(200 * NS));
+        assert_eq!(s.stamp(0, 0), Stamp::Indexed(100 * NS));
+    }
 
     #[test]
     fn rfc3339_round_trips_and_accepts_offsets() {

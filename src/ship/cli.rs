@@ -68,8 +68,11 @@ pub struct Args {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPLICAS as u64))]
     pub replicas: usize,
     /// After a quiet spell, how long the first write waits for more to ship
-    /// them in one round (0 ships at once; at most 60s).
-    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "100ms", value_parser = parse_delay)]
+    /// them in one round, and the shortest time between two rounds that
+    /// are far from full (0 ships at once; at most 60s). The default keeps
+    /// a node of 200 busy tasks under 5 CPU s per GB with a lag p99 near
+    /// half a second (docs/performance.md).
+    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
     pub max_delay: Duration,
     /// User name (with --password).
     #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]

@@ -43,9 +43,12 @@
 //! - **idle costs nothing, busy costs little** — caught up, it sleeps on
 //!   inotify with no timer (one only while a partial line waits or a stream
 //!   backs off); woken, it waits out `--max-delay` so that later writes
-//!   ride the same round, and reads each stream's new bytes once per round
+//!   ride the same round, and reads each stream's new bytes once per round;
+//!   busy, rounds far from full come at most once per `--max-delay`, and
+//!   inotify is not even listened to between them (its events are read at
+//!   the next round), so no write on the node wakes it
 //!   (`an_idle_shipper_does_not_wake_up_and_a_busy_one_does`;
-//!   `benches/scale.sh` for the cost).
+//!   `benches/ship-node.sh` for the cost: CPU per GB, context switches).
 //!
 //! The one exception to "a message never splits a line": a line longer
 //! than the largest payload the server accepts is cut into pieces of that
@@ -148,6 +151,9 @@ impl Shipper {
         locked: (Lock, Journal, State),
     ) -> Result<Shipper, ShipError> {
         let (lock, journal, state) = locked;
+        // A quarter for directory handles; the rest for open streams, each
+        // holding up to four (its file, its position file, and the
+        // capture-time indexes of its file and the one before).
         let budget = cfg.fd_budget.max(64);
         let tree = Tree::new(
             &cfg.log_dirs,
@@ -160,7 +166,7 @@ impl Shipper {
             js,
             max_payload,
             tree,
-            streams: Streams::new(budget / 4),
+            streams: Streams::new(budget / 6),
             state,
             journal,
             _lock: lock,
@@ -183,17 +189,6 @@ impl Shipper {
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<(), ShipError> {
         tokio::pin!(stop);
-        let fd = self
-            .tree
-            .fd()
-            .try_clone_to_owned()
-            .map_err(|e| ShipError::Tree(tree::TreeError::Inotify(e)))?;
-        // SAFETY: the AsyncFd owns this duplicate of the inotify
-        // descriptor, so it stays open exactly as long as its
-        // registration, and nothing else closes it.
-        #[allow(unsafe_code)]
-        let wake = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-            .map_err(|e| ShipError::Tree(tree::TreeError::Inotify(e.into_parts().1)))?;
         loop {
             self.absorb();
             self.publish_gauges();
@@ -238,6 +233,11 @@ impl Shipper {
                     None => std::future::pending().await,
                 }
             };
+            // inotify wakes the loop only while it is caught up: registered
+            // for the wait and dropped after it, so that a busy node's
+            // writes (an event each) never wake a shipper that is pacing
+            // its rounds; it reads them at the next round instead.
+            let wake = self.inotify_wake()?;
             tokio::select! {
                 r = wake.readable() => {
                     if let Ok(mut g) = r {
@@ -253,6 +253,25 @@ impl Shipper {
                 () = &mut stop => return self.save_final(),
             }
         }
+    }
+
+    /// A registration of (a duplicate of) the inotify descriptor with the
+    /// runtime, for one wait: it reports the events already queued at
+    /// once (epoll looks at the descriptor when it is added), so none that
+    /// came before the wait is slept through.
+    fn inotify_wake(&self) -> Result<AsyncFd<std::os::fd::OwnedFd>, ShipError> {
+        let fd = self
+            .tree
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|e| ShipError::Tree(tree::TreeError::Inotify(e)))?;
+        // SAFETY: the AsyncFd owns this duplicate of the inotify
+        // descriptor, so it stays open exactly as long as its
+        // registration, and nothing else closes it.
+        #[allow(unsafe_code)]
+        let wake = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| ShipError::Tree(tree::TreeError::Inotify(e.into_parts().1)))?;
+        Ok(wake)
     }
 
     /// The figures the metrics endpoint reads (`--metrics-listen`).

@@ -14,7 +14,8 @@
 //! a stream's name is counted in `foreign_files` and never shipped.
 //!
 //! Descriptors are bounded: each stream's open file, position writer and
-//! capture-time stamper live in an entry that [`Streams`] lets go when more
+//! capture-time stamper (with the index of the cursor's file, and of the
+//! file before it until the cursor leaves it) live in an entry that [`Streams`] lets go when more
 //! than its cap are open (the least recently used first); the next window
 //! opens them again. The cursor's file is held open while it is in use,
 //! so a purge mid-read loses nothing.
@@ -595,7 +596,7 @@ impl Streams {
             // Not live: the shipper reads a batch after its --max-delay,
             // by when the batch's record is written (a missing one only
             // makes the time an estimate, never a wait of the round).
-            stamper: Stamper::new(dir.clone(), &t.task, t.stream, false),
+            stamper: Stamper::holding(dir.clone(), &t.task, t.stream),
             dir,
             file: None,
             shipped: crate::shipped::Writer::default(),

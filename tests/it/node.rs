@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
@@ -834,8 +834,17 @@ fn the_metrics_endpoint_answers_scrapes_and_refuses_anything_else() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let ok = |req: &str| http_request(port, req.as_bytes()).unwrap();
-    // What Prometheus asks for: OpenMetrics.
-    let (code, head, body) = ok("GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n");
+    // What Prometheus asks for: OpenMetrics; asked again until the shipper
+    // has taken in the stream (its first round waits out --max-delay).
+    let openmetrics = "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (code, head, body) = loop {
+        let r = ok(openmetrics);
+        if r.2.contains("logmon_ship_lag_bytes") || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(code, 200);
     assert!(
         head.contains("application/openmetrics-text; version=1.0.0"),

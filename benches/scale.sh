@@ -37,8 +37,9 @@
 #   a 2-core machine can run, whoever logs; the table gives the rate used.
 #   Issue #30's curve (20 MB/s in all): -n "10 100 1000" -r 2000000 -T 20000000.
 # Results: summary.md (the table), raw.tsv, and curve.dat (N, logger, CPU
-#   seconds summed over the loggers, CPU %) plotted by benches/scale.gp into
-#   curve.png with gnuplot, when installed (CPU against N, log scale).
+#   seconds summed over the loggers, CPU %, summed PSS MiB) plotted by
+#   benches/scale.gp into curve.png with gnuplot, when installed (CPU and
+#   memory against N, log scale).
 # Part 2 (-I N, default 10000; -I 0 skips it): N idle logmons through
 #   benches/footprint.sh (launch p50/p99, summed PSS, wakeups over 10 s, a
 #   capture check on 200 of them, all stopped cleanly), after raising the
@@ -333,11 +334,11 @@ fi
 # The cost curve as data (one row per N and logger) and, with gnuplot, a plot.
 CURVE=$OUT/curve.dat
 {
-    echo "# n logger cpu_s cpu_pct ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $(date -I))"
-    awk -F'\t' 'NR > 1 { print $1, $2, $16, $7 }' "$RAW"
+    echo "# n logger cpu_s cpu_pct pss_mib ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $(date -I))"
+    awk -F'\t' 'NR > 1 { printf "%s %s %s %s %s\n", $1, $2, $16, $7, ($9 == "" || $9 == "-") ? "-" : sprintf("%.1f", $9 / 1024) }' "$RAW"
 } >"$CURVE"
 if command -v gnuplot >/dev/null; then
-    gnuplot -e "data='$CURVE'; out='$OUT/curve.png'; title='logger CPU, N tasks writing 100-byte lines ($(awk -F'\t' 'NR == 2 { printf "%.0f", $3 * $1 / 1e6 }' "$RAW") MB/s in all, ${SECS} s), logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') --max-delay $DELAY_TEXT, $(date -I)'" \
+    gnuplot -e "data='$CURVE'; out='$OUT/curve.png'; title='N tasks, 100-byte lines, $(awk -F'\t' 'NR == 2 { printf "%.0f", $3 * $1 / 1e6 }' "$RAW") MB/s in all, ${SECS} s; logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') (--max-delay $DELAY_TEXT), $(date -I)'" \
         "$ROOT/benches/scale.gp" || say "gnuplot failed"
 fi
 {

@@ -1,6 +1,6 @@
 //! `logmon logs`: print (and follow) a task's stream across its rotated files.
 //!
-//! The reading is [`crate::follow::Follower`]; this module runs it on a
+//! The reading is [`crate::readers::follow::Follower`]; this module runs it on a
 //! current-thread runtime and writes each chunk to stdout as soon as it is
 //! read (unbuffered: a partial line shows up at once). Notices (bytes
 //! skipped after a purge, a truncated or replaced file) go to stderr, one
@@ -8,7 +8,7 @@
 //!
 //! With `--timestamps`, `--since`/`--until`, `--merged`, `--format cri|json`
 //! or `--cursor`, the bytes are cut into stamped pieces of lines
-//! ([`crate::timeline`], which states the guarantees): raw lines get
+//! ([`crate::readers::timeline`], which states the guarantees): raw lines get
 //! `<RFC 3339 ns UTC> ` before them (`<time>~ ` when the time is estimated,
 //! with one note on stderr saying why); `--merged` tags each line `stdout `
 //! or `stderr ` (after the stamp) and ends every piece with a newline; cri
@@ -29,7 +29,7 @@
 //! - **Nothing forged is read.** A file at a stream's or an index's name is
 //!   read only if what was opened (non-blocking, no link followed, checked
 //!   with `fstat`) is a regular file with one link that the directory's
-//!   [`crate::dir::Trust`] accepts: owned by root, the reader or the
+//!   [`crate::shared::dir::Trust`] accepts: owned by root, the reader or the
 //!   directory's owner. A task's own file (whatever it holds), a hard link,
 //!   a FIFO, a directory, a device is skipped: the first
 //!   [`SKIPS_NAMED`] such names are noted one line each
@@ -42,10 +42,10 @@
 //!   in one warning line first, and goes on (logmon sets the sticky bit on
 //!   a directory it owns, or on any as root; in a sticky directory such a
 //!   rename fails). The task's metadata (`--format json`) comes from
-//!   [`crate::meta::load`], which reads only a file of root or the reader.
+//!   [`crate::shared::meta::load`], which reads only a file of root or the reader.
 //! - **Nothing makes it hang or swell.** Every read in the directory is
 //!   bounded: log files are streamed, an index is read in place a few KiB
-//!   at a time ([`crate::index::IndexFile`]), a cursor is read with a cap;
+//!   at a time ([`crate::shared::index::IndexFile`]), a cursor is read with a cap;
 //!   every open is non-blocking; the cursor's temporary file is created
 //!   anew, whatever was planted at its name removed unopened. SIGINT and
 //!   SIGTERM end it (exit 0) in every mode, also while a write to a stalled
@@ -62,12 +62,12 @@
 //!   version 1 (no directory identity) is taken as it is and saved as
 //!   version 2.
 //!
-//! Tests: `tests/it/hostile_readers.rs` (as uid 65534 against a root
+//! Tests: `tests/it/readers/hostile_readers.rs` (as uid 65534 against a root
 //! reader: a forged rename, a task-owned file and index, a sparse 1 GiB
 //! index and cursor with the reader's peak RSS, a FIFO at the cursor's
-//! temporary name), `tests/it/errors.rs` (`logs_errors`: the cursor, time
-//! and task mistakes, one line each), `tests/it/logs.rs`,
-//! `tests/it/timeline.rs`.
+//! temporary name), `tests/it/cli/errors.rs` (`logs_errors`: the cursor, time
+//! and task mistakes, one line each), `tests/it/readers/logs.rs`,
+//! `tests/it/readers/timeline.rs`.
 //!
 //! # Exit codes
 //!
@@ -84,7 +84,7 @@
 //!
 //! # The sandbox
 //!
-//! `logs` confines itself read-only ([`crate::sandbox`]). Run by a user
+//! `logs` confines itself read-only ([`crate::shared::sandbox`]). Run by a user
 //! other than root it cannot empty its capability bounding set (that takes
 //! `CAP_SETPCAP`); it holds no capability and `no_new_privs` keeps any from
 //! coming back, so that is no gap, and it is said at debug level only. A
@@ -96,20 +96,20 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::signals::Blocked;
+use crate::shared::signals::Blocked;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::config::{Stream, TaskName};
-use crate::dir::{Dir, LogDirError};
-use crate::follow::{Event, FollowError, Follower, Options, Start};
-use crate::timeline::{
+use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
+use crate::readers::timeline::{
     format_rfc3339, locate_since, now_ns, parse_time, Assembler, CursorError, CursorFile,
     CursorState, Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::{Dir, LogDirError};
 
 use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 
@@ -120,8 +120,8 @@ pub const SKIPS_NAMED: usize = 10;
 /// `logmon logs`.
 pub fn run(a: &LogsArgs) -> CliResult {
     // Before any other thread exists (the `notify` watcher inherits the
-    // mask): see crate::signals.
-    let signals = Blocked::new(&crate::signals::STOP)
+    // mask): see crate::shared::signals.
+    let signals = Blocked::new(&crate::shared::signals::STOP)
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     let stop = StopProbe::new()?;
     let range = Range::parse(a)?;
@@ -164,7 +164,7 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
             dir.path().display()
         ));
     }
-    let (known, others) = crate::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
+    let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
         CliError::new(
             EXIT_FAILURE,
             format!("cannot list {}: {e}", dir.path().display()),
@@ -320,7 +320,7 @@ fn run_plain(
         start,
         follow: a.follow,
     };
-    crate::sandbox::confine(&crate::sandbox::Policy::logs(&dir));
+    crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::logs(&dir));
     let rt = runtime()?;
     rt.block_on(async {
         let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
@@ -336,7 +336,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 }
 
 /// SIGINT or SIGTERM ends the output (exit 0).
-fn watch(signals: Blocked) -> Result<crate::signals::Signals, CliError> {
+fn watch(signals: Blocked) -> Result<crate::shared::signals::Signals, CliError> {
     signals
         .watch()
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
@@ -411,7 +411,7 @@ impl StopProbe {
     /// After [`Blocked::new`] (the signals must be blocked already).
     fn new() -> Result<StopProbe, CliError> {
         let mut set = nix::sys::signal::SigSet::empty();
-        for s in crate::signals::STOP {
+        for s in crate::shared::signals::STOP {
             set.add(s);
         }
         SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
@@ -447,7 +447,8 @@ impl Out {
     /// `/proc/self/fd/1`).
     fn new() -> Out {
         let st = nix::sys::stat::fstat(io::stdout().as_fd()).ok();
-        let is = |t: nix::sys::stat::SFlag| st.is_some_and(|st| crate::dir::is_type(&st, t));
+        let is =
+            |t: nix::sys::stat::SFlag| st.is_some_and(|st| crate::shared::dir::is_type(&st, t));
         let own = if is(nix::sys::stat::SFlag::S_IFIFO) {
             nix::fcntl::open(
                 "/proc/self/fd/1",
@@ -630,13 +631,13 @@ fn resume_at(
             format!("cannot look at {}: {e}", dir.path().display()),
         )
     })?;
-    let newest = crate::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
+    let newest = crate::readers::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
         CliError::new(
             EXIT_FAILURE,
             format!("cannot list {}: {e}", dir.path().display()),
         )
     })?;
-    let hwm = crate::index::read_hwm_trusted(dir, &trust, task, stream);
+    let hwm = crate::shared::index::read_hwm_trusted(dir, &trust, task, stream);
     let beyond = match newest.max(hwm) {
         Some(top) => saved.index > top,
         None => saved.index > 0,
@@ -644,7 +645,7 @@ fn resume_at(
     if !beyond {
         return Ok(saved);
     }
-    let name = |i| crate::rotate::file_name(task, stream, i);
+    let name = |i| crate::daemon::rotate::file_name(task, stream, i);
     let there = match newest {
         Some(n) => format!("the newest is {}", name(n)),
         None => "none is there".to_owned(),
@@ -658,7 +659,7 @@ fn resume_at(
 }
 
 /// `logs` with any of --timestamps, --since, --until, --merged, --format,
-/// --cursor (see [`crate::timeline`]).
+/// --cursor (see [`crate::readers::timeline`]).
 fn run_timeline(
     a: &LogsArgs,
     dir: Arc<Dir>,
@@ -686,16 +687,16 @@ fn run_timeline(
         None => None,
     };
     let attrs = match a.format {
-        Format::Json => crate::meta::load(&dir, &a.task)
+        Format::Json => crate::shared::meta::load(&dir, &a.task)
             .filter(|m| !m.is_empty())
             .map(|m| m.as_map().clone()),
         _ => None,
     };
-    let mut policy = crate::sandbox::Policy::logs(&dir);
+    let mut policy = crate::shared::sandbox::Policy::logs(&dir);
     if let Some(c) = &cursor {
         policy = policy.cursor(c.dir());
     }
-    crate::sandbox::confine(&policy);
+    crate::shared::sandbox::confine(&policy);
     let (saved, reset) = match &cursor {
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
@@ -771,7 +772,7 @@ fn run_timeline(
         }
         let mut state = saved.unwrap_or_else(|| CursorState::new(&a.task, dir.id()));
         // Saved in the current format, for this directory.
-        state.version = crate::timeline::CURSOR_VERSION;
+        state.version = crate::readers::timeline::CURSOR_VERSION;
         state.log_dir = Some(dir.id());
         let notes_times = a.timestamps
             || a.merged

@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
+use crate::shared::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
 
 /// Each flag that takes a value, with its variable.
 const VALUED: [(&str, &str); 11] = [
@@ -158,7 +158,9 @@ pub fn parse(
                 _ => return None,
             },
         };
-    cfg.meta = crate::meta::Meta::from_args(&meta, env(crate::meta::ENV_VAR).as_deref()).ok()?;
+    cfg.meta =
+        crate::shared::meta::Meta::from_args(&meta, env(crate::shared::meta::ENV_VAR).as_deref())
+            .ok()?;
     cfg.validate().ok()?;
     Some(cfg)
 }
@@ -193,7 +195,7 @@ mod tests {
         cfg.max_delay = std::time::Duration::from_millis(7);
         cfg.no_sandbox = true;
         cfg.meta.insert_pair("job=web").expect("meta");
-        let args = crate::launch::run_args(&cfg);
+        let args = crate::agent::launch::run_args(&cfg);
         assert_eq!(args[0], "run");
         assert_eq!(parse(args[1..].to_vec(), |_| None), Some(cfg));
         // systemd/logmon@.service: variables and --flag=value forms.

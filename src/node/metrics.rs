@@ -35,7 +35,7 @@ use prometheus_client::registry::Registry;
 use super::carry::Store;
 use super::find::stream_index;
 use super::{State, Survey, TaskView};
-use crate::config::Stream;
+use crate::shared::config::Stream;
 
 /// The shipper's own figures, updated by the shipper as it runs and read
 /// at each scrape.
@@ -423,9 +423,9 @@ fn ship_series(reg: &mut Registry, g: &ShipGauges) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TaskName;
     use crate::node::find::TaskFiles;
     use crate::node::{RateBasis, ShipView};
+    use crate::shared::config::TaskName;
 
     fn view(task: &str, state: State) -> TaskView {
         let files = {
@@ -434,13 +434,13 @@ mod tests {
             t.streams[0].inodes.insert(3, 77);
             t
         };
-        let mut meta = crate::meta::Meta::new();
+        let mut meta = crate::shared::meta::Meta::new();
         meta.insert("job.name", "web \"front\"").unwrap();
         // Maps to the same label name: the first key (in order) wins.
         meta.insert("job_name", "dup").unwrap();
         TaskView {
             dir: "/var/log/tasks".into(),
-            dir_id: crate::dir::FileId { dev: 1, ino: 2 },
+            dir_id: crate::shared::dir::FileId { dev: 1, ino: 2 },
             dir_untrusted: None,
             files,
             state,

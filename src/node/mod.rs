@@ -42,9 +42,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{Stream, TaskName};
-use crate::dir::FileId;
-use crate::meta::Meta;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::FileId;
+use crate::shared::meta::Meta;
 use crate::ship::scan::Pattern;
 use crate::ship::state::StreamState;
 use ask::{Answer, NoAnswer};
@@ -301,7 +301,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
     });
     // The lock table as it is now; a holder found in it is checked again
     // by the kernel (SO_PEERCRED) before anything it says is used.
-    let locks = crate::fifo::FlockTable::read().unwrap_or_default();
+    let locks = crate::shared::fifo::FlockTable::read().unwrap_or_default();
     let listed = pool(&found, opts.workers, |f| {
         f.open()
             .and_then(|d| find::list(&d))
@@ -361,7 +361,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
 fn look(
     s: &Scanned,
     t: &TaskFiles,
-    locks: &crate::fifo::FlockTable,
+    locks: &crate::shared::fifo::FlockTable,
     opts: &Options,
     ship: Option<&crate::ship::state::State>,
 ) -> TaskView {
@@ -407,7 +407,7 @@ fn look(
             }
         }
         None if t.socket.as_ref().is_some_and(|st| {
-            crate::dir::is_type(st, nix::sys::stat::SFlag::S_IFSOCK) && !planted_socket(t)
+            crate::shared::dir::is_type(st, nix::sys::stat::SFlag::S_IFSOCK) && !planted_socket(t)
         }) =>
         {
             v.state = State::Gone;
@@ -431,7 +431,7 @@ fn look(
         None => {}
     }
     if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
-        v.meta = crate::meta::load(&dir, &t.task).unwrap_or_default();
+        v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
     }
     if let Some(state) = ship {
         for stream in Stream::ALL {
@@ -460,12 +460,12 @@ fn planted_socket(t: &TaskFiles) -> bool {
 }
 
 /// Bytes a logmon captured since it started, both streams.
-fn captured(s: &crate::protocol::Stats) -> u64 {
+fn captured(s: &crate::shared::protocol::Stats) -> u64 {
     s.stdout.bytes_captured + s.stderr.bytes_captured
 }
 
 /// Captured bytes per second since the logmon started.
-fn since_start(s: &crate::protocol::Stats) -> f64 {
+fn since_start(s: &crate::shared::protocol::Stats) -> f64 {
     captured(s) as f64 / s.uptime_secs.max(1) as f64
 }
 

@@ -6,7 +6,7 @@
 //! then connection and authentication (1 refused by the server or a failed
 //! TLS handshake, 75 server unreachable); `--status`.
 //!
-//! Tests: `tests/it/ship.rs` (`bad_configuration_…`, the error matrix
+//! Tests: `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
 //! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
 //! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
@@ -109,7 +109,7 @@ pub struct Args {
 /// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
 /// capture's parser: one syntax for both flags).
 fn parse_delay(s: &str) -> Result<Duration, String> {
-    crate::config::parse_delay(s).map_err(|e| e.to_string())
+    crate::shared::config::parse_delay(s).map_err(|e| e.to_string())
 }
 
 /// A one-line error and its exit code.
@@ -156,7 +156,7 @@ pub fn main() -> ! {
 fn init_tracing() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let mut filter = crate::diag::log_filter("info");
+    let mut filter = crate::shared::diag::log_filter("info");
     if !std::env::var("LOGMON_LOG").is_ok_and(|v| v.contains("async_nats")) {
         filter = filter.with_target("async_nats", tracing_subscriber::filter::LevelFilter::OFF);
     }
@@ -185,8 +185,8 @@ fn run(args: Args) -> Result<(), Failure> {
     }
     let checked = check(&args)?;
     let locked = lock_state(&args.state_dir)?;
-    // Before the runtime and any thread it may start: see crate::signals.
-    let signals = crate::signals::Blocked::new(&crate::signals::STOP)
+    // Before the runtime and any thread it may start: see crate::shared::signals.
+    let signals = crate::shared::signals::Blocked::new(&crate::shared::signals::STOP)
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -403,7 +403,7 @@ async fn serve(
     args: Args,
     checked: Checked,
     locked: (state::Lock, state::Journal, state::State),
-    signals: crate::signals::Blocked,
+    signals: crate::shared::signals::Blocked,
 ) -> Result<(), Failure> {
     let mut signals = signals
         .watch()

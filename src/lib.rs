@@ -10,7 +10,8 @@
 //! - **`shared/`** — what every side takes: `dir`, the only way any module
 //!   touches a name inside a directory the task can write (a descriptor
 //!   opened once, every name resolved from it without following symlinks;
-//!   DESIGN.md §9); [`config`] and `meta` (the task's flags and metadata);
+//!   DESIGN.md §9); [`config`], `names` and `meta` (the task's flags, the
+//!   names of its files, its metadata);
 //!   the wire types of [`protocol`] and `sockaddr`; `fifo` (the task's end
 //!   and the daemon's: both O_RDWR, no EOF, no SIGPIPE); `index`, the
 //!   capture-time file format the daemon writes and the readers read;
@@ -46,8 +47,10 @@
 //!   binary, `logmon-run` ([`cli::daemon_main`]), links no argument parser,
 //!   reader or client.
 //!
-//! Each module's doc names the guarantees it keeps and the tests that
-//! prove them; the tests mirror these folders (`tests/it/`).
+//! No module imports one that imports it back (`tests/it/architecture.rs`
+//! states the rule and checks it). Each module's doc names the guarantees
+//! it keeps and the tests that prove them; the tests mirror these folders
+//! (`tests/it/`).
 //!
 //! The public API is what an agent or a reader needs: [`cli::main`], the
 //! verified [`client::Handle`] and reattach, the [`hook`] (prestart/stop),
@@ -99,6 +102,10 @@ pub mod internals {
     #[allow(missing_docs)]
     pub mod meta {
         pub use crate::shared::meta::*;
+    }
+    #[allow(missing_docs)]
+    pub mod names {
+        pub use crate::shared::names::*;
     }
     #[allow(missing_docs)]
     pub mod reactor {

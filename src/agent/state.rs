@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use crate::agent::client::ReattachError;
+use crate::agent::error::ReattachError;
 use crate::shared::dir::Dir;
 use crate::shared::protocol::ReattachConfig;
 

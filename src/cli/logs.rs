@@ -645,7 +645,7 @@ fn resume_at(
     if !beyond {
         return Ok(saved);
     }
-    let name = |i| crate::daemon::rotate::file_name(task, stream, i);
+    let name = |i| crate::shared::names::file_name(task, stream, i);
     let there = match newest {
         Some(n) => format!("the newest is {}", name(n)),
         None => "none is there".to_owned(),

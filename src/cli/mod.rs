@@ -9,7 +9,7 @@
 //! and checks code, line, no panic, no process and no file left behind.
 //!
 //! The man pages and shell completions of the Debian package are made from
-//! these definitions ([`documented_command`], `examples/gen-docs.rs`);
+//! these definitions ([`Cli`] and the shipper's, by `examples/gen-docs.rs`);
 //! `tests/systemd-real/run.sh` checks the installed ones.
 
 use std::io::Write;
@@ -253,17 +253,6 @@ fn exec_ship(a: &ShipArgs) -> Result<i32, CliError> {
         EXIT_FAILURE,
         format!("cannot run {}: {e}", ship.display()),
     ))
-}
-
-/// The `logmon` command tree as documented (man pages and shell
-/// completions, made by `examples/gen-docs.rs` for the Debian package):
-/// [`Cli`], with `ship`'s pass-through arguments replaced by the flags of
-/// `logmon-ship` itself ([`crate::ship::cli::Args`]), so that `man
-/// logmon-ship` and `logmon ship <TAB>` show the shipper's real flags.
-/// Only the generator calls it: no binary links it.
-pub fn documented_command() -> clap::Command {
-    use clap::CommandFactory;
-    Cli::command().mut_subcommand("ship", |_| crate::ship::cli::Args::command().name("ship"))
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {

@@ -92,6 +92,9 @@ use nix::sys::stat::Mode;
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Claim, Dir};
 use crate::shared::index::{self, IndexWriter};
+use crate::shared::names::{
+    file_name, hwm_name, index_name, parse_index, parse_index_name, scan_indices_in, MAX_INDEX,
+};
 
 /// An error of the rotated-files layer, naming the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -169,52 +172,6 @@ pub fn plan(
     } else {
         Step::Hold
     }
-}
-
-/// `<task>.<stream>.<N>` for `N`.
-pub fn file_name(task: &TaskName, stream: Stream, index: u64) -> String {
-    format!("{}.{}.{}", task.as_str(), stream.as_str(), index)
-}
-
-/// The largest index that is a stream's file. Rotation never gets near it
-/// (2^63 files), but a task can plant a name with any number: one above
-/// this is not a file of the stream, so resuming past a planted name never
-/// overflows the numbering.
-pub const MAX_INDEX: u64 = i64::MAX as u64;
-
-/// Parses `name` as `<task>.<stream>.<N>` and returns N; `None` for any other
-/// name, including non-canonical numbers such as `007` (never written by
-/// logmon, so never purged by it).
-pub fn parse_index(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
-    let rest = name
-        .strip_prefix(task.as_str())?
-        .strip_prefix('.')?
-        .strip_prefix(stream.as_str())?
-        .strip_prefix('.')?;
-    if rest.is_empty()
-        || !rest.bytes().all(|b| b.is_ascii_digit())
-        || (rest.len() > 1 && rest.starts_with('0'))
-    {
-        return None;
-    }
-    rest.parse().ok().filter(|&n| n <= MAX_INDEX)
-}
-
-/// The indices of `task`'s `stream` files in `dir`, ascending: opens the
-/// directory once and lists it through its handle ([`scan_indices_in`]).
-pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
-    scan_indices_in(&Dir::open(dir)?, task, stream)
-}
-
-/// [`scan_indices`] through a directory handle (no path walked).
-pub fn scan_indices_in(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
-    let mut out: Vec<u64> = dir
-        .list()?
-        .iter()
-        .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
-        .collect();
-    out.sort_unstable();
-    Ok(out)
 }
 
 /// At most one warning about planted names per stream in this long; the
@@ -977,7 +934,7 @@ impl Rotator {
         for n in names.iter().filter_map(|n| n.to_str()) {
             if let Some(i) = parse_index(n, &self.task, self.stream) {
                 indices.push(i);
-            } else if let Some(i) = index::parse_index_name(n, &self.task, self.stream) {
+            } else if let Some(i) = parse_index_name(n, &self.task, self.stream) {
                 indexed.push(i);
             }
         }
@@ -1130,7 +1087,7 @@ impl Rotator {
         if !self.indexing {
             return;
         }
-        let name = index::index_name(&self.task, self.stream, self.index);
+        let name = index_name(&self.task, self.stream, self.index);
         if let Some(len) = resumed {
             match self.dir.open_own(&name, OFlag::O_RDWR) {
                 Ok(Ok(Some(f))) => {
@@ -1183,7 +1140,7 @@ impl Rotator {
         let Some(m) = self.spare.take() else {
             return false;
         };
-        let from = index::index_name(&self.task, self.stream, m);
+        let from = index_name(&self.task, self.stream, m);
         if self.dir.rename_noreplace(&from, name).is_err() {
             // A stale index at `name` (EEXIST), or the spare is gone.
             self.remove_index(m);
@@ -1225,7 +1182,7 @@ impl Rotator {
             Ok((file, removed)) => {
                 self.hwm = Some(self.index);
                 self.hwm_file = Some(file);
-                let name = index::hwm_name(&self.task, self.stream);
+                let name = hwm_name(&self.task, self.stream);
                 self.note_foreign(removed as u64, &name, "planted name");
             }
             Err(e) => self.index_failed("cannot store the high-water mark", &e),
@@ -1234,7 +1191,7 @@ impl Rotator {
 
     /// Removes the index of file `n`, if any.
     fn remove_index(&self, n: u64) {
-        let name = index::index_name(&self.task, self.stream, n);
+        let name = index_name(&self.task, self.stream, n);
         match self.dir.remove(&name) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => {}
@@ -1304,6 +1261,7 @@ fn last_byte_is_newline(f: &File) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::names::scan_indices;
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()
@@ -1340,25 +1298,6 @@ mod tests {
     fn plan_holds_a_partial_line_until_told_to_flush() {
         assert_eq!(plan(10, 100, 5, 5, None, false, true), Step::Hold);
         assert_eq!(plan(10, 100, 5, 5, None, true, true), Step::Write(5));
-    }
-
-    #[test]
-    fn only_exact_names_are_ours() {
-        let t = task();
-        assert_eq!(parse_index("web.stdout.0", &t, Stream::Stdout), Some(0));
-        assert_eq!(parse_index("web.stdout.12", &t, Stream::Stdout), Some(12));
-        for other in [
-            "web.stdout.",
-            "web.stdout.007",
-            "web.stdout.1x",
-            "web.stderr.1",
-            "web2.stdout.1",
-            "web.stdout.stdout.1",
-            ".web.stdout.fifo",
-            "web.stdout.-1",
-        ] {
-            assert_eq!(parse_index(other, &t, Stream::Stdout), None, "{other}");
-        }
     }
 
     #[test]

@@ -126,9 +126,9 @@ use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 
-use crate::daemon::rotate::{file_name, parse_index};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Dir, FileId, Trust};
+use crate::shared::names::{file_name, parse_index};
 
 /// The largest chunk one read returns.
 pub const CHUNK_SIZE: usize = 64 * 1024;
@@ -620,7 +620,7 @@ pub(crate) fn tasks_in(
             if TASK_DOTFILES.contains(&suffix)
                 || Stream::ALL
                     .iter()
-                    .any(|&s| crate::shared::index::parse_index_name(name, task, s).is_some())
+                    .any(|&s| crate::shared::names::parse_index_name(name, task, s).is_some())
             {
                 return Ok((true, Default::default()));
             }

@@ -105,11 +105,11 @@ use nix::sys::stat::{Mode, SFlag};
 use serde::{Deserialize, Serialize};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::daemon::rotate::{file_name, scan_indices_in};
 use crate::readers::follow::{not_logmons, open_log, pread, Chunk, Opened, Position};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
-use crate::shared::index::{index_name, IndexFile, Record, Reopen, Stamp};
+use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
+use crate::shared::names::{file_name, index_name, scan_indices_in};
 
 /// The longest piece: a longer line is cut in pieces of this size (the
 /// size Kubernetes runtimes cut at).

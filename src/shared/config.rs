@@ -4,14 +4,17 @@
 //! Everything here is pure: validation happens before any file is touched,
 //! so a bad flag never leaves half a daemon behind.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::shared::meta::Meta;
+
+// Part of the public `config` API: the error of every check here, the
+// task's name and its streams.
+pub use crate::shared::error::ConfigError;
+pub use crate::shared::names::{Stream, TaskName};
 
 /// Default number of files kept per stream, the active one included.
 pub const DEFAULT_MAX_FILES: u32 = 10;
@@ -30,185 +33,6 @@ pub const DEFAULT_MAX_DELAY_MS: u64 = 50;
 /// The largest `--max-delay`: past it a stream's lines would trail its
 /// task by more than anyone reading them live would wait.
 pub const MAX_MAX_DELAY: Duration = Duration::from_secs(60);
-
-/// A configuration error: always the user's to fix (CLI exit code 2).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    /// The task name cannot be used as a file-name component.
-    #[error("invalid task name {name:?}: {why}")]
-    InvalidTask {
-        /// The rejected name.
-        name: String,
-        /// Why it was rejected.
-        why: &'static str,
-    },
-    /// A size flag did not parse.
-    #[error("{input:?} is not a valid size: {why}")]
-    InvalidSize {
-        /// The rejected text.
-        input: String,
-        /// Why.
-        why: &'static str,
-    },
-    /// A size larger than the flag takes.
-    #[error("size {input:?} is too large: the largest accepted is {max} bytes ({max_human})")]
-    SizeTooLarge {
-        /// The rejected text.
-        input: String,
-        /// The largest accepted, in bytes.
-        max: u64,
-        /// The same, in the unit an operator would write.
-        max_human: &'static str,
-    },
-    /// A duration flag did not parse, or is out of range.
-    #[error("{input:?} is not a valid delay: {why}")]
-    InvalidDelay {
-        /// The rejected text.
-        input: String,
-        /// Why.
-        why: &'static str,
-    },
-    /// A `--meta KEY=VALUE` pair cannot be used.
-    #[error("invalid metadata {pair:?}: {why}")]
-    InvalidMeta {
-        /// The rejected pair.
-        pair: String,
-        /// Why it was rejected.
-        why: &'static str,
-    },
-    /// A pair of the `LOGMON_META` variable cannot be used.
-    #[error("invalid metadata {pair:?} in {var}: {why}{hint}", hint = if *.why == crate::shared::meta::EXPECTED_PAIR { " (pairs are separated by ','; give a value containing ',' with --meta)" } else { "" })]
-    InvalidMetaVar {
-        /// The variable (`LOGMON_META`).
-        var: &'static str,
-        /// The rejected pair.
-        pair: String,
-        /// Why it was rejected.
-        why: &'static str,
-    },
-    /// A `--meta` argument is not UTF-8 (shown with U+FFFD replacing
-    /// what is not).
-    #[error("invalid --meta {pair:?}: metadata must be UTF-8")]
-    MetaNotUtf8 {
-        /// The rejected pair, lossily decoded.
-        pair: String,
-    },
-    /// A metadata key given twice.
-    #[error("metadata key {key:?} is given twice in {given_in}: give each key once")]
-    DuplicateMeta {
-        /// The key.
-        key: String,
-        /// `--meta` or the variable.
-        given_in: &'static str,
-    },
-    /// A numeric limit is out of range.
-    #[error("invalid {what}: {why}")]
-    OutOfRange {
-        /// Which setting.
-        what: &'static str,
-        /// The accepted range.
-        why: &'static str,
-    },
-}
-
-/// One of the two captured streams of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Stream {
-    /// The task's standard output.
-    Stdout,
-    /// The task's standard error.
-    Stderr,
-}
-
-impl Stream {
-    /// Both streams, stdout first.
-    pub const ALL: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
-
-    /// The name used in file names (`stdout` / `stderr`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
-}
-
-impl fmt::Display for Stream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A validated task name: non-empty, no `/`, no NUL, not `.` or `..`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct TaskName(String);
-
-impl TaskName {
-    /// Validates `name` as a task name.
-    ///
-    /// ```
-    /// use logmon::config::TaskName;
-    /// assert!(TaskName::new("web-1").is_ok());
-    /// assert!(TaskName::new("a/b").is_err());
-    /// assert!(TaskName::new("..").is_err());
-    /// ```
-    pub fn new(name: &str) -> Result<Self, ConfigError> {
-        let why = if name.is_empty() {
-            Some("must not be empty")
-        } else if name.contains('/') {
-            Some("must not contain '/'")
-        } else if name.contains('\0') {
-            Some("must not contain NUL")
-        } else if name == "." || name == ".." {
-            Some("must not be '.' or '..'")
-        } else if name.len() > 200 {
-            // Leaves room for ".<task>.stdout.fifo" and ".<task>.stdout.<u64>"
-            // inside NAME_MAX (255).
-            Some("must be at most 200 bytes")
-        } else {
-            None
-        };
-        match why {
-            Some(why) => Err(ConfigError::InvalidTask {
-                name: name.to_owned(),
-                why,
-            }),
-            None => Ok(TaskName(name.to_owned())),
-        }
-    }
-
-    /// The name as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for TaskName {
-    type Err = ConfigError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        TaskName::new(s)
-    }
-}
-
-impl TryFrom<String> for TaskName {
-    type Error = ConfigError;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        TaskName::new(&s)
-    }
-}
-
-impl From<TaskName> for String {
-    fn from(t: TaskName) -> String {
-        t.0
-    }
-}
-
-impl fmt::Display for TaskName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// Parses a byte size: plain bytes (`4096`) or a number with a unit
 /// (`512KiB`, `10MiB`, `1GiB`; SI units such as `10MB` are powers of 1000).

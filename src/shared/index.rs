@@ -85,6 +85,7 @@
 //! `tests/it/readers/hostile_readers.rs`.
 
 use crate::shared::config::{Stream, TaskName};
+use crate::shared::names::{hwm_name, MAX_INDEX};
 
 /// The index's magic bytes.
 pub const MAGIC: &[u8; 8] = b"logmonix";
@@ -99,16 +100,6 @@ const ZERO_FILL_MAX: u64 = 64 * 1024;
 pub const HEADER_LEN: usize = 16;
 /// Record size in bytes.
 pub const RECORD_LEN: usize = 16;
-
-/// `.<task>.<stream>.<N>.idx`: the index of file N.
-pub fn index_name(task: &TaskName, stream: Stream, n: u64) -> String {
-    format!(".{}.{}.{}.idx", task.as_str(), stream.as_str(), n)
-}
-
-/// `.<task>.<stream>.hwm`: the stream's high-water mark.
-pub fn hwm_name(task: &TaskName, stream: Stream) -> String {
-    format!(".{}.{}.hwm", task.as_str(), stream.as_str())
-}
 
 /// The header of a new index for log file `n`.
 pub fn header(n: u64) -> [u8; HEADER_LEN] {
@@ -823,13 +814,6 @@ pub fn parse_hwm(text: &[u8]) -> Option<u64> {
 // index of the active file and the stream's high-water mark.
 // ---------------------------------------------------------------------
 
-/// Parses `name` as `.<task>.<stream>.<N>.idx` and returns N (canonical
-/// decimal, at most [`crate::daemon::rotate::MAX_INDEX`]); `None` for any other name.
-pub fn parse_index_name(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
-    let file = name.strip_prefix('.')?.strip_suffix(".idx")?;
-    crate::daemon::rotate::parse_index(file, task, stream)
-}
-
 /// The wall clock (CLOCK_REALTIME) in nanoseconds since the epoch; a clock
 /// before 1970 reads as 0 (records only need non-decreasing times, which
 /// [`IndexWriter::append`] ensures).
@@ -1012,7 +996,7 @@ pub fn remove_stale_own(dir: &crate::shared::dir::Dir, name: &str) {
 }
 
 /// The stream's high-water mark as stored in `dir`, capped at
-/// [`crate::daemon::rotate::MAX_INDEX`]; `None` if there is none, or what sits at
+/// [`MAX_INDEX`]; `None` if there is none, or what sits at
 /// the name is not logmon's own regular file or not a number. The log
 /// directory is writable by the task, so the value may be forged: it is
 /// only ever used to move numbering *forward* (a forged mark wastes
@@ -1025,7 +1009,7 @@ pub fn read_hwm(dir: &crate::shared::dir::Dir, task: &TaskName, stream: Stream) 
         .ok()??;
     let mut text = Vec::with_capacity(24);
     f.take(64).read_to_end(&mut text).ok()?;
-    parse_hwm(&text).map(|n| n.min(crate::daemon::rotate::MAX_INDEX))
+    parse_hwm(&text).map(|n| n.min(MAX_INDEX))
 }
 
 /// The stream's high-water mark as a reader may believe it: `None` unless
@@ -1042,7 +1026,7 @@ pub fn read_hwm_trusted(
     if trust.foreign_file(&st).is_some() {
         return None;
     }
-    parse_hwm(&text).map(|n| n.min(crate::daemon::rotate::MAX_INDEX))
+    parse_hwm(&text).map(|n| n.min(MAX_INDEX))
 }
 
 /// Width of the high-water mark's decimal field: every value takes
@@ -1123,6 +1107,7 @@ pub fn rewrite_hwm(file: &std::fs::File, n: u64) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::names::{index_name, parse_index, parse_index_name};
 
     /// The log file the tests' indexes belong to.
     const N: u64 = 3;
@@ -1262,10 +1247,7 @@ mod tests {
         let t = TaskName::new("web").unwrap();
         let n = index_name(&t, Stream::Stdout, 3);
         assert_eq!(n, ".web.stdout.3.idx");
-        assert_eq!(
-            crate::daemon::rotate::parse_index(&n, &t, Stream::Stdout),
-            None
-        );
+        assert_eq!(parse_index(&n, &t, Stream::Stdout), None);
         assert_eq!(hwm_name(&t, Stream::Stderr), ".web.stderr.hwm");
         assert_eq!(parse_hwm(b"17\n"), Some(17));
         assert_eq!(parse_hwm(b"x"), None);
@@ -1348,10 +1330,7 @@ mod tests {
         assert_eq!(read_hwm(&dir, &t, Stream::Stderr), None);
         // A forged mark is capped; a symlink is not read through.
         std::fs::write(&p, format!("{}\n", u64::MAX)).unwrap();
-        assert_eq!(
-            read_hwm(&dir, &t, Stream::Stdout),
-            Some(crate::daemon::rotate::MAX_INDEX)
-        );
+        assert_eq!(read_hwm(&dir, &t, Stream::Stdout), Some(MAX_INDEX));
         let target = d.path().join("target");
         std::fs::write(&target, b"99\n").unwrap();
         std::fs::remove_file(&p).unwrap();

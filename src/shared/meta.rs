@@ -32,8 +32,9 @@ use serde::{Deserialize, Serialize};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use crate::shared::config::{ConfigError, TaskName};
 use crate::shared::dir::{Claim, Dir};
+use crate::shared::error::{ConfigError, EXPECTED_PAIR};
+use crate::shared::names::TaskName;
 
 /// Most pairs per task.
 pub const MAX_PAIRS: usize = 32;
@@ -41,10 +42,6 @@ pub const MAX_PAIRS: usize = 32;
 pub const MAX_KEY: usize = 64;
 /// Longest value, in bytes.
 pub const MAX_VALUE: usize = 1024;
-
-/// Why a pair without `=` is refused (also the cue for `LOGMON_META`'s
-/// hint about commas).
-pub const EXPECTED_PAIR: &str = "expected KEY=VALUE";
 
 /// `.<task>.logmon.meta`: the readers' copy of a task's metadata.
 pub fn file_name(task: &TaskName) -> String {

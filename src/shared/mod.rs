@@ -1,5 +1,5 @@
-//! What every side takes: the directory handle, the task's flags and
-//! metadata, the wire protocol, the FIFOs' two ends, the capture-time index
+//! What every side takes: the directory handle, the task's flags, names
+//! and metadata, the wire protocol, the FIFOs' two ends, the capture-time index
 //! format, the shipper's positions, process identity, the sandbox, the
 //! signalfd, logmon's own diagnostics and the error helpers. Each module's
 //! doc names its guarantees and the tests that prove them.
@@ -12,6 +12,7 @@ pub mod error;
 pub mod fifo;
 pub mod index;
 pub mod meta;
+pub mod names;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;

@@ -16,16 +16,12 @@ use std::time::Duration;
 
 use clap::Parser;
 
+// How the shipper ends: `--status` (`status`) returns the same failures.
+use super::exit::fail;
+pub use super::exit::{Failure, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 use super::scan::{Pattern, Template};
 use super::{state, Config, Shipper};
 
-/// Exit code: bad flags or configuration.
-pub const EXIT_USAGE: i32 = 2;
-/// Exit code: the server refused (credentials, TLS, missing stream), or
-/// another shipper holds the state directory.
-pub const EXIT_FAILURE: i32 = 1;
-/// Exit code: the server could not be reached (try again later).
-pub const EXIT_TEMPFAIL: i32 = 75;
 /// The most replicas JetStream keeps of a stream.
 const MAX_REPLICAS: usize = 5;
 
@@ -110,22 +106,6 @@ pub struct Args {
 /// capture's parser: one syntax for both flags).
 fn parse_delay(s: &str) -> Result<Duration, String> {
     crate::shared::config::parse_delay(s).map_err(|e| e.to_string())
-}
-
-/// A one-line error and its exit code.
-#[derive(Debug)]
-pub struct Failure {
-    /// Exit code.
-    pub code: i32,
-    /// The line.
-    pub message: String,
-}
-
-fn fail(code: i32, message: impl Into<String>) -> Failure {
-    Failure {
-        code,
-        message: message.into(),
-    }
 }
 
 /// The whole `logmon-ship` program.

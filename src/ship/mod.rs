@@ -52,6 +52,7 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+mod exit;
 mod round;
 pub mod scan;
 pub mod state;

@@ -347,7 +347,7 @@ fn push_token(out: &mut String, value: &str) {
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
-/// [`crate::daemon::rotate::MAX_INDEX`]).
+/// [`crate::shared::names::MAX_INDEX`]).
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     let (rest, _) = name.rsplit_once('.')?;
     let (task, stream) = rest.rsplit_once('.')?;
@@ -357,7 +357,7 @@ pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
         _ => return None,
     };
     let task = TaskName::new(task).ok()?;
-    let n = crate::daemon::rotate::parse_index(name, &task, stream)?;
+    let n = crate::shared::names::parse_index(name, &task, stream)?;
     Some((task, stream, n))
 }
 

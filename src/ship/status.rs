@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::cli::{Failure, EXIT_FAILURE, EXIT_USAGE};
+use super::exit::{Failure, EXIT_FAILURE, EXIT_USAGE};
 use super::state::{self, StreamState};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
@@ -98,13 +98,13 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     };
     let (Ok(trust), Ok(files)) = (
         dir.trust(),
-        crate::daemon::rotate::scan_indices_in(dir, &task, stream),
+        crate::shared::names::scan_indices_in(dir, &task, stream),
     ) else {
         return (None, None);
     };
     let mut sizes = BTreeMap::new();
     for n in files.into_iter().filter(|&n| n >= s.file) {
-        let name = crate::daemon::rotate::file_name(&task, stream, n);
+        let name = crate::shared::names::file_name(&task, stream, n);
         let Ok(Some(st)) = dir.stat(&name) else {
             continue;
         };

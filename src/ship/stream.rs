@@ -198,7 +198,7 @@ impl Tracked {
     }
 
     fn name(&self, n: u64) -> String {
-        crate::daemon::rotate::file_name(&self.task, self.stream, n)
+        crate::shared::names::file_name(&self.task, self.stream, n)
     }
 
     /// The file `n` of the stream, open, if it is there and logmon's own
@@ -468,7 +468,7 @@ impl Tracked {
         if !list {
             return None;
         }
-        let listed = crate::daemon::rotate::scan_indices_in(dir, &self.task, self.stream).ok()?;
+        let listed = crate::shared::names::scan_indices_in(dir, &self.task, self.stream).ok()?;
         listed
             .into_iter()
             .filter(|&n| n >= from)

@@ -27,7 +27,8 @@
 mod support;
 
 // Helpers and checks of the whole: the NATS servers of the tests that
-// ship, the documentation, the chaos run.
+// ship, the documentation, the chaos run, the modules' imports.
+mod architecture;
 mod chaos;
 mod docs;
 mod nats;

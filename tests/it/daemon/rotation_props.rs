@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
 use logmon::internals::capture::{Drained, Look, Source, StreamCapture};
-use logmon::internals::rotate::{scan_indices, Rotator};
+use logmon::internals::names::scan_indices;
+use logmon::internals::rotate::Rotator;
 use proptest::prelude::*;
 use std::time::Instant;
 
@@ -343,7 +344,8 @@ fn check_unconditional(files: &[(u64, Vec<u8>)], input: &[u8], max_files: u32, l
 /// record), no index outlives its file, and the high-water mark is the
 /// newest file's number.
 fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
-    use logmon::internals::index::{index_name, parse_hwm, parse_index_name, Index};
+    use logmon::internals::index::{parse_hwm, Index};
+    use logmon::internals::names::{index_name, parse_index_name};
     for (n, bytes) in files {
         let ix = std::fs::read(dir.join(index_name(&task(), Stream::Stdout, *n)))
             .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
@@ -366,7 +368,7 @@ fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
     }
     if let Some((last, _)) = files.last() {
         let hwm =
-            std::fs::read(dir.join(logmon::internals::index::hwm_name(&task(), Stream::Stdout)))
+            std::fs::read(dir.join(logmon::internals::names::hwm_name(&task(), Stream::Stdout)))
                 .unwrap();
         assert_eq!(parse_hwm(&hwm), Some(*last));
     }

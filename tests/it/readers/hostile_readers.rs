@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::{logmon, text, wait_until, PATIENCE};
 use logmon::config::{Stream, TaskName};
-use logmon::internals::index::{header, index_name, Record};
+use logmon::internals::index::{header, Record};
+use logmon::internals::names::index_name;
 use logmon::internals::timeline::format_rfc3339;
 use nix::libc;
 

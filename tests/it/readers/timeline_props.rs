@@ -13,7 +13,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
-use logmon::internals::index::{header, index_name, Index, Record, Stamp};
+use logmon::internals::index::{header, Index, Record, Stamp};
+use logmon::internals::names::index_name;
 use logmon::internals::timeline::{format_rfc3339, parse_rfc3339};
 use proptest::prelude::*;
 

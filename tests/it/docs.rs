@@ -45,7 +45,7 @@
 //! every `LOGMON_*` variable named is read by the sources or listed by a
 //! `--help`; no command hides in an indented code block; every file path
 //! in backticks or linked exists (`src/…`, `tests/…`, `benches/…`; a bare
-//! `rotate.rs` or `capture/pump.rs` somewhere in the sources); every test named (`tests/it/daemon/capture.rs::name`,
+//! `dir.rs` or `capture/pump.rs` somewhere in the sources); every test named (`tests/it/daemon/capture.rs::name`,
 //! `module::tests::name`, or a bare name with three or more underscores;
 //! `name_…` or `name_*` for a prefix) is a `fn` in that file or, without
 //! a file, in the sources. **On every page**: relative links and

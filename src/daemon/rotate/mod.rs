@@ -9,20 +9,20 @@
 //!   created only when the first byte is about to go into it);
 //! - a file ends early only because the next line does not fit; a line longer
 //!   than the limit starts a new file and is cut into pieces of exactly the
-//!   limit ([`plan`]);
+//!   limit ([`plan()`]);
 //! - at most `max_files` files per stream are kept, the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
-//!   `0..=`[`MAX_INDEX`], are ever removed or counted ([`scan_indices`]),
+//!   `0..=`[`MAX_INDEX`](crate::shared::names::MAX_INDEX), are ever removed or counted ([`scan_indices`](crate::shared::names::scan_indices)),
 //!   by `unlinkat` on the directory's fd. A name logmon did not make never
 //!   pushes the numbering: resume takes the highest of logmon's own files
 //!   (regular, one link, its uid), and a name planted above the active one
 //!   is neither counted nor purged until rotation reaches it, so
 //!   `--max-files` holds whatever the task plants, a file at
-//!   [`MAX_INDEX`] included (issue #26.4, #26.7:
+//!   [`MAX_INDEX`](crate::shared::names::MAX_INDEX) included (issue #26.4, #26.7:
 //!   `a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`,
 //!   `a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering`,
 //!   `tests/it/daemon/hostile_daemon.rs::a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files`);
-//!   numbering never passes [`MAX_INDEX`]: reachable only from a forged
+//!   numbering never passes [`MAX_INDEX`](crate::shared::names::MAX_INDEX): reachable only from a forged
 //!   start, it starts over at 0 after removing the stream's files
 //!   (`Rotator::next_index`,
 //!   `numbering_that_would_pass_max_index_starts_over_at_zero`);
@@ -69,32 +69,36 @@
 //!   a restart starts past it unless its file is there to resume
 //!   (`numbers_are_never_reused_after_every_file_was_deleted`). The mark sits
 //!   in a directory the task can write: a forged one only moves numbering
-//!   forward (capped at [`MAX_INDEX`]), wasting numbers, never reusing or
+//!   forward (capped at [`MAX_INDEX`](crate::shared::names::MAX_INDEX)), wasting numbers, never reusing or
 //!   overwriting a file (`a_forged_high_water_mark_only_moves_numbering_forward`)
-//!   short of the start-over at [`MAX_INDEX`] above.
+//!   short of the start-over at [`MAX_INDEX`](crate::shared::names::MAX_INDEX) above.
 //!
-//! The decision of how many bytes go where is the pure function [`plan`]; the
-//! [`Rotator`] owns the files and does what the plan says.
+//! The decision of how many bytes go where is the pure function [`plan()`]
+//! (`plan.rs`); the [`Rotator`] owns the files and does what the plan
+//! says: the active file (`active.rs`), resuming (`resume.rs`), purging
+//! (`purge.rs`), the index (`indexing.rs`) and the shipper's hold
+//! (`hold.rs`), each an `impl Rotator` of its own.
 
-use crate::shared::error::PathIo;
 use std::fs::File;
-use std::io;
-use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::fcntl::{fallocate, FallocateFlags, OFlag};
-use nix::sys::stat::Mode;
-
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{Claim, Dir};
-use crate::shared::index::{self, IndexWriter};
-use crate::shared::names::{
-    file_name, hwm_name, index_name, parse_index, parse_index_name, scan_indices_in, MAX_INDEX,
-};
+use crate::shared::dir::Dir;
+use crate::shared::error::PathIo;
+use crate::shared::index::IndexWriter;
+use crate::shared::names::{file_name, scan_indices_in};
+
+// The rotator's responsibilities, one file each (`impl Rotator` blocks).
+mod active;
+mod hold;
+mod indexing;
+mod plan;
+mod purge;
+mod resume;
+
+pub use plan::{plan, Step};
 
 /// An error of the rotated-files layer, naming the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -107,80 +111,9 @@ pub enum RotateError {
     Io(#[from] PathIo),
 }
 
-/// What to do next with the bytes waiting in the pipe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Move this many bytes into the active file.
-    Write(usize),
-    /// Close the active file; the next bytes go to index N+1.
-    Rotate,
-    /// Leave the bytes in the pipe: they are a partial line that may still
-    /// get its newline.
-    Hold,
-}
-
-/// Decides the next step for `avail` waiting bytes (`avail > 0`).
-///
-/// `size` is the active file's size and `limit` the maximum file size.
-/// `peeked` is how many of the waiting bytes were looked at (at most
-/// `min(avail, limit - size)`) and `last_nl` the offset of the last `\n`
-/// among them. `flush_partial` says a partial line may not be held back any
-/// longer (it waited 1 s, the pipe is full, or logmon is stopping).
-/// `at_line_start` says the active file ends with a newline (or is empty):
-/// otherwise the waiting bytes continue a line begun in it.
-///
-/// A file ends early only because the next *whole* line does not fit: a
-/// line already begun in the file fills it first (DESIGN.md §1; a file
-/// left mid-line by a logmon killed between two splices of one piece is
-/// resumed that way, `a_resumed_file_ending_mid_line_is_filled_before_the_next`).
-pub fn plan(
-    size: u64,
-    limit: u64,
-    avail: usize,
-    peeked: usize,
-    last_nl: Option<usize>,
-    flush_partial: bool,
-    at_line_start: bool,
-) -> Step {
-    let rem = limit.saturating_sub(size);
-    if rem == 0 {
-        return Step::Rotate;
-    }
-    if let Some(p) = last_nl {
-        return Step::Write(p + 1);
-    }
-    let window = usize::try_from(rem).unwrap_or(usize::MAX).min(avail);
-    if peeked < window {
-        // Could not look far enough to decide; wait for the next pass.
-        return if flush_partial {
-            Step::Write(peeked.max(1).min(window))
-        } else {
-            Step::Hold
-        };
-    }
-    if (avail as u64) > rem {
-        // The next line does not fit in what is left of this file.
-        if size > 0 && at_line_start {
-            Step::Rotate
-        } else {
-            // A line longer than the limit, or one already begun here:
-            // a piece that fills the file.
-            Step::Write(window)
-        }
-    } else if flush_partial {
-        Step::Write(avail)
-    } else {
-        Step::Hold
-    }
-}
-
 /// At most one warning about planted names per stream in this long; the
 /// ones in between are counted and reported with the next.
 const FOREIGN_WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// How many indices one file creation may skip (names that cannot be
-/// freed) before it gives up and reports a write error (retried later).
-const MAX_SKIPPED_INDICES: u32 = 64;
 
 /// The set of rotated files of one stream, and its active file.
 #[derive(Debug)]
@@ -224,7 +157,7 @@ pub struct Rotator {
     /// The high-water mark known to be stored (`None`: not known).
     hwm: Option<u64>,
     /// The mark's file, kept open so that storing it at each new file is
-    /// one `fstat` and one `pwrite` ([`index::rewrite_hwm`]).
+    /// one `fstat` and one `pwrite` ([`crate::shared::index::rewrite_hwm`]).
     hwm_file: Option<File>,
     /// A purged file whose index was kept to be renamed to the next new
     /// file's and reused ([`IndexWriter::recycle`]).
@@ -245,20 +178,11 @@ pub struct Rotator {
     /// The name was checked in this drain pass (reset by
     /// [`Rotator::record_batch`], which ends every pass).
     name_checked: bool,
-    /// Numbering went past [`MAX_INDEX`] and starts over at 0: the
+    /// Numbering went past [`MAX_INDEX`](crate::shared::names::MAX_INDEX) and starts over at 0: the
     /// stream's files go before the next one is created
     /// ([`Rotator::next_index`]).
     starting_over: bool,
 }
-
-/// A write at least this large preallocates ([`Rotator::active_file`]):
-/// the task is writing fast enough for the saving to matter.
-const RESERVE_MIN_WRITE: usize = 64 * 1024;
-
-/// How far past EOF the active file is preallocated at a time (at most up
-/// to its size limit). Also the most a killed logmon can leave allocated
-/// past EOF, until its successor rotates or stops.
-const RESERVE_AHEAD: u64 = 4 * 1024 * 1024;
 
 impl Rotator {
     /// [`Rotator::open_in`] on the directory at `dir`, opened here, with
@@ -334,88 +258,9 @@ impl Rotator {
             name_checked: false,
             starting_over: false,
         };
-        // Numbers are never reused: start past the high-water mark unless
-        // the highest file of our own is at it (or past it: a mark lost or
-        // never written by an older logmon).
-        let hwm = index::read_hwm(&r.dir, task, stream);
-        r.hwm = hwm;
-        let own = r.highest_own(&indices)?;
-        match (own, hwm) {
-            (Some(last), h) if h.is_none_or(|h| last >= h) => {
-                r.index = last;
-                r.resume_active()?;
-            }
-            (_, Some(h)) => r.index = h.saturating_add(1).min(MAX_INDEX),
-            // Nothing of ours and no mark: index 0.
-            _ => {}
-        }
+        r.resume(&indices)?;
         r.purge(false)?;
         Ok(r)
-    }
-
-    /// The highest of `indices` (ascending) whose name holds logmon's own
-    /// file, looked at through the directory (`fstatat`, no link followed).
-    fn highest_own(&self, indices: &[u64]) -> Result<Option<u64>, RotateError> {
-        for &i in indices.iter().rev() {
-            let name = file_name(&self.task, self.stream, i);
-            match self.dir.stat(&name) {
-                Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none() => {
-                    return Ok(Some(i))
-                }
-                Ok(_) => {}
-                Err(source) => {
-                    return Err(RotateError::Io(PathIo {
-                        what: "",
-                        action: "stat",
-                        path: self.dir.display(&name),
-                        source,
-                    }))
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// Opens the active index's existing file to append to it: its size
-    /// and whether it ends a line. Something other than logmon's own file
-    /// there (swapped in since the listing) is counted, and capture starts
-    /// at the next index.
-    fn resume_active(&mut self) -> Result<(), RotateError> {
-        let name = self.active_name();
-        match self.dir.open_own(&name, OFlag::O_RDONLY) {
-            Ok(Ok(Some(f))) => {
-                self.size = f
-                    .metadata()
-                    .map_err(|source| {
-                        RotateError::Io(PathIo {
-                            what: "",
-                            action: "stat",
-                            path: self.active_path(),
-                            source,
-                        })
-                    })?
-                    .len();
-                if self.size > 0 {
-                    self.at_line_start = last_byte_is_newline(&f);
-                }
-            }
-            Ok(Ok(None)) => {}
-            Ok(Err(why)) => {
-                // Never append to what the task planted: start afresh
-                // past it (its name is purged in due course).
-                self.note_foreign(1, &name, &why);
-                self.next_index();
-            }
-            Err(source) => {
-                return Err(RotateError::Io(PathIo {
-                    what: "",
-                    action: "open",
-                    path: self.active_path(),
-                    source,
-                }))
-            }
-        }
-        Ok(())
     }
 
     /// The active index.
@@ -517,317 +362,6 @@ impl Rotator {
         }
     }
 
-    /// The active file and the offset to write at, for a write of `len`
-    /// bytes. Creates the file (and purges older ones) if this is its first
-    /// byte. Reopens the file if it was deleted underneath (link count 0),
-    /// and follows a truncation, so capture goes on.
-    ///
-    /// A large write preallocates the file ahead of it (fallocate with
-    /// KEEP_SIZE: readers see no change). capture writes by splice(2), which
-    /// holds the FIFO's lock for the whole file write, so the task cannot
-    /// write meanwhile; into preallocated blocks ext4 skips the per-block
-    /// delayed-allocation work, which cut that time by about a quarter here
-    /// (and a task writing one line per write(2) runs correspondingly
-    /// faster). The space past EOF is given back when the file is rotated
-    /// or logmon stops.
-    pub fn active_file(&mut self, len: usize) -> Result<(&File, u64), RotateError> {
-        if let Some(f) = &self.file {
-            let check_name = self.watch_name && !self.name_checked;
-            match f.metadata() {
-                Ok(m) if m.nlink() > 0 && check_name && !self.still_named(&m) => {
-                    self.moved_away();
-                }
-                Ok(m) if m.nlink() > 0 => {
-                    if m.len() < self.size {
-                        // Truncated underneath (e.g. copytruncate): write at
-                        // the new end instead of leaving a hole of zeros.
-                        tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was truncated; continuing at its new end");
-                        self.size = m.len();
-                        // The truncation freed the blocks past its end.
-                        self.reserved = 0;
-                        // Old offsets no longer name the same bytes.
-                        self.batch = None;
-                        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::reset) {
-                            self.ix = None;
-                            self.index_failed("cannot reset the index", &e);
-                        }
-                    }
-                }
-                _ => {
-                    tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was deleted; recreating it");
-                    self.recreated += 1;
-                    self.file = None;
-                    self.ix = None;
-                    self.batch = None;
-                    self.reserved = 0;
-                    self.size = 0;
-                    self.at_line_start = true;
-                }
-            }
-        }
-        self.name_checked = true;
-        let file = match self.file.take() {
-            Some(f) => f,
-            None => self.create_active()?,
-        };
-        let size = self.size;
-        if self.preallocate && len >= RESERVE_MIN_WRITE && size + len as u64 > self.reserved {
-            let end = self.limit.min(size + RESERVE_AHEAD).max(size + len as u64);
-            match fallocate(
-                file.as_fd(),
-                FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                size as i64,
-                (end - size) as i64,
-            ) {
-                Ok(()) => self.reserved = end,
-                Err(e @ (Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINVAL)) => {
-                    tracing::debug!(stream = %self.stream, error = %e, "preallocation not supported here");
-                    self.preallocate = false;
-                }
-                Err(e) => {
-                    // No space, most likely (the write will report it).
-                    // Part of the range may be allocated all the same:
-                    // count it as reserved, so it is trimmed, and try
-                    // again only past it.
-                    tracing::debug!(stream = %self.stream, error = %e, "cannot preallocate");
-                    self.reserved = end;
-                }
-            }
-        }
-        Ok((self.file.insert(file), size))
-    }
-
-    /// Whether the active file's name still names the open file `m` (an
-    /// `fstatat` through the directory against the file's `fstat`).
-    fn still_named(&self, m: &std::fs::Metadata) -> bool {
-        matches!(self.dir.stat(self.active_name()),
-            Ok(Some(st)) if st.st_dev == m.dev() && st.st_ino == m.ino())
-    }
-
-    /// The active file was renamed away — out of the directory, or to
-    /// another name in it — by someone who may rename logmon's files
-    /// (issue #26.9): it is closed untouched (no trim, no more records in
-    /// its index) and capture goes on in a new file at the next index.
-    /// Counted as a foreign name.
-    fn moved_away(&mut self) {
-        let name = self.active_name();
-        self.note_foreign(
-            1,
-            &name,
-            "the active file renamed away by someone else; continuing in a new file",
-        );
-        self.file = None;
-        self.ix = None;
-        self.batch = None;
-        self.reserved = 0;
-        self.inherited = false;
-        self.next_index();
-        self.size = 0;
-        self.at_line_start = true;
-    }
-
-    /// Moves to the next file number. Rotation never gets near
-    /// [`MAX_INDEX`] (2^63 files); only a forged start can (a file of
-    /// logmon's own renamed to a huge index, or over the high-water mark,
-    /// in a directory without the sticky bit). Past it, numbering starts
-    /// over at 0 rather than leave the names purge and readers know: the
-    /// stream's files are removed before file 0 is created (they would
-    /// otherwise sort after every new one, and purge would take the new
-    /// ones first), and the mark goes back to 0. Capture goes on; what the
-    /// forgery costs is those files
-    /// (`numbering_that_would_pass_max_index_starts_over_at_zero`).
-    fn next_index(&mut self) {
-        if self.index >= MAX_INDEX {
-            self.index = 0;
-            self.starting_over = true;
-        } else {
-            self.index += 1;
-        }
-    }
-
-    /// Removes every file of the stream (and its index) before numbering
-    /// starts over at 0 ([`Rotator::next_index`]), and forgets the mark
-    /// so that 0 is stored.
-    fn start_over(&mut self) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "list",
-                path: self.dir.path().to_owned(),
-                source,
-            })
-        })?;
-        self.starting_over = false;
-        let mut n = 0;
-        for i in names.iter().filter_map(|n| {
-            n.to_str()
-                .and_then(|s| parse_index(s, &self.task, self.stream))
-        }) {
-            self.remove_index(i);
-            let name = file_name(&self.task, self.stream, i);
-            match self.dir.remove(&name) {
-                Ok(()) => n += 1,
-                Err(e) => {
-                    tracing::debug!(path = %self.dir.display(&name).display(), error = %e, "cannot purge")
-                }
-            }
-        }
-        if let Some(m) = self.spare.take() {
-            self.remove_index(m);
-        }
-        self.hwm = None;
-        tracing::warn!(stream = %self.stream, dir = %self.dir.path().display(), files = n,
-            "file numbering reached its maximum (a forged high-water mark or file name); \
-             removed the stream's files and starting over at 0");
-        Ok(())
-    }
-
-    /// Gives back the space preallocated past the end of the active file
-    /// (truncating a file to its own length frees its blocks past EOF). The
-    /// truncation would stamp the file's mtime; it is put back, so the
-    /// mtime stays the time of the last byte written.
-    fn release_reserve(&mut self) {
-        let past_eof = std::mem::take(&mut self.reserved) > self.size;
-        let inherited = std::mem::take(&mut self.inherited);
-        if let (true, Some(f)) = (past_eof || inherited, &self.file) {
-            let trim = f.metadata().and_then(|m| {
-                f.set_len(m.len())?;
-                f.set_modified(m.modified()?)
-            });
-            if let Err(e) = trim {
-                tracing::debug!(stream = %self.stream, error = %e, "cannot trim preallocated space");
-            }
-        }
-    }
-
-    /// A deleted log directory is recreated through the parent fd held
-    /// since start, never by walking its path (which the task may have
-    /// replaced with a symlink); a failure is a write error like any other.
-    /// A confined logmon does not recreate it ([`crate::shared::sandbox::confined`]:
-    /// its Landlock perimeter is the directory it opened, never the
-    /// parent): that is a write error too, handled by the write-error
-    /// policy, said once in the log and by `status` (`log_dir_gone`), until
-    /// the next logmon takes over.
-    fn ensure_dir(&mut self) -> Result<(), RotateError> {
-        if !self.dir.is_deleted() {
-            return Ok(());
-        }
-        let gone = |why: &str| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "write into log directory",
-                path: self.dir.path().to_owned(),
-                source: io::Error::new(io::ErrorKind::NotFound, why.to_owned()),
-            })
-        };
-        if crate::shared::sandbox::confined() {
-            if self.dir.first_notice_of_deletion() {
-                tracing::warn!(dir = %self.dir.path().display(),
-                    "log directory was deleted; confined to the directories it opened, logmon \
-                     does not recreate it: bytes are dropped or wait in the pipe (--on-write-error) \
-                     until the next logmon (ensure, or the unit's restart) captures into it again");
-            }
-            return Err(gone(
-                "it was deleted, and a confined logmon does not recreate it (the next logmon does)",
-            ));
-        }
-        tracing::warn!(dir = %self.dir.path().display(), "log directory vanished; recreating it through its parent");
-        let again = self.dir.recreate().map_err(|source| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "recreate log directory",
-                path: self.dir.path().to_owned(),
-                source,
-            })
-        })?;
-        self.dir = Arc::new(again);
-        self.preallocate = preallocation_pays(&self.dir);
-        self.watch_name = names_can_move(&self.dir);
-        // The mark and the spare index went with the old directory.
-        self.hwm = None;
-        self.hwm_file = None;
-        self.spare = None;
-        Ok(())
-    }
-
-    /// Opens the active file — logmon's own existing one (after `Reopen`,
-    /// or resumed), else a new one created `O_EXCL` — and purges old ones.
-    /// A planted name is removed and counted; one that cannot be freed is
-    /// skipped for the next index.
-    fn create_active(&mut self) -> Result<File, RotateError> {
-        self.ensure_dir()?;
-        if self.starting_over {
-            self.start_over()?;
-        }
-        // The directory's mode may have changed since the last file (an
-        // operator's chmod +t): learnt once per file, never per write.
-        self.watch_name = names_can_move(&self.dir);
-        let mut skipped = 0;
-        loop {
-            self.store_hwm();
-            let name = self.active_name();
-            let path = self.active_path();
-            let io_err = |action, source| {
-                RotateError::Io(PathIo {
-                    what: "",
-                    action,
-                    path: path.clone(),
-                    source,
-                })
-            };
-            let mut found = None;
-            match self.dir.open_own(&name, OFlag::O_WRONLY) {
-                Ok(Ok(Some(file))) => {
-                    let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
-                    self.size = len;
-                    if len == 0 {
-                        self.at_line_start = true;
-                    }
-                    self.inherited = len > 0;
-                    self.purge(false)?;
-                    self.open_index(Some(len));
-                    return Ok(file);
-                }
-                Ok(Ok(None)) => {}
-                // Removed (and counted) by create_own below.
-                Ok(Err(why)) => found = Some(why),
-                Err(e) => return Err(io_err("open", e)),
-            }
-            let claim = self
-                .dir
-                .create_own(&name, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))
-                .map_err(|e| io_err("create", e))?;
-            match claim {
-                Claim::Created { file, removed } => {
-                    let what = removed.first().cloned().or(found).unwrap_or_default();
-                    self.note_foreign(removed.len() as u64, &name, &what);
-                    self.size = 0;
-                    self.at_line_start = true;
-                    self.inherited = false;
-                    self.purge(true)?;
-                    self.open_index(None);
-                    return Ok(file);
-                }
-                Claim::Occupied { by, removed } => {
-                    self.note_foreign(removed.len() as u64 + 1, &name, &by);
-                    skipped += 1;
-                    if skipped >= MAX_SKIPPED_INDICES {
-                        return Err(io_err(
-                            "create",
-                            io::Error::new(
-                                io::ErrorKind::AlreadyExists,
-                                format!("{skipped} names in a row taken by something else ({by})"),
-                            ),
-                        ));
-                    }
-                    self.next_index();
-                    self.size = 0;
-                    self.at_line_start = true;
-                }
-            }
-        }
-    }
-
     /// Records that `n` bytes were written at the end of the active file;
     /// `ends_line` says whether the last of them was a newline.
     /// The bytes join the current batch, recorded in the file's index by
@@ -886,343 +420,6 @@ impl Rotator {
             self.at_line_start = true;
         }
     }
-
-    /// Purges now, not only when a new file is made: called while writes
-    /// fail (a full disk), so that files held for the shipper
-    /// (`--keep-unshipped`) that it has read since are freed and capture
-    /// can go on. Errors are logged: the retry of the write reports its own.
-    pub fn free_space(&mut self) {
-        if let Err(e) = self.purge(false) {
-            tracing::debug!(stream = %self.stream, error = %e, "cannot purge");
-        }
-    }
-
-    /// Removes the lowest indices until at most `max_files` remain, by
-    /// name through the directory fd (a planted symlink's target is never
-    /// touched; a planted directory is left alone).
-    ///
-    /// What counts: every name of the stream at or below the active index
-    /// (one the task planted there is removed like a file, lowest first),
-    /// and above it only logmon's own files. A name the task planted ahead
-    /// of rotation is neither counted nor removed here (it never makes
-    /// logmon purge a real file early); rotation removes and counts it when
-    /// it gets there ([`Dir::create_own`]). The active file is never
-    /// removed; a file of logmon's own above it (renamed there, in a
-    /// directory without the sticky bit) goes after every lower one.
-    ///
-    /// A file's index goes first, then the file: a reader that finds a
-    /// file without its index estimates its times, and no index outlives
-    /// its file for longer than the two unlinks. Indexes left without
-    /// their file (a logmon killed between the two, files deleted by hand)
-    /// are removed too, below the active index.
-    ///
-    /// With `keep_spare` (a new file was just created and its index comes
-    /// next), the index of the last file purged is kept as the spare,
-    /// renamed to the new file's index and reused
-    /// ([`Rotator::recycle_spare`]) a moment later.
-    fn purge(&mut self, keep_spare: bool) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "list",
-                path: self.dir.path().to_owned(),
-                source,
-            })
-        })?;
-        let mut indices = Vec::new();
-        let mut indexed = Vec::new();
-        for n in names.iter().filter_map(|n| n.to_str()) {
-            if let Some(i) = parse_index(n, &self.task, self.stream) {
-                indices.push(i);
-            } else if let Some(i) = parse_index_name(n, &self.task, self.stream) {
-                indexed.push(i);
-            }
-        }
-        indices.sort_unstable();
-        for i in indexed {
-            if i < self.index && indices.binary_search(&i).is_err() && self.spare != Some(i) {
-                self.remove_index(i);
-            }
-        }
-        let ahead = indices.partition_point(|&i| i <= self.index);
-        let own_ahead: Vec<u64> = indices[ahead..]
-            .iter()
-            .copied()
-            .filter(|&i| {
-                matches!(self.dir.stat(file_name(&self.task, self.stream, i)),
-                    Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none())
-            })
-            .collect();
-        let counted = ahead + own_ahead.len();
-        let excess = counted.saturating_sub(self.max_files as usize);
-        // Oldest first, never the active file.
-        let doomed: Vec<u64> = indices[..ahead]
-            .iter()
-            .chain(&own_ahead)
-            .copied()
-            .filter(|&i| i != self.index)
-            .take(excess)
-            .collect();
-        let held = self.held_for_shipper(&doomed);
-        for &old in doomed.iter().filter(|i| !held.contains(i)) {
-            if keep_spare && self.indexing {
-                // Keep this one's index for the new file; an older spare
-                // goes.
-                if let Some(prev) = self.spare.replace(old) {
-                    self.remove_index(prev);
-                }
-            } else {
-                self.remove_index(old);
-            }
-            let name = file_name(&self.task, self.stream, old);
-            match self.dir.remove(&name) {
-                Ok(()) => tracing::debug!(path = %self.dir.display(&name).display(), "purged"),
-                Err(e) if e.raw_os_error() == Some(Errno::EISDIR as i32) => {
-                    tracing::debug!(path = %self.dir.display(&name).display(), "not purging a directory");
-                }
-                Err(e) => {
-                    tracing::warn!(path = %self.dir.display(&name).display(), error = %e, "cannot purge")
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Rotator {
-    /// Holds purge for the node's shipper (`run --keep-unshipped SIZE`):
-    /// up to `size` bytes of files beyond `max_files` that the shipper has
-    /// not finished are kept. 0 (the default) keeps none. The daemon
-    /// passes it to [`Rotator::open_in`] instead, so that the first purge
-    /// holds too.
-    pub fn set_keep_unshipped(&mut self, size: u64) {
-        self.keep_unshipped = size;
-    }
-
-    /// Of the files about to be purged (`excess`, oldest first), those
-    /// kept for the shipper: the ones at or after its position
-    /// ([`crate::shared::shipped::load`], read here, at rotation only), newest
-    /// first, as long as they add up to at most `keep_unshipped` bytes.
-    /// The oldest unshipped go first when they do not all fit, so the kept
-    /// files stay one contiguous run the shipper reads on from (what it
-    /// cannot read it announces as a gap).
-    ///
-    /// Without a position the shipper is taken to be at the start: a
-    /// stream it has not reached yet (no position file), whose position
-    /// is unreadable, or whose position file could have been made or
-    /// renamed by the task (`shipped::load` returns only a trusted one) is
-    /// held like any unshipped stream. So a trusted position can only
-    /// release the hold, a forged one can only keep it, and no order of
-    /// kills opens a window where purge runs unheld: what is held costs
-    /// at most `keep_unshipped` bytes of disk, never a line
-    /// (`keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`).
-    fn held_for_shipper(&self, excess: &[u64]) -> Vec<u64> {
-        if self.keep_unshipped == 0 || excess.is_empty() {
-            return Vec::new();
-        }
-        let at = crate::shared::shipped::load(&self.dir, &self.task, self.stream);
-        let from = at.map_or(0, |p| p.file);
-        let mut held = Vec::new();
-        let mut bytes = 0u64;
-        for &n in excess.iter().rev().filter(|&&n| n >= from) {
-            let size = match self.dir.stat(file_name(&self.task, self.stream, n)) {
-                Ok(Some(st)) => u64::try_from(st.st_size).unwrap_or(u64::MAX),
-                _ => 0,
-            };
-            if bytes.saturating_add(size) > self.keep_unshipped {
-                break;
-            }
-            bytes += size;
-            held.push(n);
-        }
-        if !held.is_empty() {
-            tracing::debug!(stream = %self.stream, files = held.len(), bytes,
-                shipped_to = ?at.map(|p| p.file), "purge held for the shipper");
-        }
-        held
-    }
-
-    /// Writes the record of the current batch (the bytes moved into the
-    /// active file since the last record) into the file's index, stamped
-    /// with the wall clock now — after the bytes, so a record never names
-    /// bytes that are not in the file. Called once per drain pass and at
-    /// rotation: one `pwrite` per batch, never one per line. A failure is
-    /// counted and logged; the log file is not affected.
-    pub fn record_batch(&mut self) {
-        // The pass is over: the next one checks the active file's name
-        // again (where names can move).
-        self.name_checked = false;
-        let Some(offset) = self.batch.take() else {
-            return;
-        };
-        let Some(ix) = self.ix.as_mut() else {
-            return;
-        };
-        if let Err(e) = ix.append(offset, index::now_ns()) {
-            self.index_failed("cannot write the index", &e);
-        }
-        if ix_due(&self.ix) {
-            self.flush_index();
-        }
-    }
-
-    /// Writes the records gathered in memory into the index (one `pwrite`;
-    /// see [`IndexWriter`]): called before the pump sleeps, at rotation,
-    /// and at stop through [`Rotator::sync`].
-    pub fn flush_index(&mut self) {
-        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::flush) {
-            self.index_failed("cannot write the index", &e);
-        }
-    }
-
-    /// Opens the active file's index: resumes it for a resumed file of
-    /// `resumed` bytes (see [`IndexWriter::resume`]), or starts a new one
-    /// for a new file (`None`); an index left at the name by a deleted file
-    /// of the same number is replaced. A planted name is removed and
-    /// counted like those at log file names. On failure the file goes
-    /// without an index (readers estimate its times).
-    fn open_index(&mut self, resumed: Option<u64>) {
-        self.ix = None;
-        self.batch = None;
-        if !self.indexing {
-            return;
-        }
-        let name = index_name(&self.task, self.stream, self.index);
-        if let Some(len) = resumed {
-            match self.dir.open_own(&name, OFlag::O_RDWR) {
-                Ok(Ok(Some(f))) => {
-                    match IndexWriter::resume(f, self.index, len) {
-                        Ok(w) => self.ix = Some(w),
-                        Err(e) => self.index_failed("cannot resume the index", &e),
-                    }
-                    return;
-                }
-                // Nothing there, or planted (create_own removes it).
-                Ok(Ok(None)) | Ok(Err(_)) => {}
-                Err(e) => return self.index_failed("cannot open the index", &e),
-            }
-        } else {
-            if self.recycle_spare(&name) {
-                return;
-            }
-            index::remove_stale_own(&self.dir, &name);
-        }
-        match self
-            .dir
-            .create_own(&name, OFlag::O_RDWR, Mode::from_bits_truncate(0o644))
-        {
-            Ok(Claim::Created { file, removed }) => {
-                let what = removed.first().cloned().unwrap_or_default();
-                self.note_foreign(removed.len() as u64, &name, &what);
-                match IndexWriter::fresh(file, self.index) {
-                    Ok(w) => self.ix = Some(w),
-                    Err(e) => self.index_failed("cannot write the index", &e),
-                }
-            }
-            Ok(Claim::Occupied { by, removed }) => {
-                self.note_foreign(removed.len() as u64 + 1, &name, &by);
-                self.index_failed(
-                    "cannot create the index",
-                    &io::Error::new(io::ErrorKind::AlreadyExists, by),
-                );
-            }
-            Err(e) => self.index_failed("cannot create the index", &e),
-        }
-    }
-
-    /// Renames the spare index (a purged file's) to `name`, the new active
-    /// file's, and starts it there; `true` when that worked. Never
-    /// replaces a name (`RENAME_NOREPLACE`), and opens what it renamed
-    /// only if it is logmon's own file ([`Dir::open_own`]): if the task
-    /// swapped the spare for something else in between, that thing is
-    /// left at `name` for [`Dir::create_own`] to remove and count.
-    fn recycle_spare(&mut self, name: &str) -> bool {
-        let Some(m) = self.spare.take() else {
-            return false;
-        };
-        let from = index_name(&self.task, self.stream, m);
-        if self.dir.rename_noreplace(&from, name).is_err() {
-            // A stale index at `name` (EEXIST), or the spare is gone.
-            self.remove_index(m);
-            return false;
-        }
-        match self.dir.open_own(name, OFlag::O_RDWR) {
-            Ok(Ok(Some(f))) => {
-                match IndexWriter::recycle(f, self.index) {
-                    Ok(w) => self.ix = Some(w),
-                    Err(e) => self.index_failed("cannot write the index", &e),
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Stores the active index as the high-water mark if it is past the
-    /// one stored, before the file is first used. A failure is counted and
-    /// logged, and capture goes on (the mark is tried again at the next
-    /// file).
-    fn store_hwm(&mut self) {
-        if !self.indexing || self.hwm.is_some_and(|h| h >= self.index) {
-            return;
-        }
-        if let Some(f) = &self.hwm_file {
-            match index::rewrite_hwm(f, self.index) {
-                Ok(true) => {
-                    self.hwm = Some(self.index);
-                    return;
-                }
-                // Unlinked or linked elsewhere: stored afresh by name.
-                Ok(false) => {}
-                Err(e) => self.index_failed("cannot store the high-water mark", &e),
-            }
-            self.hwm_file = None;
-        }
-        match index::store_hwm(&self.dir, &self.task, self.stream, self.index) {
-            Ok((file, removed)) => {
-                self.hwm = Some(self.index);
-                self.hwm_file = Some(file);
-                let name = hwm_name(&self.task, self.stream);
-                self.note_foreign(removed as u64, &name, "planted name");
-            }
-            Err(e) => self.index_failed("cannot store the high-water mark", &e),
-        }
-    }
-
-    /// Removes the index of file `n`, if any.
-    fn remove_index(&self, n: u64) {
-        let name = index_name(&self.task, self.stream, n);
-        match self.dir.remove(&name) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => {}
-            Err(e) => {
-                tracing::debug!(path = %self.dir.display(&name).display(), error = %e, "cannot purge an index")
-            }
-        }
-    }
-
-    /// Counts an index failure and warns at most once per
-    /// [`FOREIGN_WARN_EVERY`].
-    fn index_failed(&mut self, what: &'static str, e: &io::Error) {
-        self.index_errors += 1;
-        let now = Instant::now();
-        if self
-            .index_warned
-            .is_none_or(|t| now.duration_since(t) >= FOREIGN_WARN_EVERY)
-        {
-            tracing::warn!(stream = %self.stream, dir = %self.dir.path().display(), error = %e,
-                failures = self.index_errors,
-                "{what}; capture goes on, lines without a record get an estimated time \
-                 (more failures are only counted for a minute)");
-            self.index_warned = Some(now);
-        }
-    }
-}
-
-/// Whether the gathered records are due: the oldest waited
-/// [`index::FLUSH_AGE`] while data flowed.
-fn ix_due(ix: &Option<IndexWriter>) -> bool {
-    ix.as_ref().is_some_and(|w| w.pending_for(index::FLUSH_AGE))
 }
 
 /// Whether someone other than logmon may rename names in `dir` (the
@@ -1247,21 +444,15 @@ fn preallocation_pays(dir: &Dir) -> bool {
     fstatfs(dir.fd()).map_or(true, |s| s.filesystem_type() != TMPFS_MAGIC)
 }
 
-/// Whether the open file `f` ends with a newline (or is empty).
-fn last_byte_is_newline(f: &File) -> bool {
-    use std::os::unix::fs::FileExt;
-    let Ok(m) = f.metadata() else { return true };
-    if m.len() == 0 {
-        return true;
-    }
-    let mut b = [0u8; 1];
-    matches!(f.read_at(&mut b, m.len() - 1), Ok(1) if b[0] == b'\n')
-}
-
 #[cfg(test)]
 mod tests {
+    use super::active::{RESERVE_AHEAD, RESERVE_MIN_WRITE};
     use super::*;
-    use crate::shared::names::scan_indices;
+    use crate::shared::index;
+    use crate::shared::names::{parse_index, scan_indices, MAX_INDEX};
+    use nix::fcntl::{fallocate, FallocateFlags};
+    use nix::sys::stat::Mode;
+    use std::os::unix::fs::MetadataExt;
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()

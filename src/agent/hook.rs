@@ -315,7 +315,6 @@ impl Hook {
             .iter()
             .filter_map(|&s| crate::shared::fifo::hold(self.config.fifo(s)).ok())
             .collect();
-        let task = self.config.task.as_str();
         let mut stopped = None;
         // Without metadata of its own, a fresh logmon gets the state's.
         let mut inherited = previous
@@ -323,100 +322,12 @@ impl Hook {
             .map(|p| &p.meta)
             .filter(|m| !m.is_empty());
         let reason = match previous {
-            Some(prev) => match client::reattach_with_timeout(prev, self.timeout) {
-                Ok(mut h) => match self.judge(&dir, &prev.socket, &mut h) {
-                    Judged::Ours(heals) => {
-                        notes.extend(heals);
-                        notes.extend(self.flag_differences(prev.pid));
-                        if h.protocol() < PROTOCOL_VERSION {
-                            notes.push(format!(
-                                "logmon pid {} runs logmon {} (protocol {}): kept, not restarted for its version; it runs that release until it is stopped (`logmon stop --state …`, then ensure again, starts this one)",
-                                prev.pid,
-                                h.welcome().version,
-                                h.protocol()
-                            ));
-                        }
-                        let mut config = prev.clone();
-                        // The running logmon's own word (a state written before
-                        // metadata was kept may lack it); else the state's.
-                        if let Ok(stats) = h.stats() {
-                            config.meta = stats.meta;
-                        }
-                        notes.extend(self.meta_difference(prev.pid, &config.meta));
-                        return Ok(Outcome {
-                            action: Action::Reattached,
-                            reason: None,
-                            config,
-                            stopped: None,
-                            notes,
-                        });
-                    }
-                    // This task's logmon, which cannot capture into the
-                    // directory at the configured path: the next one must.
-                    Judged::Lost(why) => {
-                        if self.policy == Policy::Conservative {
-                            return Err(HookError::LogDirGone {
-                                task: task.to_owned(),
-                                pid: prev.pid,
-                                why,
-                            });
-                        }
-                        self.stop_lost(h, &why, &mut notes)?;
-                        stopped = Some(prev.pid);
-                        format!("LogDirGone: logmon pid {} {why}", prev.pid)
-                    }
-                    Judged::Other => {
-                        // Another task's state: its metadata is not this task's.
-                        inherited = None;
-                        let w = h.welcome();
-                        let why = format!(
-                            "StateOfOtherTask: the state names logmon pid {} of task {:?} in {}, not task {:?} in {}; that logmon is left running",
-                            w.pid,
-                            w.task,
-                            w.log_dir.display(),
-                            task,
-                            dir.path().display()
-                        );
-                        notes.push(why.clone());
-                        why
-                    }
-                },
-                Err(e) if self.policy == Policy::Conservative => {
-                    return Err(HookError::Recoverable(e))
+            Some(prev) => {
+                match self.try_previous(&dir, prev, &mut notes, &mut stopped, &mut inherited)? {
+                    Next::Keep(outcome) => return Ok(outcome),
+                    Next::Replace(reason) => reason,
                 }
-                Err(
-                    e @ ReattachError::ProtocolMismatch {
-                        logmon: Some(_), ..
-                    },
-                ) => return Err(version_gap(prev.pid, &e)),
-                Err(ReattachError::Refused { pid, .. }) => {
-                    return Err(HookError::NotOwner {
-                        task: task.to_owned(),
-                        what: format!("pid {pid}"),
-                        uid: process::uid_of(pid).unwrap_or(0),
-                    })
-                }
-                Err(e) => {
-                    tracing::info!(reason = e.name(), error = %e, "cannot reattach; launching a fresh logmon");
-                    let retired = if matches!(
-                        e,
-                        ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }
-                    ) {
-                        Retired::No
-                    } else {
-                        self.retire_proven(&dir, prev, &e, &mut notes)?
-                    };
-                    if retired != Retired::No {
-                        stopped = Some(prev.pid);
-                    }
-                    match retired {
-                        Retired::LostLogDir(why) => {
-                            format!("LogDirGone: logmon pid {} {why}", prev.pid)
-                        }
-                        _ => format!("{}: {e}", e.name()),
-                    }
-                }
-            },
+            }
             None if self.policy == Policy::Conservative => {
                 return Err(HookError::Recoverable(ReattachError::CorruptState(
                     "no previous state".into(),
@@ -446,6 +357,140 @@ impl Hook {
             stopped,
             notes,
         })
+    }
+
+    /// The logmon the state `prev` names: kept when it proves to be this
+    /// task's ([`Next::Keep`]); else why a fresh one is launched, once a
+    /// logmon of this task that lost its directory is stopped (`stopped`),
+    /// and without the metadata of another task's state (`inherited`).
+    fn try_previous<'a>(
+        &self,
+        dir: &Dir,
+        prev: &'a ReattachConfig,
+        notes: &mut Vec<String>,
+        stopped: &mut Option<u32>,
+        inherited: &mut Option<&'a crate::shared::meta::Meta>,
+    ) -> Result<Next, HookError> {
+        let task = self.config.task.as_str();
+        let mut h = match client::reattach_with_timeout(prev, self.timeout) {
+            Ok(h) => h,
+            Err(e) => {
+                return self
+                    .unreachable(dir, prev, e, notes, stopped)
+                    .map(Next::Replace)
+            }
+        };
+        match self.judge(dir, &prev.socket, &mut h) {
+            Judged::Ours(heals) => {
+                notes.extend(heals);
+                Ok(Next::Keep(self.keep(prev, &mut h, std::mem::take(notes))))
+            }
+            // This task's logmon, which cannot capture into the
+            // directory at the configured path: the next one must.
+            Judged::Lost(why) => {
+                if self.policy == Policy::Conservative {
+                    return Err(HookError::LogDirGone {
+                        task: task.to_owned(),
+                        pid: prev.pid,
+                        why,
+                    });
+                }
+                self.stop_lost(h, &why, notes)?;
+                *stopped = Some(prev.pid);
+                Ok(Next::Replace(format!(
+                    "LogDirGone: logmon pid {} {why}",
+                    prev.pid
+                )))
+            }
+            Judged::Other => {
+                // Another task's state: its metadata is not this task's.
+                *inherited = None;
+                let w = h.welcome();
+                let why = format!(
+                    "StateOfOtherTask: the state names logmon pid {} of task {:?} in {}, not task {:?} in {}; that logmon is left running",
+                    w.pid,
+                    w.task,
+                    w.log_dir.display(),
+                    task,
+                    dir.path().display()
+                );
+                notes.push(why.clone());
+                Ok(Next::Replace(why))
+            }
+        }
+    }
+
+    /// Reattached to `prev`, proven this task's: the outcome that keeps
+    /// it, with `notes` on what differs from the configuration.
+    fn keep(&self, prev: &ReattachConfig, h: &mut Handle, mut notes: Vec<String>) -> Outcome {
+        notes.extend(self.flag_differences(prev.pid));
+        if h.protocol() < PROTOCOL_VERSION {
+            notes.push(format!(
+                "logmon pid {} runs logmon {} (protocol {}): kept, not restarted for its version; it runs that release until it is stopped (`logmon stop --state …`, then ensure again, starts this one)",
+                prev.pid,
+                h.welcome().version,
+                h.protocol()
+            ));
+        }
+        let mut config = prev.clone();
+        // The running logmon's own word (a state written before
+        // metadata was kept may lack it); else the state's.
+        if let Ok(stats) = h.stats() {
+            config.meta = stats.meta;
+        }
+        notes.extend(self.meta_difference(prev.pid, &config.meta));
+        Outcome {
+            action: Action::Reattached,
+            reason: None,
+            config,
+            stopped: None,
+            notes,
+        }
+    }
+
+    /// `prev` could not be reattached to (`e`): an error under the
+    /// conservative policy, for a logmon of a release too far apart, or
+    /// one of another user; else why a fresh one is launched, once the old
+    /// one is retired if proven this task's (`stopped`).
+    fn unreachable(
+        &self,
+        dir: &Dir,
+        prev: &ReattachConfig,
+        e: ReattachError,
+        notes: &mut Vec<String>,
+        stopped: &mut Option<u32>,
+    ) -> Result<String, HookError> {
+        match e {
+            e if self.policy == Policy::Conservative => Err(HookError::Recoverable(e)),
+            e @ ReattachError::ProtocolMismatch {
+                logmon: Some(_), ..
+            } => Err(version_gap(prev.pid, &e)),
+            ReattachError::Refused { pid, .. } => Err(HookError::NotOwner {
+                task: self.config.task.as_str().to_owned(),
+                what: format!("pid {pid}"),
+                uid: process::uid_of(pid).unwrap_or(0),
+            }),
+            e => {
+                tracing::info!(reason = e.name(), error = %e, "cannot reattach; launching a fresh logmon");
+                let retired = if matches!(
+                    e,
+                    ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. }
+                ) {
+                    Retired::No
+                } else {
+                    self.retire_proven(dir, prev, &e, notes)?
+                };
+                if retired != Retired::No {
+                    *stopped = Some(prev.pid);
+                }
+                Ok(match retired {
+                    Retired::LostLogDir(why) => {
+                        format!("LogDirGone: logmon pid {} {why}", prev.pid)
+                    }
+                    _ => format!("{}: {e}", e.name()),
+                })
+            }
+        }
     }
 
     /// Stops the logmon `prev` names, which is alive but failed the
@@ -746,6 +791,14 @@ impl Hook {
             Err(_) => end_if_logmon(state, timeout),
         }
     }
+}
+
+/// What [`Hook::prestart`] does with the logmon the state names.
+enum Next {
+    /// Reattached to it: done.
+    Keep(Outcome),
+    /// Launch a fresh one, for this reason.
+    Replace(String),
 }
 
 /// What a logmon reached through this task's socket is to this hook

@@ -434,6 +434,40 @@ pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, 
 
 /// [`launch`], without the clean-up.
 fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    let (mut cmd, exe) = daemon_command(cfg, program)?;
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: exe.clone(),
+        source,
+    })?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // The intermediate process exits at once; reap it.
+    let _ = child.wait();
+    // Read stderr alongside, so a chatty start never fills the pipe and
+    // blocks the daemon before its ready line.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut e) = stderr {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
+            let _ = tx.send(kept);
+            // Anything past the cap is drained and dropped.
+            let _ = io::copy(&mut e, &mut io::sink());
+        });
+    }
+    let stdout = stdout.ok_or_else(|| LaunchError::NotReady {
+        detail: "no stdout pipe".into(),
+    })?;
+    read_ready(stdout, &rx)
+}
+
+/// The command that starts the daemon for `cfg`, detached (its own
+/// session, reparented to init by a double fork), its stdout and stderr
+/// piped back; and the executable it runs `program` from.
+fn daemon_command(
+    cfg: &CaptureConfig,
+    program: &Program,
+) -> Result<(Command, PathBuf), LaunchError> {
     let exe = match program {
         Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
             program: "current executable".into(),
@@ -487,33 +521,23 @@ fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConf
             }
         });
     }
-    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-        program: exe.clone(),
-        source,
-    })?;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    // The intermediate process exits at once; reap it.
-    let _ = child.wait();
-    // Read stderr alongside, so a chatty start never fills the pipe and
-    // blocks the daemon before its ready line.
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(mut e) = stderr {
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
-            let _ = tx.send(kept);
-            // Anything past the cap is drained and dropped.
-            let _ = io::copy(&mut e, &mut io::sink());
-        });
-    }
+    Ok((cmd, exe))
+}
+
+/// The daemon's ready line on `stdout`, with what it said on stderr
+/// before it (`stderr`: its warnings are passed on; its last line is the
+/// reason when it printed no ready line): the config to persist, or why
+/// it did not start.
+fn read_ready(
+    stdout: std::process::ChildStdout,
+    stderr: &std::sync::mpsc::Receiver<Vec<u8>>,
+) -> Result<ReattachConfig, LaunchError> {
     let not_ready = |detail: String| LaunchError::NotReady { detail };
-    let stdout = stdout.ok_or_else(|| not_ready("no stdout pipe".into()))?;
     let mut line = String::new();
     let read = BufReader::new(stdout).read_line(&mut line);
     // The daemon's stderr reaches EOF when it hands stderr over to its log
     // (right before the ready line) or exits.
-    let diag = rx
+    let diag = stderr
         .recv_timeout(Duration::from_secs(5))
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();

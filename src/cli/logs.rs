@@ -669,23 +669,11 @@ fn run_timeline(
     out: &Out,
     skips: &mut Skips,
 ) -> CliResult {
-    let cursor = match &a.cursor {
-        Some(p) => {
-            let mut c = CursorFile::open(p).map_err(cursor_error)?;
-            c.lock().map_err(cursor_error)?;
-            let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
-            // (The log directory's own warning covers a cursor kept there.)
-            if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
-                warn(&format!(
-                    "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
-                    c.dir().path().display(),
-                    c.path()
-                ));
-            }
-            Some(c)
-        }
-        None => None,
-    };
+    let cursor = a
+        .cursor
+        .as_ref()
+        .map(|p| open_cursor(p, &dir))
+        .transpose()?;
     let attrs = match a.format {
         Format::Json => crate::shared::meta::load(&dir, &a.task)
             .filter(|m| !m.is_empty())
@@ -701,11 +689,6 @@ fn run_timeline(
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
     };
-    let streams: &[Stream] = match (a.merged, a.stderr) {
-        (true, _) => &[Stream::Stdout, Stream::Stderr],
-        (false, true) => &[Stream::Stderr],
-        (false, false) => &[Stream::Stdout],
-    };
     let style = Style {
         format: a.format,
         timestamps: a.timestamps,
@@ -720,56 +703,7 @@ fn run_timeline(
     let (since, until) = (range.since, range.until);
     let rt = runtime()?;
     rt.block_on(async {
-        let mut srcs = Vec::new();
-        for &stream in streams {
-            let mut stamper = Stamper::new(dir.clone(), &a.task, stream, a.follow);
-            let resumed = match (&cursor, saved.as_ref().and_then(|s| s.get(stream))) {
-                (Some(c), Some(sc)) => Some(resume_at(c, sc, &dir, &a.task, stream)?),
-                _ => None,
-            };
-            let start = match (resumed, since, a.lines, a.bytes) {
-                (Some(c), ..) => Start::At(c.position()),
-                // A cursor that did not fit: from the first file present.
-                (None, ..) if reset => Start::Beginning,
-                (None, Some(t), ..) => {
-                    Start::At(locate_since(&dir, &mut stamper, t).map_err(|e| {
-                        CliError::new(
-                            EXIT_FAILURE,
-                            format!("cannot read {}: {e}", dir.path().display()),
-                        )
-                    })?)
-                }
-                (None, None, Some(n), _) if until.is_none() => Start::LastLines(n),
-                (None, None, None, Some(c)) => Start::LastBytes(c),
-                _ => Start::Beginning,
-            };
-            let f = Follower::open_dir(
-                dir.clone(),
-                &a.task,
-                stream,
-                Options {
-                    start,
-                    follow: a.follow,
-                },
-            )
-            .map_err(cli_error)?;
-            let p = f.position();
-            let mid_line = resumed.is_some_and(|c| c.mid_line);
-            srcs.push(Src {
-                f,
-                stamper,
-                asm: Assembler::new(stream, mid_line),
-                idle: false,
-                done: false,
-                in_range: true,
-                pos: StreamCursor {
-                    index: p.index,
-                    offset: p.offset,
-                    mid_line,
-                },
-                last_data: Instant::now(),
-            });
-        }
+        let srcs = open_sources(a, &dir, range, cursor.as_ref(), saved.as_ref(), reset)?;
         let mut state = saved.unwrap_or_else(|| CursorState::new(&a.task, dir.id()));
         // Saved in the current format, for this directory.
         state.version = crate::readers::timeline::CURSOR_VERSION;
@@ -791,6 +725,93 @@ fn run_timeline(
         };
         how.run(srcs, tail, &mut state, signals, skips).await
     })
+}
+
+/// Opens and locks the cursor file at `path`, warning when others can
+/// rename files in its directory (other than the log directory `dir`,
+/// which has its own warning).
+fn open_cursor(path: &std::path::Path, dir: &Dir) -> Result<CursorFile, CliError> {
+    let mut c = CursorFile::open(path).map_err(cursor_error)?;
+    c.lock().map_err(cursor_error)?;
+    let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
+    // (The log directory's own warning covers a cursor kept there.)
+    if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
+        warn(&format!(
+            "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
+            c.dir().path().display(),
+            c.path()
+        ));
+    }
+    Ok(c)
+}
+
+/// One [`Src`] a stream `logs` reads (stdout, stderr, or both merged),
+/// each at its start: the cursor's position, the first file present
+/// after a cursor that did not fit (`reset`), `--since`, `-n`/`-c` from
+/// the end, or the beginning.
+fn open_sources(
+    a: &LogsArgs,
+    dir: &Arc<Dir>,
+    range: &Range,
+    cursor: Option<&CursorFile>,
+    saved: Option<&CursorState>,
+    reset: bool,
+) -> Result<Vec<Src>, CliError> {
+    let streams: &[Stream] = match (a.merged, a.stderr) {
+        (true, _) => &[Stream::Stdout, Stream::Stderr],
+        (false, true) => &[Stream::Stderr],
+        (false, false) => &[Stream::Stdout],
+    };
+    let (since, until) = (range.since, range.until);
+    let mut srcs = Vec::new();
+    for &stream in streams {
+        let mut stamper = Stamper::new(dir.clone(), &a.task, stream, a.follow);
+        let resumed = match (cursor, saved.and_then(|s| s.get(stream))) {
+            (Some(c), Some(sc)) => Some(resume_at(c, sc, dir, &a.task, stream)?),
+            _ => None,
+        };
+        let start = match (resumed, since, a.lines, a.bytes) {
+            (Some(c), ..) => Start::At(c.position()),
+            // A cursor that did not fit: from the first file present.
+            (None, ..) if reset => Start::Beginning,
+            (None, Some(t), ..) => Start::At(locate_since(dir, &mut stamper, t).map_err(|e| {
+                CliError::new(
+                    EXIT_FAILURE,
+                    format!("cannot read {}: {e}", dir.path().display()),
+                )
+            })?),
+            (None, None, Some(n), _) if until.is_none() => Start::LastLines(n),
+            (None, None, None, Some(c)) => Start::LastBytes(c),
+            _ => Start::Beginning,
+        };
+        let f = Follower::open_dir(
+            dir.clone(),
+            &a.task,
+            stream,
+            Options {
+                start,
+                follow: a.follow,
+            },
+        )
+        .map_err(cli_error)?;
+        let p = f.position();
+        let mid_line = resumed.is_some_and(|c| c.mid_line);
+        srcs.push(Src {
+            f,
+            stamper,
+            asm: Assembler::new(stream, mid_line),
+            idle: false,
+            done: false,
+            in_range: true,
+            pos: StreamCursor {
+                index: p.index,
+                offset: p.offset,
+                mid_line,
+            },
+            last_data: Instant::now(),
+        });
+    }
+    Ok(srcs)
 }
 
 /// How [`Drive::run`] writes: the settings of [`run_timeline`].
@@ -817,7 +838,6 @@ impl Drive<'_> {
         signals: Blocked,
         skips: &mut Skips,
     ) -> CliResult {
-        let (since, until) = (self.since, self.until);
         let mut signals = watch(signals)?;
         let stdout_watch = stdout_error_watch();
         // -n: pieces held until every stream has caught up.
@@ -828,73 +848,9 @@ impl Drive<'_> {
             if self.stop.take() {
                 return Ok(0);
             }
-            // Read what is there.
-            for s in srcs.iter_mut().filter(|s| !s.done) {
-                while s.asm.out.len() < 256 {
-                    match s.f.next_now() {
-                        Ok(Some(ev)) => s.handle(ev, skips),
-                        Ok(None) => {
-                            s.idle = true;
-                            if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
-                                s.asm.cut();
-                            }
-                            break;
-                        }
-                        Err(e) => return Err(cli_error(e)),
-                    }
-                }
-            }
-            // Write in time order what can be ordered.
-            loop {
-                let mut best: Option<(usize, i64)> = None;
-                let mut blocked = false;
-                for (i, s) in srcs.iter_mut().enumerate() {
-                    if s.done {
-                        continue;
-                    }
-                    match s.head(since, until) {
-                        Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
-                        Some(_) => {}
-                        // Not read to its end yet: it may hold an earlier line.
-                        None if !s.idle && !s.done => blocked = true,
-                        None => {}
-                    }
-                }
-                let Some((i, _)) = best.filter(|_| !blocked) else {
-                    break;
-                };
-                let s = &mut srcs[i];
-                let Some(p) = s.asm.out.pop_front() else {
-                    break;
-                };
-                s.pos = StreamCursor {
-                    index: p.end.index,
-                    offset: p.end.offset,
-                    mid_line: !p.ends_line,
-                };
-                state.set(p.stream, s.pos);
-                match tail {
-                    Some(n) => {
-                        held.push_back(p);
-                        trim_to_lines(&mut held, n);
-                    }
-                    None => self.style.write(&p, &mut out),
-                }
-                if out.len() >= 64 * 1024 {
-                    break;
-                }
-            }
-            for s in &mut srcs {
-                skips.take_from(&mut s.stamper);
-                if !self.notes_times {
-                    continue;
-                }
-                if let Some(why) = s.stamper.take_note() {
-                    warn(&format!(
-                        "note: the capture times of some lines are estimated ({why})"
-                    ));
-                }
-            }
+            self.read_available(&mut srcs, skips)?;
+            self.write_in_order(&mut srcs, tail, &mut held, state, &mut out);
+            self.take_notes(&mut srcs, skips);
             // (A partial line held while following waits for its deadline.)
             let caught_up = srcs
                 .iter()
@@ -906,19 +862,8 @@ impl Drive<'_> {
                 tail = None;
             }
             if !out.is_empty() {
-                match self.out.write(&out, self.stop) {
-                    Ok(()) => {}
-                    Err(Ended::Stopped | Ended::Closed) => return Ok(0),
-                    Err(Ended::Failed(e)) => {
-                        return Err(CliError::new(
-                            EXIT_FAILURE,
-                            format!("cannot write to stdout: {e}"),
-                        ))
-                    }
-                }
-                out.clear();
-                if let Some(c) = self.cursor {
-                    c.save(state).map_err(cursor_error)?;
+                if !self.flush(&mut out, state)? {
+                    return Ok(0);
                 }
                 continue;
             }
@@ -928,49 +873,186 @@ impl Drive<'_> {
             if !self.follow || srcs.iter().all(|s| s.done) {
                 return Ok(0);
             }
-            // Following: wait for any stream, a partial line's deadline, the
-            // end of the range, a signal or stdout going away.
-            let partial = srcs
-                .iter()
-                .filter(|s| !s.done && s.asm.has_partial())
-                .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
-                .min();
-            let until_left = until.map(|u| {
-                let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
-                Duration::from_nanos(u64::try_from(left).unwrap_or(0))
-            });
-            let sleep_for = partial.into_iter().chain(until_left).min();
-            let woke = {
-                let waits = srcs
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(_, s)| !s.done)
-                    .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
-                tokio::select! {
-                    biased;
-                    _ = signals.recv() => None,
-                    () = stdout_gone(stdout_watch.as_ref()) => None,
-                    ((i, item), _, _) = futures_util::future::select_all(waits) => Some(Some((i, item))),
-                    () = sleep_or_never(sleep_for) => Some(None),
-                }
-            };
-            match woke {
-                None => return Ok(0),
-                Some(Some((i, Some(Ok(ev))))) => srcs[i].handle(ev, skips),
-                Some(Some((_, Some(Err(e))))) => return Err(cli_error(e)),
-                Some(Some((i, None))) => srcs[i].done = true,
-                Some(None) => {
-                    if until.is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS)) {
-                        for s in &mut srcs {
-                            if s.idle && s.asm.out.is_empty() {
-                                s.done = true;
-                            }
+            match self
+                .wait(&mut srcs, &mut signals, stdout_watch.as_ref())
+                .await
+            {
+                Woke::Stop => return Ok(0),
+                Woke::Stream(i, Some(Ok(ev))) => srcs[i].handle(ev, skips),
+                Woke::Stream(_, Some(Err(e))) => return Err(cli_error(e)),
+                Woke::Stream(i, None) => srcs[i].done = true,
+                Woke::Timer => self.end_of_range(&mut srcs),
+            }
+        }
+    }
+
+    /// Reads what is there in every stream not done (up to 256 pieces
+    /// waiting in each); a stream with nothing more is idle, and its
+    /// partial line is cut when not following or after its deadline.
+    fn read_available(&self, srcs: &mut [Src], skips: &mut Skips) -> Result<(), CliError> {
+        for s in srcs.iter_mut().filter(|s| !s.done) {
+            while s.asm.out.len() < 256 {
+                match s.f.next_now() {
+                    Ok(Some(ev)) => s.handle(ev, skips),
+                    Ok(None) => {
+                        s.idle = true;
+                        if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
+                            s.asm.cut();
                         }
+                        break;
                     }
+                    Err(e) => return Err(cli_error(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes into `out`, in time order, what can be ordered: the earliest
+    /// head of the streams, while no stream not read to its end may still
+    /// hold an earlier line; with `-n` (`tail`), into `held` instead. The
+    /// cursor moves with each piece; stops at 64 KiB.
+    fn write_in_order(
+        &self,
+        srcs: &mut [Src],
+        tail: Option<u64>,
+        held: &mut VecDeque<Piece>,
+        state: &mut CursorState,
+        out: &mut Vec<u8>,
+    ) {
+        loop {
+            let mut best: Option<(usize, i64)> = None;
+            let mut blocked = false;
+            for (i, s) in srcs.iter_mut().enumerate() {
+                if s.done {
+                    continue;
+                }
+                match s.head(self.since, self.until) {
+                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
+                    Some(_) => {}
+                    // Not read to its end yet: it may hold an earlier line.
+                    None if !s.idle && !s.done => blocked = true,
+                    None => {}
+                }
+            }
+            let Some((i, _)) = best.filter(|_| !blocked) else {
+                break;
+            };
+            let s = &mut srcs[i];
+            let Some(p) = s.asm.out.pop_front() else {
+                break;
+            };
+            s.pos = StreamCursor {
+                index: p.end.index,
+                offset: p.end.offset,
+                mid_line: !p.ends_line,
+            };
+            state.set(p.stream, s.pos);
+            match tail {
+                Some(n) => {
+                    held.push_back(p);
+                    trim_to_lines(held, n);
+                }
+                None => self.style.write(&p, out),
+            }
+            if out.len() >= 64 * 1024 {
+                break;
+            }
+        }
+    }
+
+    /// Gathers the streams' skips, and (when times are shown or used) says
+    /// once when some capture times are estimated.
+    fn take_notes(&self, srcs: &mut [Src], skips: &mut Skips) {
+        for s in srcs {
+            skips.take_from(&mut s.stamper);
+            if !self.notes_times {
+                continue;
+            }
+            if let Some(why) = s.stamper.take_note() {
+                warn(&format!(
+                    "note: the capture times of some lines are estimated ({why})"
+                ));
+            }
+        }
+    }
+
+    /// Writes `out` to stdout and saves the cursor; `false` when stdout is
+    /// gone or a stop came (the end, exit 0).
+    fn flush(&self, out: &mut Vec<u8>, state: &CursorState) -> Result<bool, CliError> {
+        match self.out.write(out, self.stop) {
+            Ok(()) => {}
+            Err(Ended::Stopped | Ended::Closed) => return Ok(false),
+            Err(Ended::Failed(e)) => {
+                return Err(CliError::new(
+                    EXIT_FAILURE,
+                    format!("cannot write to stdout: {e}"),
+                ))
+            }
+        }
+        out.clear();
+        if let Some(c) = self.cursor {
+            c.save(state).map_err(cursor_error)?;
+        }
+        Ok(true)
+    }
+
+    /// Following, caught up: waits for any stream, a partial line's
+    /// deadline, the end of the range, a signal or stdout going away.
+    async fn wait(
+        &self,
+        srcs: &mut [Src],
+        signals: &mut crate::shared::signals::Signals,
+        stdout_watch: Option<&AsyncFd<OwnedFd>>,
+    ) -> Woke {
+        let partial = srcs
+            .iter()
+            .filter(|s| !s.done && s.asm.has_partial())
+            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
+            .min();
+        let until_left = self.until.map(|u| {
+            let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
+            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
+        });
+        let sleep_for = partial.into_iter().chain(until_left).min();
+        let waits = srcs
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| !s.done)
+            .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
+        tokio::select! {
+            biased;
+            _ = signals.recv() => Woke::Stop,
+            () = stdout_gone(stdout_watch) => Woke::Stop,
+            ((i, item), _, _) = futures_util::future::select_all(waits) => Woke::Stream(i, item),
+            () = sleep_or_never(sleep_for) => Woke::Timer,
+        }
+    }
+
+    /// A timer woke the follower: past `--until` (and its grace), every
+    /// stream caught up is done.
+    fn end_of_range(&self, srcs: &mut [Src]) {
+        if self
+            .until
+            .is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS))
+        {
+            for s in srcs {
+                if s.idle && s.asm.out.is_empty() {
+                    s.done = true;
                 }
             }
         }
     }
+}
+
+/// What woke a caught-up follower ([`Drive::wait`]).
+enum Woke {
+    /// A signal, or stdout went away: the end.
+    Stop,
+    /// Stream `i` has an event (`None`: it ended).
+    Stream(usize, Option<Result<Event, FollowError>>),
+    /// A partial line's deadline, or the end of the range.
+    Timer,
 }
 
 /// How long after `--until` a follower still waits for lines captured

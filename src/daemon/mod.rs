@@ -572,17 +572,7 @@ fn serve_until_stopped(
     held: &mut Option<server::Server>,
 ) -> Result<(), DaemonError> {
     let cfg = s.cfg;
-    // The only thread: blocking here covers the whole process. SIGIO comes
-    // through the same signalfd (see `capture::sigio`).
-    crate::daemon::capture::sigio::install_handler().map_err(io_err("cannot handle SIGIO"))?;
-    let signals =
-        crate::shared::signals::Blocked::new(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGIO])
-            .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
-    let poller = Poller::new().map_err(io_err("cannot make the event loop"))?;
-    poller
-        .add(signals.fd(), SIGNALS, Interest::Read)
-        .map_err(io_err("cannot watch the signals"))?;
-
+    let (signals, poller) = watch_signals()?;
     let [r_out, r_err] = s.rotators;
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
         Rc::new(RefCell::new(StreamCapture::new(
@@ -634,25 +624,7 @@ fn serve_until_stopped(
     let mut sigio = false;
     loop {
         let now = Instant::now();
-        let mut active = false;
-        for slot in &mut pumps {
-            let Some(p) = slot else { continue };
-            match p.advance(now, sigio) {
-                Ok(true) => {
-                    status.activity(now);
-                    active = true;
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    // Capture of this stream is over: say so now, and
-                    // make it the daemon's error at exit.
-                    tracing::error!(error = %e, "capture failed");
-                    failed.get_or_insert(e);
-                    *slot = None;
-                }
-            }
-        }
-        sigio = false;
+        let active = advance_pumps(&mut pumps, now, sigio, &mut status, &mut failed);
         if active && lost_dir.deleted(now, &s.log_dir) {
             // Without draining: what waits in the pipes stays there, for
             // the next logmon through the fd store.
@@ -674,34 +646,111 @@ fn serve_until_stopped(
                 .map(|p| p.as_ref().and_then(Pump::deadline))
                 .chain([server.deadline(), status.deadline()]),
         );
-        let mut stop = false;
-        poller
-            .wait(deadline, |r| {
-                if r.token != SIGNALS {
-                    server.on_ready(r, &poller, &state, Instant::now());
-                    return;
-                }
-                loop {
-                    match signals.take() {
-                        Ok(Some(Signal::SIGIO)) => sigio = true,
-                        Ok(Some(sig)) => {
-                            tracing::info!("{sig}: draining and stopping");
-                            stop = true;
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot read signals: draining and stopping");
-                            stop = true;
-                            break;
-                        }
-                    }
-                }
-            })
-            .map_err(io_err("cannot wait for events"))?;
-        if stop {
+        let woke = wait_for_events(&poller, &signals, server, &state, deadline)?;
+        sigio = woke.sigio;
+        if woke.stop {
             break;
         }
     }
+    drain(pumps, failed)
+}
+
+/// The only thread's signals, read from a signalfd in a new event loop:
+/// blocking them here covers the whole process. SIGIO comes through the
+/// same signalfd (see `capture::sigio`).
+fn watch_signals() -> Result<(crate::shared::signals::Blocked, Poller), DaemonError> {
+    crate::daemon::capture::sigio::install_handler().map_err(io_err("cannot handle SIGIO"))?;
+    let signals =
+        crate::shared::signals::Blocked::new(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGIO])
+            .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
+    let poller = Poller::new().map_err(io_err("cannot make the event loop"))?;
+    poller
+        .add(signals.fd(), SIGNALS, Interest::Read)
+        .map_err(io_err("cannot watch the signals"))?;
+    Ok((signals, poller))
+}
+
+/// One turn of the pumps (`sigio`: a SIGIO came since the last); whether
+/// any moved bytes. A pump that fails is over: said now, kept in
+/// `failed` as the daemon's error at exit.
+fn advance_pumps(
+    pumps: &mut [Option<Pump>; 2],
+    now: Instant,
+    sigio: bool,
+    status: &mut systemd::StatusTimer,
+    failed: &mut Option<io::Error>,
+) -> bool {
+    let mut active = false;
+    for slot in pumps {
+        let Some(p) = slot else { continue };
+        match p.advance(now, sigio) {
+            Ok(true) => {
+                status.activity(now);
+                active = true;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                // Capture of this stream is over: say so now, and
+                // make it the daemon's error at exit.
+                tracing::error!(error = %e, "capture failed");
+                failed.get_or_insert(e);
+                *slot = None;
+            }
+        }
+    }
+    active
+}
+
+/// What a wait of the event loop brought.
+struct Woke {
+    /// A SIGIO: a FIFO has bytes.
+    sigio: bool,
+    /// SIGTERM, SIGINT, or the signals cannot be read: drain and stop.
+    stop: bool,
+}
+
+/// Waits until `deadline` for the control socket's connections and the
+/// signals, and answers the connections.
+fn wait_for_events(
+    poller: &Poller,
+    signals: &crate::shared::signals::Blocked,
+    server: &mut server::Server,
+    state: &ServerState,
+    deadline: Option<Instant>,
+) -> Result<Woke, DaemonError> {
+    let mut woke = Woke {
+        sigio: false,
+        stop: false,
+    };
+    poller
+        .wait(deadline, |r| {
+            if r.token != SIGNALS {
+                server.on_ready(r, poller, state, Instant::now());
+                return;
+            }
+            loop {
+                match signals.take() {
+                    Ok(Some(Signal::SIGIO)) => woke.sigio = true,
+                    Ok(Some(sig)) => {
+                        tracing::info!("{sig}: draining and stopping");
+                        woke.stop = true;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read signals: draining and stopping");
+                        woke.stop = true;
+                        break;
+                    }
+                }
+            }
+        })
+        .map_err(io_err("cannot wait for events"))?;
+    Ok(woke)
+}
+
+/// At a stop: drains every pump still capturing; the first capture
+/// failure (of the run or the drain) is the daemon's error.
+fn drain(pumps: [Option<Pump>; 2], mut failed: Option<io::Error>) -> Result<(), DaemonError> {
     systemd::notify_stopping();
     for p in pumps.into_iter().flatten() {
         if let Err(e) = p.finish() {

@@ -43,7 +43,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::FileId;
+use crate::shared::dir::{Dir, FileId};
 use crate::shared::meta::Meta;
 use crate::ship::scan::Pattern;
 use crate::ship::state::StreamState;
@@ -390,10 +390,29 @@ fn look(
         .lock
         .as_ref()
         .and_then(|l| locks.holder(l.st_dev, l.st_ino));
+    ask_holder(&mut v, &dir, t, holder, opts);
+    if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
+        v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
+    }
+    if let Some(state) = ship {
+        add_ship(&mut v, &dir, s, t, state);
+    }
+    v
+}
+
+/// The state of a task's logmon from who holds its lock (`holder`): asked
+/// when there is one; else what its socket and FIFOs left say.
+fn ask_holder(
+    v: &mut TaskView,
+    dir: &Arc<Dir>,
+    t: &TaskFiles,
+    holder: Option<u32>,
+    opts: &Options,
+) {
     match holder {
         Some(pid) => {
             v.pid = Some(pid);
-            match ask::ask(&dir, t, pid, opts.timeout) {
+            match ask::ask(dir, t, pid, opts.timeout) {
                 Ok(a) => {
                     v.state = State::Running;
                     v.meta = a.stats.meta.clone();
@@ -430,25 +449,29 @@ fn look(
         }
         None => {}
     }
-    if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
-        v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
-    }
-    if let Some(state) = ship {
-        for stream in Stream::ALL {
-            let key = crate::ship::stream::key(s.found.id, &t.task, stream);
-            if let Some(st) = state.streams.get(&key) {
-                let sizes = &t.stream(stream).sizes;
-                let (lag_bytes, lag_seconds) =
-                    crate::ship::status::lag_of(&dir, &t.task, stream, st, sizes);
-                v.ship[find::stream_index(stream)] = Some(ShipView {
-                    state: st.clone(),
-                    lag_bytes,
-                    lag_seconds,
-                });
-            }
+}
+
+/// The shipper's figures of each of the task's streams in its `state`.
+fn add_ship(
+    v: &mut TaskView,
+    dir: &Arc<Dir>,
+    s: &Scanned,
+    t: &TaskFiles,
+    state: &crate::ship::state::State,
+) {
+    for stream in Stream::ALL {
+        let key = crate::ship::stream::key(s.found.id, &t.task, stream);
+        if let Some(st) = state.streams.get(&key) {
+            let sizes = &t.stream(stream).sizes;
+            let (lag_bytes, lag_seconds) =
+                crate::ship::status::lag_of(dir, &t.task, stream, st, sizes);
+            v.ship[find::stream_index(stream)] = Some(ShipView {
+                state: st.clone(),
+                lag_bytes,
+                lag_seconds,
+            });
         }
     }
-    v
 }
 
 /// Whether the socket at the task's default name is one the listing

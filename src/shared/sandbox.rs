@@ -742,126 +742,11 @@ fn bpf_jump(
 /// Reopen, a vanished file, disk full, stats, Stop and SIGTERM, and of
 /// `logs -f` across rotations.
 pub fn syscalls(profile: Profile) -> Vec<i64> {
-    let mut v = vec![
-        // Memory, signals, time, identity: Rust's runtime (and tokio's in
-        // `logs`).
-        libc::SYS_brk,
-        libc::SYS_mmap,
-        libc::SYS_munmap,
-        libc::SYS_mremap,
-        libc::SYS_mprotect,
-        libc::SYS_madvise,
-        libc::SYS_futex,
-        libc::SYS_rt_sigreturn,
-        libc::SYS_rt_sigaction,
-        libc::SYS_rt_sigprocmask,
-        libc::SYS_sigaltstack,
-        libc::SYS_restart_syscall,
-        libc::SYS_exit,
-        libc::SYS_exit_group,
-        libc::SYS_getpid,
-        libc::SYS_gettid,
-        libc::SYS_getuid,
-        libc::SYS_geteuid,
-        libc::SYS_getgid,
-        libc::SYS_getegid,
-        libc::SYS_sched_yield,
-        libc::SYS_sched_getaffinity,
-        libc::SYS_clock_gettime,
-        libc::SYS_clock_getres,
-        libc::SYS_clock_nanosleep,
-        libc::SYS_nanosleep,
-        libc::SYS_gettimeofday,
-        libc::SYS_getrandom,
-        libc::SYS_prlimit64,
-        // The pump's own involuntary context switches (its splice piece).
-        libc::SYS_getrusage,
-        libc::SYS_uname,
-        // Files and pipes: capture, rotation, purge, Reopen, the lock.
-        libc::SYS_read,
-        libc::SYS_write,
-        libc::SYS_readv,
-        libc::SYS_writev,
-        libc::SYS_pread64,
-        libc::SYS_pwrite64,
-        libc::SYS_preadv,
-        libc::SYS_pwritev,
-        libc::SYS_lseek,
-        libc::SYS_close,
-        libc::SYS_dup,
-        libc::SYS_dup3,
-        libc::SYS_fcntl,
-        libc::SYS_fstat,
-        libc::SYS_newfstatat,
-        libc::SYS_statx,
-        libc::SYS_statfs,
-        libc::SYS_fstatfs,
-        libc::SYS_faccessat,
-        libc::SYS_faccessat2,
-        libc::SYS_openat,
-        libc::SYS_openat2,
-        libc::SYS_getdents64,
-        libc::SYS_unlinkat,
-        // Landlock answers it (EACCES) when the log directory is recreated.
-        libc::SYS_mkdirat,
-        libc::SYS_readlinkat,
-        libc::SYS_flock,
-        libc::SYS_fsync,
-        libc::SYS_fdatasync,
-        libc::SYS_ftruncate,
-        libc::SYS_fallocate,
-        // futimens: a trimmed preallocation keeps its mtime.
-        libc::SYS_utimensat,
-        libc::SYS_splice,
-        libc::SYS_tee,
-        libc::SYS_pipe2,
-        // The event loop, signals, the control socket, sd_notify, journald.
-        libc::SYS_epoll_create1,
-        libc::SYS_epoll_ctl,
-        libc::SYS_epoll_pwait,
-        libc::SYS_epoll_pwait2,
-        libc::SYS_eventfd2,
-        libc::SYS_ppoll,
-        libc::SYS_signalfd4,
-        libc::SYS_accept4,
-        libc::SYS_connect,
-        libc::SYS_recvfrom,
-        libc::SYS_recvmsg,
-        libc::SYS_sendto,
-        libc::SYS_sendmsg,
-        libc::SYS_getsockopt,
-        libc::SYS_setsockopt,
-        libc::SYS_getsockname,
-        libc::SYS_getpeername,
-        libc::SYS_shutdown,
-    ];
+    let mut v = [RUNTIME_CALLS, FILE_CALLS, EVENT_CALLS].concat();
     #[cfg(target_arch = "x86_64")]
-    v.extend([
-        libc::SYS_open,
-        libc::SYS_stat,
-        libc::SYS_lstat,
-        libc::SYS_unlink,
-        // std's create_dir_all (a deleted log directory recreated).
-        libc::SYS_mkdir,
-        libc::SYS_readlink,
-        libc::SYS_access,
-        libc::SYS_dup2,
-        libc::SYS_pipe,
-        libc::SYS_poll,
-        libc::SYS_epoll_wait,
-        libc::SYS_accept,
-        libc::SYS_arch_prctl,
-    ]);
+    v.extend_from_slice(LEGACY_CALLS);
     if matches!(profile, Profile::Logs | Profile::LogsCursor) {
-        // The `notify` watcher: its thread and inotify.
-        v.extend([
-            libc::SYS_inotify_init1,
-            libc::SYS_inotify_add_watch,
-            libc::SYS_inotify_rm_watch,
-            libc::SYS_set_robust_list,
-            libc::SYS_rseq,
-            libc::SYS_prctl,
-        ]);
+        v.extend_from_slice(WATCHER_CALLS);
     }
     // `run`: a purged file's index renamed to the next file's, within
     // the log directory (Landlock allows no other rename, see above).
@@ -873,6 +758,135 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
     }
     v
 }
+
+/// Memory, signals, time, identity: Rust's runtime (and tokio's in
+/// `logs`).
+const RUNTIME_CALLS: &[i64] = &[
+    libc::SYS_brk,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_futex,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_getres,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_gettimeofday,
+    libc::SYS_getrandom,
+    libc::SYS_prlimit64,
+    // The pump's own involuntary context switches (its splice piece).
+    libc::SYS_getrusage,
+    libc::SYS_uname,
+];
+
+/// Files and pipes: capture, rotation, purge, Reopen, the lock.
+const FILE_CALLS: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_lseek,
+    libc::SYS_close,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+    libc::SYS_fcntl,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+    libc::SYS_statfs,
+    libc::SYS_fstatfs,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_openat,
+    libc::SYS_openat2,
+    libc::SYS_getdents64,
+    libc::SYS_unlinkat,
+    // Landlock answers it (EACCES) when the log directory is recreated.
+    libc::SYS_mkdirat,
+    libc::SYS_readlinkat,
+    libc::SYS_flock,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_ftruncate,
+    libc::SYS_fallocate,
+    // futimens: a trimmed preallocation keeps its mtime.
+    libc::SYS_utimensat,
+    libc::SYS_splice,
+    libc::SYS_tee,
+    libc::SYS_pipe2,
+];
+
+/// The event loop, signals, the control socket, sd_notify, journald.
+const EVENT_CALLS: &[i64] = &[
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_eventfd2,
+    libc::SYS_ppoll,
+    libc::SYS_signalfd4,
+    libc::SYS_accept4,
+    libc::SYS_connect,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_sendto,
+    libc::SYS_sendmsg,
+    libc::SYS_getsockopt,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_shutdown,
+];
+
+/// The older forms of those calls that x86_64 still has (and std uses).
+#[cfg(target_arch = "x86_64")]
+const LEGACY_CALLS: &[i64] = &[
+    libc::SYS_open,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_unlink,
+    // std's create_dir_all (a deleted log directory recreated).
+    libc::SYS_mkdir,
+    libc::SYS_readlink,
+    libc::SYS_access,
+    libc::SYS_dup2,
+    libc::SYS_pipe,
+    libc::SYS_poll,
+    libc::SYS_epoll_wait,
+    libc::SYS_accept,
+    libc::SYS_arch_prctl,
+];
+
+/// The `notify` watcher of `logs`: its thread and inotify.
+const WATCHER_CALLS: &[i64] = &[
+    libc::SYS_inotify_init1,
+    libc::SYS_inotify_add_watch,
+    libc::SYS_inotify_rm_watch,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_prctl,
+];
 
 #[cfg(test)]
 mod tests {

@@ -187,6 +187,14 @@ enum Phase {
     Draining(Instant),
 }
 
+/// What one step of [`Pump::advance`] leaves to do.
+enum Turn {
+    /// Step again: the phase changed.
+    Again,
+    /// Nothing more is due now.
+    Done,
+}
+
 impl Pump {
     /// The pump of `capture` from the FIFO `fd` of `capacity` bytes; it
     /// starts waiting, and looks at the FIFO at the first
@@ -306,143 +314,170 @@ impl Pump {
         let mut changed = false;
         let mut sigio = sigio;
         loop {
-            match self.phase {
+            let turn = match self.phase {
                 Phase::Waiting {
                     went_idle,
                     armed,
-                    arm_failed,
                     look,
-                    flushed,
+                    ..
                 } => {
-                    let mut fresh = None;
-                    if (look || std::mem::take(&mut sigio)) && !self.blocked {
-                        match super::pipe::bytes_waiting(self.fd.as_fd()) {
-                            Ok(n) if n <= self.left => {}
-                            Ok(n) => fresh = Some(n),
-                            // Cannot tell: as if the pipe were full.
-                            Err(_) => fresh = Some(self.capacity),
-                        }
-                    }
+                    let fresh = self.fresh_bytes(look, &mut sigio);
                     let due = self.deadline().is_some_and(|d| d <= now);
                     if fresh.is_none() && !due {
-                        // About to sleep: the batch records gathered while
-                        // data flowed go into the index now (once per
-                        // wait, no timer for it).
-                        if !flushed {
-                            self.capture.borrow_mut().flush_index();
+                        self.doze();
+                        Turn::Done
+                    } else {
+                        if armed {
+                            self.data.disarm_or_warn(self.fd.as_fd());
                         }
-                        self.phase = Phase::Waiting {
-                            went_idle,
-                            armed,
-                            arm_failed,
-                            look: false,
-                            flushed: true,
-                        };
-                        return Ok(changed);
+                        self.phase = self.after_wait(now, went_idle, fresh, due);
+                        Turn::Again
                     }
-                    if armed {
-                        self.data.disarm_or_warn(self.fd.as_fd());
-                    }
-                    // Bytes flowed a moment ago: the task is still
-                    // writing, only in bursts (on a loaded machine it is
-                    // preempted for milliseconds at a time).
-                    let still_busy =
-                        self.phase_bytes >= BURST && now.duration_since(went_idle) < STILL_BUSY;
-                    self.phase_bytes = 0;
-                    self.phase = match fresh {
-                        // A quiet stream's first bytes (not a burst that
-                        // went on a moment ago): held, so that the writes
-                        // that follow ride the same wakeup. Looked at once
-                        // more soon, and drained at once if the pipe is
-                        // filling, unless the task has been writing now
-                        // and then and wrote little this time.
-                        Some(n)
-                            if !due
-                                && !still_busy
-                                && !self.max_delay.is_zero()
-                                && !self.filling(n) =>
-                        {
-                            self.last_drain = now;
-                            let fast = !self.sparse || n.saturating_sub(self.left) >= PROBE_HINT;
-                            Phase::Holding {
-                                until: now + self.hold_time(),
-                                since: now,
-                                seen: n,
-                                probe: fast.then(|| now + PROBE),
-                            }
-                        }
-                        // Without a hold: let a burst fill the pipe rather
-                        // than chase it one write per wakeup, unless it is
-                        // nearly full already, when the task would only
-                        // wait on it.
-                        _ => {
-                            let pause = fresh.is_some_and(|n| !self.most_of_the_pipe(n as u64))
-                                && still_busy;
-                            Phase::Draining(if pause { now + BATCH_WAIT } else { now })
-                        }
-                    };
                 }
                 Phase::Holding {
                     until,
                     since,
                     seen,
                     probe,
-                } => {
-                    let due = self.timer.map_or(until, |t| t.min(until)) <= now;
-                    if !due {
-                        let Some(at) = probe.filter(|&p| p <= now) else {
-                            return Ok(changed);
-                        };
-                        // The one look of a hold: at the pace since it
-                        // began, would the pipe be half full before the
-                        // drain? Then drain now.
-                        let n =
-                            super::pipe::bytes_waiting(self.fd.as_fd()).unwrap_or(self.capacity);
-                        let gained = n.saturating_sub(seen) as u128;
-                        let ahead = until.saturating_duration_since(at).as_nanos();
-                        let spent = at.duration_since(since).as_nanos().max(1);
-                        let later = n as u128 + gained * ahead / spent;
-                        if !self.filling(n)
-                            && !self.filling(usize::try_from(later).unwrap_or(usize::MAX))
-                        {
-                            self.phase = Phase::Holding {
-                                until,
-                                since,
-                                seen,
-                                probe: None,
-                            };
-                            return Ok(changed);
-                        }
-                    }
-                    let pass = self.pass()?;
-                    changed |= pass.changed;
-                    // Nothing came during the hold: a task writing now
-                    // and then. Wait for its next write (SIGIO) rather
-                    // than look again for nothing.
-                    let sparse = pass.bytes + pass.left as u64 <= seen as u64;
-                    self.sparse = sparse;
-                    if !pass.moved || (sparse && !pass.fast) {
-                        self.wait(Instant::now());
-                        continue;
-                    }
-                    self.phase = Phase::Draining(self.next_drain(now, &pass));
-                    return Ok(changed);
-                }
+                } => self.hold(now, until, since, seen, probe, &mut changed)?,
                 Phase::Draining(at) => {
                     if at > now {
                         return Ok(changed);
                     }
                     let pass = self.pass()?;
                     changed |= pass.changed;
-                    if !pass.moved {
+                    if pass.moved {
+                        self.phase = Phase::Draining(self.next_drain(now, &pass));
+                        Turn::Done
+                    } else {
                         self.wait(Instant::now());
-                        continue;
+                        Turn::Again
                     }
-                    self.phase = Phase::Draining(self.next_drain(now, &pass));
-                    return Ok(changed);
                 }
+            };
+            if let Turn::Done = turn {
+                return Ok(changed);
             }
         }
+    }
+
+    /// A waiting pump's look at its FIFO (when the wait just began, or
+    /// a SIGIO came; none while a write error blocks): the bytes waiting
+    /// if more came than the last drain left.
+    fn fresh_bytes(&self, look: bool, sigio: &mut bool) -> Option<usize> {
+        if !((look || std::mem::take(sigio)) && !self.blocked) {
+            return None;
+        }
+        match super::pipe::bytes_waiting(self.fd.as_fd()) {
+            Ok(n) if n <= self.left => None,
+            Ok(n) => Some(n),
+            // Cannot tell: as if the pipe were full.
+            Err(_) => Some(self.capacity),
+        }
+    }
+
+    /// About to sleep: the batch records gathered while data flowed go
+    /// into the index now (once per wait, no timer for it).
+    fn doze(&mut self) {
+        if let Phase::Waiting { look, flushed, .. } = &mut self.phase {
+            if !*flushed {
+                self.capture.borrow_mut().flush_index();
+            }
+            *look = false;
+            *flushed = true;
+        }
+    }
+
+    /// The end of a wait (begun at `went_idle`) for `fresh` bytes or a
+    /// `due` timer: a hold or a drain.
+    fn after_wait(
+        &mut self,
+        now: Instant,
+        went_idle: Instant,
+        fresh: Option<usize>,
+        due: bool,
+    ) -> Phase {
+        // Bytes flowed a moment ago: the task is still
+        // writing, only in bursts (on a loaded machine it is
+        // preempted for milliseconds at a time).
+        let still_busy = self.phase_bytes >= BURST && now.duration_since(went_idle) < STILL_BUSY;
+        self.phase_bytes = 0;
+        match fresh {
+            // A quiet stream's first bytes (not a burst that
+            // went on a moment ago): held, so that the writes
+            // that follow ride the same wakeup. Looked at once
+            // more soon, and drained at once if the pipe is
+            // filling, unless the task has been writing now
+            // and then and wrote little this time.
+            Some(n) if !due && !still_busy && !self.max_delay.is_zero() && !self.filling(n) => {
+                self.last_drain = now;
+                let fast = !self.sparse || n.saturating_sub(self.left) >= PROBE_HINT;
+                Phase::Holding {
+                    until: now + self.hold_time(),
+                    since: now,
+                    seen: n,
+                    probe: fast.then(|| now + PROBE),
+                }
+            }
+            // Without a hold: let a burst fill the pipe rather
+            // than chase it one write per wakeup, unless it is
+            // nearly full already, when the task would only
+            // wait on it.
+            _ => {
+                let pause = fresh.is_some_and(|n| !self.most_of_the_pipe(n as u64)) && still_busy;
+                Phase::Draining(if pause { now + BATCH_WAIT } else { now })
+            }
+        }
+    }
+
+    /// A hold (until `until`, begun at `since` with `seen` bytes waiting,
+    /// a look due at `probe`): drains when it is over, or earlier when the
+    /// look finds the pipe filling.
+    fn hold(
+        &mut self,
+        now: Instant,
+        until: Instant,
+        since: Instant,
+        seen: usize,
+        probe: Option<Instant>,
+        changed: &mut bool,
+    ) -> io::Result<Turn> {
+        let due = self.timer.map_or(until, |t| t.min(until)) <= now;
+        if !due {
+            let Some(at) = probe.filter(|&p| p <= now) else {
+                return Ok(Turn::Done);
+            };
+            // The one look of a hold: at the pace since it
+            // began, would the pipe be half full before the
+            // drain? Then drain now.
+            let n = super::pipe::bytes_waiting(self.fd.as_fd()).unwrap_or(self.capacity);
+            let gained = n.saturating_sub(seen) as u128;
+            let ahead = until.saturating_duration_since(at).as_nanos();
+            let spent = at.duration_since(since).as_nanos().max(1);
+            let later = n as u128 + gained * ahead / spent;
+            if !self.filling(n) && !self.filling(usize::try_from(later).unwrap_or(usize::MAX)) {
+                self.phase = Phase::Holding {
+                    until,
+                    since,
+                    seen,
+                    probe: None,
+                };
+                return Ok(Turn::Done);
+            }
+        }
+        let pass = self.pass()?;
+        *changed |= pass.changed;
+        // Nothing came during the hold: a task writing now
+        // and then. Wait for its next write (SIGIO) rather
+        // than look again for nothing.
+        let sparse = pass.bytes + pass.left as u64 <= seen as u64;
+        self.sparse = sparse;
+        if !pass.moved || (sparse && !pass.fast) {
+            self.wait(Instant::now());
+            return Ok(Turn::Again);
+        }
+        self.phase = Phase::Draining(self.next_drain(now, &pass));
+        Ok(Turn::Done)
     }
 
     /// One drain, its outcome recorded.

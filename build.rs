@@ -1,5 +1,5 @@
 //! Stamps each build of the library, so `logmon` and `logmon-run` can tell
-//! whether they come from the same one (src/launch.rs, `BUILD`): a
+//! whether they come from the same one (src/agent/launch.rs, `BUILD`): a
 //! `logmon-run` left from an older build of the same version would
 //! otherwise run old daemon code behind a new `logmon`.
 

@@ -12,7 +12,7 @@
 //!
 //! - `OUT_DIR/man/`: `logmon.1` and one page per subcommand
 //!   (`logmon-run.1`, …, `logmon-ship.1`, the shipper's own flags:
-//!   [`logmon::cli::documented_command`]);
+//!   [`documented_command`]);
 //! - `OUT_DIR/completions/`: for `logmon` and `logmon-ship`, bash
 //!   (`logmon`, `logmon-ship`), zsh (`_logmon`, `_logmon-ship`) and fish
 //!   (`logmon.fish`, `logmon-ship.fish`): the names each shell looks up.
@@ -52,7 +52,7 @@ fn generate(out: &Path, date: &str) -> Result<(), String> {
     for d in [&man, &completions] {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
-    let logmon = logmon::cli::documented_command();
+    let logmon = documented_command();
     let mut pages = logmon.clone().disable_help_subcommand(true);
     // Built once, from the top: each subcommand's page is then named
     // after its path (logmon-run.1), as `man` finds it.
@@ -102,4 +102,14 @@ fn man_pages(cmd: clap::Command, header: &Header, dir: &Path) -> std::io::Result
         .manual("logmon manual")
         .generate_to(dir)?;
     Ok(())
+}
+
+/// The `logmon` command tree as documented: [`logmon::cli::Cli`], with
+/// `ship`'s pass-through arguments replaced by the flags of `logmon-ship`
+/// itself ([`logmon::ship::cli::Args`]), so that `man logmon-ship` and
+/// `logmon ship <TAB>` show the shipper's real flags. Made here, not in
+/// the library: only this generator needs the two command lines together.
+fn documented_command() -> clap::Command {
+    logmon::cli::Cli::command()
+        .mut_subcommand("ship", |_| logmon::ship::cli::Args::command().name("ship"))
 }

@@ -3,6 +3,8 @@
 //! It links no argument parser, reader or client, so each of the many
 //! daemons on a node maps and dirties less memory.
 
+#![warn(clippy::too_many_lines)]
+
 fn main() {
     logmon::cli::daemon_main()
 }

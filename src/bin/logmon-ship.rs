@@ -2,6 +2,8 @@
 //! [`logmon::ship`], so the per-task `logmon` binary never links the NATS
 //! client.
 
+#![warn(clippy::too_many_lines)]
+
 fn main() {
     logmon::ship::cli::main()
 }

@@ -9,15 +9,15 @@
 //! A refused `launch` or `ensure` removes what it made (the FIFOs, and what
 //! the refused daemon made: task lock, metadata file) and nothing else;
 //! `ensure` prepares its state file before it makes anything, and names
-//! the true cause when it cannot (`tests/it/errors.rs`, the issue #27
+//! the true cause when it cannot (`tests/it/cli/errors.rs`, the issue #27
 //! functions at its end).
 
 use std::io;
 
-use crate::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
+use crate::agent::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
+use crate::agent::hook::{Action, Hook, Policy, StateFile};
+use crate::agent::launch::Footprint;
 use crate::daemon;
-use crate::hook::{Action, Hook, Policy, StateFile};
-use crate::launch::Footprint;
 
 use super::{
     note, out_line, CliError, CliResult, EnsureArgs, RunArgs, StateArgs, TargetArgs, EXIT_FAILURE,
@@ -30,7 +30,7 @@ pub fn run(a: &RunArgs) -> CliResult {
 }
 
 /// Serves `cfg` in this process until stopped (`run`, and `logmon-run`).
-pub fn serve(cfg: crate::config::CaptureConfig) -> CliResult {
+pub fn serve(cfg: crate::shared::config::CaptureConfig) -> CliResult {
     daemon::run(cfg).map_err(|e| CliError::new(super::exit_code_daemon(&e), e))?;
     Ok(0)
 }
@@ -134,7 +134,7 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
 fn ensure_prepared(
     a: &EnsureArgs,
     h: &Hook,
-    previous: Option<crate::protocol::ReattachConfig>,
+    previous: Option<crate::shared::protocol::ReattachConfig>,
     state_file: StateFile,
 ) -> CliResult {
     super::check_fifos(&h.config)?;

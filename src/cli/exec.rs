@@ -15,10 +15,10 @@ use std::process::{Child, Command, ExitStatus};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::client::{self, Program};
-use crate::config::CaptureConfig;
-use crate::fifo;
-use crate::protocol::ReattachConfig;
+use crate::agent::client::{self, Program};
+use crate::shared::config::CaptureConfig;
+use crate::shared::fifo;
+use crate::shared::protocol::ReattachConfig;
 
 use super::{CliError, CliResult, ExecArgs, EXIT_FAILURE};
 

@@ -1,6 +1,6 @@
 //! `logmon logs`: print (and follow) a task's stream across its rotated files.
 //!
-//! The reading is [`crate::follow::Follower`]; this module runs it on a
+//! The reading is [`crate::readers::follow::Follower`]; this module runs it on a
 //! current-thread runtime and writes each chunk to stdout as soon as it is
 //! read (unbuffered: a partial line shows up at once). Notices (bytes
 //! skipped after a purge, a truncated or replaced file) go to stderr, one
@@ -8,7 +8,7 @@
 //!
 //! With `--timestamps`, `--since`/`--until`, `--merged`, `--format cri|json`
 //! or `--cursor`, the bytes are cut into stamped pieces of lines
-//! ([`crate::timeline`], which states the guarantees): raw lines get
+//! ([`crate::readers::timeline`], which states the guarantees): raw lines get
 //! `<RFC 3339 ns UTC> ` before them (`<time>~ ` when the time is estimated,
 //! with one note on stderr saying why); `--merged` tags each line `stdout `
 //! or `stderr ` (after the stamp) and ends every piece with a newline; cri
@@ -29,7 +29,7 @@
 //! - **Nothing forged is read.** A file at a stream's or an index's name is
 //!   read only if what was opened (non-blocking, no link followed, checked
 //!   with `fstat`) is a regular file with one link that the directory's
-//!   [`crate::dir::Trust`] accepts: owned by root, the reader or the
+//!   [`crate::shared::dir::Trust`] accepts: owned by root, the reader or the
 //!   directory's owner. A task's own file (whatever it holds), a hard link,
 //!   a FIFO, a directory, a device is skipped: the first
 //!   [`SKIPS_NAMED`] such names are noted one line each
@@ -42,10 +42,10 @@
 //!   in one warning line first, and goes on (logmon sets the sticky bit on
 //!   a directory it owns, or on any as root; in a sticky directory such a
 //!   rename fails). The task's metadata (`--format json`) comes from
-//!   [`crate::meta::load`], which reads only a file of root or the reader.
+//!   [`crate::shared::meta::load`], which reads only a file of root or the reader.
 //! - **Nothing makes it hang or swell.** Every read in the directory is
 //!   bounded: log files are streamed, an index is read in place a few KiB
-//!   at a time ([`crate::index::IndexFile`]), a cursor is read with a cap;
+//!   at a time ([`crate::shared::index::IndexFile`]), a cursor is read with a cap;
 //!   every open is non-blocking; the cursor's temporary file is created
 //!   anew, whatever was planted at its name removed unopened. SIGINT and
 //!   SIGTERM end it (exit 0) in every mode, also while a write to a stalled
@@ -62,12 +62,12 @@
 //!   version 1 (no directory identity) is taken as it is and saved as
 //!   version 2.
 //!
-//! Tests: `tests/it/hostile_readers.rs` (as uid 65534 against a root
+//! Tests: `tests/it/readers/hostile_readers.rs` (as uid 65534 against a root
 //! reader: a forged rename, a task-owned file and index, a sparse 1 GiB
 //! index and cursor with the reader's peak RSS, a FIFO at the cursor's
-//! temporary name), `tests/it/errors.rs` (`logs_errors`: the cursor, time
-//! and task mistakes, one line each), `tests/it/logs.rs`,
-//! `tests/it/timeline.rs`.
+//! temporary name), `tests/it/cli/errors.rs` (`logs_errors`: the cursor, time
+//! and task mistakes, one line each), `tests/it/readers/logs.rs`,
+//! `tests/it/readers/timeline.rs`.
 //!
 //! # Exit codes
 //!
@@ -84,7 +84,7 @@
 //!
 //! # The sandbox
 //!
-//! `logs` confines itself read-only ([`crate::sandbox`]). Run by a user
+//! `logs` confines itself read-only ([`crate::shared::sandbox`]). Run by a user
 //! other than root it cannot empty its capability bounding set (that takes
 //! `CAP_SETPCAP`); it holds no capability and `no_new_privs` keeps any from
 //! coming back, so that is no gap, and it is said at debug level only. A
@@ -96,20 +96,20 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::signals::Blocked;
+use crate::shared::signals::Blocked;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::config::{Stream, TaskName};
-use crate::dir::{Dir, LogDirError};
-use crate::follow::{Event, FollowError, Follower, Options, Start};
-use crate::timeline::{
+use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
+use crate::readers::timeline::{
     format_rfc3339, locate_since, now_ns, parse_time, Assembler, CursorError, CursorFile,
     CursorState, Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::{Dir, LogDirError};
 
 use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 
@@ -120,8 +120,8 @@ pub const SKIPS_NAMED: usize = 10;
 /// `logmon logs`.
 pub fn run(a: &LogsArgs) -> CliResult {
     // Before any other thread exists (the `notify` watcher inherits the
-    // mask): see crate::signals.
-    let signals = Blocked::new(&crate::signals::STOP)
+    // mask): see crate::shared::signals.
+    let signals = Blocked::new(&crate::shared::signals::STOP)
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     let stop = StopProbe::new()?;
     let range = Range::parse(a)?;
@@ -164,7 +164,7 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
             dir.path().display()
         ));
     }
-    let (known, others) = crate::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
+    let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
         CliError::new(
             EXIT_FAILURE,
             format!("cannot list {}: {e}", dir.path().display()),
@@ -320,7 +320,7 @@ fn run_plain(
         start,
         follow: a.follow,
     };
-    crate::sandbox::confine(&crate::sandbox::Policy::logs(&dir));
+    crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::logs(&dir));
     let rt = runtime()?;
     rt.block_on(async {
         let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
@@ -336,7 +336,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 }
 
 /// SIGINT or SIGTERM ends the output (exit 0).
-fn watch(signals: Blocked) -> Result<crate::signals::Signals, CliError> {
+fn watch(signals: Blocked) -> Result<crate::shared::signals::Signals, CliError> {
     signals
         .watch()
         .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))
@@ -411,7 +411,7 @@ impl StopProbe {
     /// After [`Blocked::new`] (the signals must be blocked already).
     fn new() -> Result<StopProbe, CliError> {
         let mut set = nix::sys::signal::SigSet::empty();
-        for s in crate::signals::STOP {
+        for s in crate::shared::signals::STOP {
             set.add(s);
         }
         SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
@@ -447,7 +447,8 @@ impl Out {
     /// `/proc/self/fd/1`).
     fn new() -> Out {
         let st = nix::sys::stat::fstat(io::stdout().as_fd()).ok();
-        let is = |t: nix::sys::stat::SFlag| st.is_some_and(|st| crate::dir::is_type(&st, t));
+        let is =
+            |t: nix::sys::stat::SFlag| st.is_some_and(|st| crate::shared::dir::is_type(&st, t));
         let own = if is(nix::sys::stat::SFlag::S_IFIFO) {
             nix::fcntl::open(
                 "/proc/self/fd/1",
@@ -630,13 +631,13 @@ fn resume_at(
             format!("cannot look at {}: {e}", dir.path().display()),
         )
     })?;
-    let newest = crate::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
+    let newest = crate::readers::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
         CliError::new(
             EXIT_FAILURE,
             format!("cannot list {}: {e}", dir.path().display()),
         )
     })?;
-    let hwm = crate::index::read_hwm_trusted(dir, &trust, task, stream);
+    let hwm = crate::shared::index::read_hwm_trusted(dir, &trust, task, stream);
     let beyond = match newest.max(hwm) {
         Some(top) => saved.index > top,
         None => saved.index > 0,
@@ -644,7 +645,7 @@ fn resume_at(
     if !beyond {
         return Ok(saved);
     }
-    let name = |i| crate::rotate::file_name(task, stream, i);
+    let name = |i| crate::shared::names::file_name(task, stream, i);
     let there = match newest {
         Some(n) => format!("the newest is {}", name(n)),
         None => "none is there".to_owned(),
@@ -658,7 +659,7 @@ fn resume_at(
 }
 
 /// `logs` with any of --timestamps, --since, --until, --merged, --format,
-/// --cursor (see [`crate::timeline`]).
+/// --cursor (see [`crate::readers::timeline`]).
 fn run_timeline(
     a: &LogsArgs,
     dir: Arc<Dir>,
@@ -668,42 +669,25 @@ fn run_timeline(
     out: &Out,
     skips: &mut Skips,
 ) -> CliResult {
-    let cursor = match &a.cursor {
-        Some(p) => {
-            let mut c = CursorFile::open(p).map_err(cursor_error)?;
-            c.lock().map_err(cursor_error)?;
-            let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
-            // (The log directory's own warning covers a cursor kept there.)
-            if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
-                warn(&format!(
-                    "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
-                    c.dir().path().display(),
-                    c.path()
-                ));
-            }
-            Some(c)
-        }
-        None => None,
-    };
+    let cursor = a
+        .cursor
+        .as_ref()
+        .map(|p| open_cursor(p, &dir))
+        .transpose()?;
     let attrs = match a.format {
-        Format::Json => crate::meta::load(&dir, &a.task)
+        Format::Json => crate::shared::meta::load(&dir, &a.task)
             .filter(|m| !m.is_empty())
             .map(|m| m.as_map().clone()),
         _ => None,
     };
-    let mut policy = crate::sandbox::Policy::logs(&dir);
+    let mut policy = crate::shared::sandbox::Policy::logs(&dir);
     if let Some(c) = &cursor {
         policy = policy.cursor(c.dir());
     }
-    crate::sandbox::confine(&policy);
+    crate::shared::sandbox::confine(&policy);
     let (saved, reset) = match &cursor {
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
-    };
-    let streams: &[Stream] = match (a.merged, a.stderr) {
-        (true, _) => &[Stream::Stdout, Stream::Stderr],
-        (false, true) => &[Stream::Stderr],
-        (false, false) => &[Stream::Stdout],
     };
     let style = Style {
         format: a.format,
@@ -719,59 +703,10 @@ fn run_timeline(
     let (since, until) = (range.since, range.until);
     let rt = runtime()?;
     rt.block_on(async {
-        let mut srcs = Vec::new();
-        for &stream in streams {
-            let mut stamper = Stamper::new(dir.clone(), &a.task, stream, a.follow);
-            let resumed = match (&cursor, saved.as_ref().and_then(|s| s.get(stream))) {
-                (Some(c), Some(sc)) => Some(resume_at(c, sc, &dir, &a.task, stream)?),
-                _ => None,
-            };
-            let start = match (resumed, since, a.lines, a.bytes) {
-                (Some(c), ..) => Start::At(c.position()),
-                // A cursor that did not fit: from the first file present.
-                (None, ..) if reset => Start::Beginning,
-                (None, Some(t), ..) => {
-                    Start::At(locate_since(&dir, &mut stamper, t).map_err(|e| {
-                        CliError::new(
-                            EXIT_FAILURE,
-                            format!("cannot read {}: {e}", dir.path().display()),
-                        )
-                    })?)
-                }
-                (None, None, Some(n), _) if until.is_none() => Start::LastLines(n),
-                (None, None, None, Some(c)) => Start::LastBytes(c),
-                _ => Start::Beginning,
-            };
-            let f = Follower::open_dir(
-                dir.clone(),
-                &a.task,
-                stream,
-                Options {
-                    start,
-                    follow: a.follow,
-                },
-            )
-            .map_err(cli_error)?;
-            let p = f.position();
-            let mid_line = resumed.is_some_and(|c| c.mid_line);
-            srcs.push(Src {
-                f,
-                stamper,
-                asm: Assembler::new(stream, mid_line),
-                idle: false,
-                done: false,
-                in_range: true,
-                pos: StreamCursor {
-                    index: p.index,
-                    offset: p.offset,
-                    mid_line,
-                },
-                last_data: Instant::now(),
-            });
-        }
+        let srcs = open_sources(a, &dir, range, cursor.as_ref(), saved.as_ref(), reset)?;
         let mut state = saved.unwrap_or_else(|| CursorState::new(&a.task, dir.id()));
         // Saved in the current format, for this directory.
-        state.version = crate::timeline::CURSOR_VERSION;
+        state.version = crate::readers::timeline::CURSOR_VERSION;
         state.log_dir = Some(dir.id());
         let notes_times = a.timestamps
             || a.merged
@@ -790,6 +725,93 @@ fn run_timeline(
         };
         how.run(srcs, tail, &mut state, signals, skips).await
     })
+}
+
+/// Opens and locks the cursor file at `path`, warning when others can
+/// rename files in its directory (other than the log directory `dir`,
+/// which has its own warning).
+fn open_cursor(path: &std::path::Path, dir: &Dir) -> Result<CursorFile, CliError> {
+    let mut c = CursorFile::open(path).map_err(cursor_error)?;
+    c.lock().map_err(cursor_error)?;
+    let renamable = c.dir().trust().ok().and_then(|t| t.renamable_by_others());
+    // (The log directory's own warning covers a cursor kept there.)
+    if let Some(why) = renamable.filter(|_| c.dir().id() != dir.id()) {
+        warn(&format!(
+            "warning: other users can rename files in {}, the directory of cursor {} ({why}): the cursor could be replaced or its save fail; keep it in a directory of your own",
+            c.dir().path().display(),
+            c.path()
+        ));
+    }
+    Ok(c)
+}
+
+/// One [`Src`] a stream `logs` reads (stdout, stderr, or both merged),
+/// each at its start: the cursor's position, the first file present
+/// after a cursor that did not fit (`reset`), `--since`, `-n`/`-c` from
+/// the end, or the beginning.
+fn open_sources(
+    a: &LogsArgs,
+    dir: &Arc<Dir>,
+    range: &Range,
+    cursor: Option<&CursorFile>,
+    saved: Option<&CursorState>,
+    reset: bool,
+) -> Result<Vec<Src>, CliError> {
+    let streams: &[Stream] = match (a.merged, a.stderr) {
+        (true, _) => &[Stream::Stdout, Stream::Stderr],
+        (false, true) => &[Stream::Stderr],
+        (false, false) => &[Stream::Stdout],
+    };
+    let (since, until) = (range.since, range.until);
+    let mut srcs = Vec::new();
+    for &stream in streams {
+        let mut stamper = Stamper::new(dir.clone(), &a.task, stream, a.follow);
+        let resumed = match (cursor, saved.and_then(|s| s.get(stream))) {
+            (Some(c), Some(sc)) => Some(resume_at(c, sc, dir, &a.task, stream)?),
+            _ => None,
+        };
+        let start = match (resumed, since, a.lines, a.bytes) {
+            (Some(c), ..) => Start::At(c.position()),
+            // A cursor that did not fit: from the first file present.
+            (None, ..) if reset => Start::Beginning,
+            (None, Some(t), ..) => Start::At(locate_since(dir, &mut stamper, t).map_err(|e| {
+                CliError::new(
+                    EXIT_FAILURE,
+                    format!("cannot read {}: {e}", dir.path().display()),
+                )
+            })?),
+            (None, None, Some(n), _) if until.is_none() => Start::LastLines(n),
+            (None, None, None, Some(c)) => Start::LastBytes(c),
+            _ => Start::Beginning,
+        };
+        let f = Follower::open_dir(
+            dir.clone(),
+            &a.task,
+            stream,
+            Options {
+                start,
+                follow: a.follow,
+            },
+        )
+        .map_err(cli_error)?;
+        let p = f.position();
+        let mid_line = resumed.is_some_and(|c| c.mid_line);
+        srcs.push(Src {
+            f,
+            stamper,
+            asm: Assembler::new(stream, mid_line),
+            idle: false,
+            done: false,
+            in_range: true,
+            pos: StreamCursor {
+                index: p.index,
+                offset: p.offset,
+                mid_line,
+            },
+            last_data: Instant::now(),
+        });
+    }
+    Ok(srcs)
 }
 
 /// How [`Drive::run`] writes: the settings of [`run_timeline`].
@@ -816,7 +838,6 @@ impl Drive<'_> {
         signals: Blocked,
         skips: &mut Skips,
     ) -> CliResult {
-        let (since, until) = (self.since, self.until);
         let mut signals = watch(signals)?;
         let stdout_watch = stdout_error_watch();
         // -n: pieces held until every stream has caught up.
@@ -827,73 +848,9 @@ impl Drive<'_> {
             if self.stop.take() {
                 return Ok(0);
             }
-            // Read what is there.
-            for s in srcs.iter_mut().filter(|s| !s.done) {
-                while s.asm.out.len() < 256 {
-                    match s.f.next_now() {
-                        Ok(Some(ev)) => s.handle(ev, skips),
-                        Ok(None) => {
-                            s.idle = true;
-                            if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
-                                s.asm.cut();
-                            }
-                            break;
-                        }
-                        Err(e) => return Err(cli_error(e)),
-                    }
-                }
-            }
-            // Write in time order what can be ordered.
-            loop {
-                let mut best: Option<(usize, i64)> = None;
-                let mut blocked = false;
-                for (i, s) in srcs.iter_mut().enumerate() {
-                    if s.done {
-                        continue;
-                    }
-                    match s.head(since, until) {
-                        Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
-                        Some(_) => {}
-                        // Not read to its end yet: it may hold an earlier line.
-                        None if !s.idle && !s.done => blocked = true,
-                        None => {}
-                    }
-                }
-                let Some((i, _)) = best.filter(|_| !blocked) else {
-                    break;
-                };
-                let s = &mut srcs[i];
-                let Some(p) = s.asm.out.pop_front() else {
-                    break;
-                };
-                s.pos = StreamCursor {
-                    index: p.end.index,
-                    offset: p.end.offset,
-                    mid_line: !p.ends_line,
-                };
-                state.set(p.stream, s.pos);
-                match tail {
-                    Some(n) => {
-                        held.push_back(p);
-                        trim_to_lines(&mut held, n);
-                    }
-                    None => self.style.write(&p, &mut out),
-                }
-                if out.len() >= 64 * 1024 {
-                    break;
-                }
-            }
-            for s in &mut srcs {
-                skips.take_from(&mut s.stamper);
-                if !self.notes_times {
-                    continue;
-                }
-                if let Some(why) = s.stamper.take_note() {
-                    warn(&format!(
-                        "note: the capture times of some lines are estimated ({why})"
-                    ));
-                }
-            }
+            self.read_available(&mut srcs, skips)?;
+            self.write_in_order(&mut srcs, tail, &mut held, state, &mut out);
+            self.take_notes(&mut srcs, skips);
             // (A partial line held while following waits for its deadline.)
             let caught_up = srcs
                 .iter()
@@ -905,19 +862,8 @@ impl Drive<'_> {
                 tail = None;
             }
             if !out.is_empty() {
-                match self.out.write(&out, self.stop) {
-                    Ok(()) => {}
-                    Err(Ended::Stopped | Ended::Closed) => return Ok(0),
-                    Err(Ended::Failed(e)) => {
-                        return Err(CliError::new(
-                            EXIT_FAILURE,
-                            format!("cannot write to stdout: {e}"),
-                        ))
-                    }
-                }
-                out.clear();
-                if let Some(c) = self.cursor {
-                    c.save(state).map_err(cursor_error)?;
+                if !self.flush(&mut out, state)? {
+                    return Ok(0);
                 }
                 continue;
             }
@@ -927,49 +873,186 @@ impl Drive<'_> {
             if !self.follow || srcs.iter().all(|s| s.done) {
                 return Ok(0);
             }
-            // Following: wait for any stream, a partial line's deadline, the
-            // end of the range, a signal or stdout going away.
-            let partial = srcs
-                .iter()
-                .filter(|s| !s.done && s.asm.has_partial())
-                .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
-                .min();
-            let until_left = until.map(|u| {
-                let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
-                Duration::from_nanos(u64::try_from(left).unwrap_or(0))
-            });
-            let sleep_for = partial.into_iter().chain(until_left).min();
-            let woke = {
-                let waits = srcs
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(_, s)| !s.done)
-                    .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
-                tokio::select! {
-                    biased;
-                    _ = signals.recv() => None,
-                    () = stdout_gone(stdout_watch.as_ref()) => None,
-                    ((i, item), _, _) = futures_util::future::select_all(waits) => Some(Some((i, item))),
-                    () = sleep_or_never(sleep_for) => Some(None),
-                }
-            };
-            match woke {
-                None => return Ok(0),
-                Some(Some((i, Some(Ok(ev))))) => srcs[i].handle(ev, skips),
-                Some(Some((_, Some(Err(e))))) => return Err(cli_error(e)),
-                Some(Some((i, None))) => srcs[i].done = true,
-                Some(None) => {
-                    if until.is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS)) {
-                        for s in &mut srcs {
-                            if s.idle && s.asm.out.is_empty() {
-                                s.done = true;
-                            }
+            match self
+                .wait(&mut srcs, &mut signals, stdout_watch.as_ref())
+                .await
+            {
+                Woke::Stop => return Ok(0),
+                Woke::Stream(i, Some(Ok(ev))) => srcs[i].handle(ev, skips),
+                Woke::Stream(_, Some(Err(e))) => return Err(cli_error(e)),
+                Woke::Stream(i, None) => srcs[i].done = true,
+                Woke::Timer => self.end_of_range(&mut srcs),
+            }
+        }
+    }
+
+    /// Reads what is there in every stream not done (up to 256 pieces
+    /// waiting in each); a stream with nothing more is idle, and its
+    /// partial line is cut when not following or after its deadline.
+    fn read_available(&self, srcs: &mut [Src], skips: &mut Skips) -> Result<(), CliError> {
+        for s in srcs.iter_mut().filter(|s| !s.done) {
+            while s.asm.out.len() < 256 {
+                match s.f.next_now() {
+                    Ok(Some(ev)) => s.handle(ev, skips),
+                    Ok(None) => {
+                        s.idle = true;
+                        if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
+                            s.asm.cut();
                         }
+                        break;
                     }
+                    Err(e) => return Err(cli_error(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes into `out`, in time order, what can be ordered: the earliest
+    /// head of the streams, while no stream not read to its end may still
+    /// hold an earlier line; with `-n` (`tail`), into `held` instead. The
+    /// cursor moves with each piece; stops at 64 KiB.
+    fn write_in_order(
+        &self,
+        srcs: &mut [Src],
+        tail: Option<u64>,
+        held: &mut VecDeque<Piece>,
+        state: &mut CursorState,
+        out: &mut Vec<u8>,
+    ) {
+        loop {
+            let mut best: Option<(usize, i64)> = None;
+            let mut blocked = false;
+            for (i, s) in srcs.iter_mut().enumerate() {
+                if s.done {
+                    continue;
+                }
+                match s.head(self.since, self.until) {
+                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
+                    Some(_) => {}
+                    // Not read to its end yet: it may hold an earlier line.
+                    None if !s.idle && !s.done => blocked = true,
+                    None => {}
+                }
+            }
+            let Some((i, _)) = best.filter(|_| !blocked) else {
+                break;
+            };
+            let s = &mut srcs[i];
+            let Some(p) = s.asm.out.pop_front() else {
+                break;
+            };
+            s.pos = StreamCursor {
+                index: p.end.index,
+                offset: p.end.offset,
+                mid_line: !p.ends_line,
+            };
+            state.set(p.stream, s.pos);
+            match tail {
+                Some(n) => {
+                    held.push_back(p);
+                    trim_to_lines(held, n);
+                }
+                None => self.style.write(&p, out),
+            }
+            if out.len() >= 64 * 1024 {
+                break;
+            }
+        }
+    }
+
+    /// Gathers the streams' skips, and (when times are shown or used) says
+    /// once when some capture times are estimated.
+    fn take_notes(&self, srcs: &mut [Src], skips: &mut Skips) {
+        for s in srcs {
+            skips.take_from(&mut s.stamper);
+            if !self.notes_times {
+                continue;
+            }
+            if let Some(why) = s.stamper.take_note() {
+                warn(&format!(
+                    "note: the capture times of some lines are estimated ({why})"
+                ));
+            }
+        }
+    }
+
+    /// Writes `out` to stdout and saves the cursor; `false` when stdout is
+    /// gone or a stop came (the end, exit 0).
+    fn flush(&self, out: &mut Vec<u8>, state: &CursorState) -> Result<bool, CliError> {
+        match self.out.write(out, self.stop) {
+            Ok(()) => {}
+            Err(Ended::Stopped | Ended::Closed) => return Ok(false),
+            Err(Ended::Failed(e)) => {
+                return Err(CliError::new(
+                    EXIT_FAILURE,
+                    format!("cannot write to stdout: {e}"),
+                ))
+            }
+        }
+        out.clear();
+        if let Some(c) = self.cursor {
+            c.save(state).map_err(cursor_error)?;
+        }
+        Ok(true)
+    }
+
+    /// Following, caught up: waits for any stream, a partial line's
+    /// deadline, the end of the range, a signal or stdout going away.
+    async fn wait(
+        &self,
+        srcs: &mut [Src],
+        signals: &mut crate::shared::signals::Signals,
+        stdout_watch: Option<&AsyncFd<OwnedFd>>,
+    ) -> Woke {
+        let partial = srcs
+            .iter()
+            .filter(|s| !s.done && s.asm.has_partial())
+            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
+            .min();
+        let until_left = self.until.map(|u| {
+            let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
+            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
+        });
+        let sleep_for = partial.into_iter().chain(until_left).min();
+        let waits = srcs
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| !s.done)
+            .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
+        tokio::select! {
+            biased;
+            _ = signals.recv() => Woke::Stop,
+            () = stdout_gone(stdout_watch) => Woke::Stop,
+            ((i, item), _, _) = futures_util::future::select_all(waits) => Woke::Stream(i, item),
+            () = sleep_or_never(sleep_for) => Woke::Timer,
+        }
+    }
+
+    /// A timer woke the follower: past `--until` (and its grace), every
+    /// stream caught up is done.
+    fn end_of_range(&self, srcs: &mut [Src]) {
+        if self
+            .until
+            .is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS))
+        {
+            for s in srcs {
+                if s.idle && s.asm.out.is_empty() {
+                    s.done = true;
                 }
             }
         }
     }
+}
+
+/// What woke a caught-up follower ([`Drive::wait`]).
+enum Woke {
+    /// A signal, or stdout went away: the end.
+    Stop,
+    /// Stream `i` has an event (`None`: it ended).
+    Stream(usize, Option<Result<Event, FollowError>>),
+    /// A partial line's deadline, or the end of the range.
+    Timer,
 }
 
 /// How long after `--until` a follower still waits for lines captured

@@ -17,9 +17,9 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::{note, out_line, CliError, CliResult, EXIT_FAILURE, EXIT_USAGE};
-use crate::config::Stream;
 use crate::node::find::stream_index;
 use crate::node::{self, Survey, TaskView};
+use crate::shared::config::Stream;
 
 /// What `ls --help` says after the flags.
 pub const HELP: &str = "\
@@ -124,7 +124,7 @@ pub fn run(a: &LsArgs) -> CliResult {
         ));
     }
     for d in &a.log_dirs {
-        crate::dir::Dir::open_log_dir(d).map_err(|e| usage(format!("--log-dir: {e}")))?;
+        crate::shared::dir::Dir::open_log_dir(d).map_err(|e| usage(format!("--log-dir: {e}")))?;
     }
     let watch = match (&a.watch, &a.pattern) {
         (Some(root), Some(p)) => Some((
@@ -190,10 +190,10 @@ fn human(n: u64) -> String {
 }
 
 /// `full`, `off` or `partial`: the sandbox of a running logmon.
-fn sandbox_word(s: &crate::sandbox::Status) -> &'static str {
+fn sandbox_word(s: &crate::shared::sandbox::Status) -> &'static str {
     if s.is_full() {
         "full"
-    } else if *s == crate::sandbox::Status::off() {
+    } else if *s == crate::shared::sandbox::Status::off() {
         "off"
     } else {
         "partial"
@@ -242,7 +242,7 @@ fn table(s: &Survey, with_ship: bool) -> String {
     let dash = || "-".to_owned();
     for v in &s.tasks {
         let stats = v.answer.as_ref().map(|a| &a.stats);
-        let both = |f: fn(&crate::protocol::StreamStats) -> u64| {
+        let both = |f: fn(&crate::shared::protocol::StreamStats) -> u64| {
             stats.map(|s| f(&s.stdout) + f(&s.stderr))
         };
         let files: usize = v.files.streams.iter().map(|f| f.sizes.len()).sum();

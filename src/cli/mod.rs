@@ -5,11 +5,11 @@
 //! <what to do>`; what the operator should know on success is `logmon:
 //! note: …`. The exit code of every failure is decided in one place, the
 //! `exit_code_*` functions below; the policy is the table in [`exit_codes`].
-//! `tests/it/errors.rs` runs the real binary through the matrix of failures
+//! `tests/it/cli/errors.rs` runs the real binary through the matrix of failures
 //! and checks code, line, no panic, no process and no file left behind.
 //!
 //! The man pages and shell completions of the Debian package are made from
-//! these definitions ([`documented_command`], `examples/gen-docs.rs`);
+//! these definitions ([`Cli`] and the shipper's, by `examples/gen-docs.rs`);
 //! `tests/systemd-real/run.sh` checks the installed ones.
 
 use std::io::Write;
@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
+use crate::shared::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
 
 mod control;
 #[allow(unsafe_code)] // the command's pre_exec
@@ -55,8 +55,8 @@ pub const EXIT_TEMPFAIL: i32 = 75;
 pub mod exit_codes {}
 
 /// The exit code of a reattach failure (the §5 reasons).
-pub fn exit_code_reattach(e: &crate::client::ReattachError) -> i32 {
-    use crate::client::ReattachError as R;
+pub fn exit_code_reattach(e: &crate::agent::client::ReattachError) -> i32 {
+    use crate::agent::client::ReattachError as R;
     match e {
         R::NoState { .. } | R::StateUnreadable { .. } => EXIT_USAGE,
         R::CorruptState(_) | R::Refused { .. } => EXIT_FAILURE,
@@ -65,8 +65,8 @@ pub fn exit_code_reattach(e: &crate::client::ReattachError) -> i32 {
 }
 
 /// The exit code of a failure talking to a socket given by path.
-pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
-    use crate::client::{ClientError as C, ConnectFailure as F};
+pub fn exit_code_client(e: &crate::agent::client::ClientError) -> i32 {
+    use crate::agent::client::{ClientError as C, ConnectFailure as F};
     match e {
         C::Connect {
             failure: F::NotASocket,
@@ -84,13 +84,13 @@ pub fn exit_code_client(e: &crate::client::ClientError) -> i32 {
 /// The exit code of a `run` that cannot start or stops on an error: 2 for
 /// what the user must fix in the flags or paths, 1 for everything else.
 pub(crate) fn exit_code_daemon(e: &crate::daemon::DaemonError) -> i32 {
+    use crate::daemon::rotate::RotateError as R;
+    use crate::daemon::server::SocketError as S;
     use crate::daemon::DaemonError as D;
-    use crate::fifo::FifoError as F;
-    use crate::rotate::RotateError as R;
-    use crate::server::SocketError as S;
+    use crate::shared::fifo::FifoError as F;
     match e {
         D::Config(_)
-        | D::Rotate(R::LogDir(crate::dir::LogDirError::Missing { .. }))
+        | D::Rotate(R::LogDir(crate::shared::dir::LogDirError::Missing { .. }))
         | D::Fifo(F::NotFifo { .. } | F::Symlink(_))
         | D::Socket(S::NotASocket { .. } | S::NameTooLong { .. } | S::InUse { .. }) => EXIT_USAGE,
         _ => EXIT_FAILURE,
@@ -99,16 +99,16 @@ pub(crate) fn exit_code_daemon(e: &crate::daemon::DaemonError) -> i32 {
 
 /// The exit code of a failed launch: the daemon's own for its errors (it
 /// exited with `exit_code_daemon`), else 1.
-pub fn exit_code_launch(e: &crate::client::LaunchError) -> i32 {
+pub fn exit_code_launch(e: &crate::agent::client::LaunchError) -> i32 {
     match e {
-        crate::client::LaunchError::Daemon { code, .. } => *code,
+        crate::agent::client::LaunchError::Daemon { code, .. } => *code,
         _ => EXIT_FAILURE,
     }
 }
 
 /// The exit code of an `ensure` failure.
-pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
-    use crate::hook::HookError as H;
+pub fn exit_code_hook(e: &crate::agent::hook::HookError) -> i32 {
+    use crate::agent::hook::HookError as H;
     match e {
         H::Recoverable(_) | H::LogDirGone { .. } => EXIT_TEMPFAIL,
         H::LogDir { .. } => EXIT_USAGE,
@@ -117,8 +117,8 @@ pub fn exit_code_hook(e: &crate::hook::HookError) -> i32 {
     }
 }
 
-impl From<crate::client::ReattachError> for CliError {
-    fn from(e: crate::client::ReattachError) -> Self {
+impl From<crate::agent::client::ReattachError> for CliError {
+    fn from(e: crate::agent::client::ReattachError) -> Self {
         let code = exit_code_reattach(&e);
         if e.is_state_file() {
             CliError::new(code, e)
@@ -128,20 +128,20 @@ impl From<crate::client::ReattachError> for CliError {
     }
 }
 
-impl From<crate::client::ClientError> for CliError {
-    fn from(e: crate::client::ClientError) -> Self {
+impl From<crate::agent::client::ClientError> for CliError {
+    fn from(e: crate::agent::client::ClientError) -> Self {
         CliError::new(exit_code_client(&e), e)
     }
 }
 
-impl From<crate::hook::HookError> for CliError {
-    fn from(e: crate::hook::HookError) -> Self {
+impl From<crate::agent::hook::HookError> for CliError {
+    fn from(e: crate::agent::hook::HookError) -> Self {
         CliError::new(exit_code_hook(&e), e)
     }
 }
 
-impl From<crate::client::LaunchError> for CliError {
-    fn from(e: crate::client::LaunchError) -> Self {
+impl From<crate::agent::client::LaunchError> for CliError {
+    fn from(e: crate::agent::client::LaunchError) -> Self {
         CliError::new(exit_code_launch(&e), e)
     }
 }
@@ -255,17 +255,6 @@ fn exec_ship(a: &ShipArgs) -> Result<i32, CliError> {
     ))
 }
 
-/// The `logmon` command tree as documented (man pages and shell
-/// completions, made by `examples/gen-docs.rs` for the Debian package):
-/// [`Cli`], with `ship`'s pass-through arguments replaced by the flags of
-/// `logmon-ship` itself ([`crate::ship::cli::Args`]), so that `man
-/// logmon-ship` and `logmon ship <TAB>` show the shipper's real flags.
-/// Only the generator calls it: no binary links it.
-pub fn documented_command() -> clap::Command {
-    use clap::CommandFactory;
-    Cli::command().mut_subcommand("ship", |_| crate::ship::cli::Args::command().name("ship"))
-}
-
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     config::parse_size(s).map_err(|e| e.to_string())
 }
@@ -358,9 +347,9 @@ impl RunArgs {
         c.keep_unshipped = self.keep_unshipped;
         // Read by hand rather than by clap's `env`: its delimiter would
         // also split a `--meta` value at its commas.
-        c.meta = crate::meta::Meta::from_args(
+        c.meta = crate::shared::meta::Meta::from_args(
             &self.meta,
-            std::env::var_os(crate::meta::ENV_VAR).as_deref(),
+            std::env::var_os(crate::shared::meta::ENV_VAR).as_deref(),
         )?;
         c.validate()?;
         Ok(c)
@@ -441,8 +430,8 @@ pub struct LogsArgs {
     pub merged: bool,
     /// Output format: raw (the bytes), cri (`<time> <stream> <P|F> <text>`)
     /// or json (Docker json-file lines plus the task's metadata as `attrs`).
-    #[arg(long, value_enum, default_value_t = crate::timeline::Format::Raw)]
-    pub format: crate::timeline::Format,
+    #[arg(long, value_enum, default_value_t = crate::readers::timeline::Format::Raw)]
+    pub format: crate::readers::timeline::Format,
     /// Resume from, and save after each write to stdout, the position in
     /// FILE (at least once: a kill between a write and its save repeats
     /// that write, nothing is lost). Overrides -n/-c/--since once it exists.
@@ -466,7 +455,7 @@ pub struct ExecArgs {
 
 /// Refuses a missing log directory before anything is launched (exit 2).
 fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
-    use crate::dir::{Dir, LogDirError};
+    use crate::shared::dir::{Dir, LogDirError};
     match Dir::open_log_dir(&cfg.log_dir) {
         Ok(_) => Ok(()),
         Err(e @ LogDirError::Missing { .. }) => Err(CliError::new(EXIT_USAGE, e)),
@@ -477,7 +466,7 @@ fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
 /// Creates the FIFOs, or refuses a path that is not one (exit 2), before a
 /// daemon is launched, so the user gets the daemon's error directly.
 fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
-    use crate::fifo::{ensure_fifo, FifoError};
+    use crate::shared::fifo::{ensure_fifo, FifoError};
     for p in [&cfg.stdout_fifo, &cfg.stderr_fifo] {
         ensure_fifo(p).map_err(|e| {
             let code = match e {
@@ -492,10 +481,10 @@ fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
 
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
-    let launched_run = matches!(cli.command, Command::Run(_)) && crate::diag::launched();
+    let launched_run = matches!(cli.command, Command::Run(_)) && crate::shared::diag::launched();
     let result = match cli.command {
         Command::Run(a) => {
-            crate::sandbox::set_disabled(a.no_sandbox);
+            crate::shared::sandbox::set_disabled(a.no_sandbox);
             control::run(&a)
         }
         Command::Launch(a) => control::launch(&a),
@@ -504,7 +493,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Status(a) => control::status(&a),
         Command::Stop(a) => control::stop(&a),
         Command::Logs(a) => {
-            crate::sandbox::set_disabled(a.no_sandbox);
+            crate::shared::sandbox::set_disabled(a.no_sandbox);
             logs::run(&a)
         }
         Command::Exec(a) => exec::run(&a),
@@ -518,13 +507,13 @@ pub fn dispatch(cli: Cli) -> i32 {
 }
 
 /// Says why a command failed (one line on stderr; for a launched `run`,
-/// also its [`crate::client::LaunchFailure`] on stdout) and returns its
+/// also its [`crate::agent::client::LaunchFailure`] on stdout) and returns its
 /// exit code.
 fn report(e: CliError, launched_run: bool) -> i32 {
     if launched_run {
         // The launcher reads this instead of a ready line and passes it
-        // on, exit code class included (crate::diag).
-        let f = crate::client::LaunchFailure {
+        // on, exit code class included (crate::shared::diag).
+        let f = crate::agent::client::LaunchFailure {
             error: e.message.clone(),
             exit_code: e.code,
         };
@@ -544,7 +533,7 @@ fn report(e: CliError, launched_run: bool) -> i32 {
 pub fn daemon_main() -> ! {
     // Another build's `logmon` started us (an older `logmon-run` left
     // beside a new `logmon`): it serves in its own process instead.
-    let other_build = match crate::launch::check_exec_version() {
+    let other_build = match crate::agent::launch::check_exec_version() {
         Ok(()) => false,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "logmon: warning: {e}");
@@ -557,7 +546,7 @@ pub fn daemon_main() -> ! {
         run_flags::parse(std::env::args_os().skip(1), |k| std::env::var_os(k))
     };
     let Some(cfg) = parsed else {
-        let e = crate::launch::exec_full_binary(std::env::args_os().skip(1));
+        let e = crate::agent::launch::exec_full_binary(std::env::args_os().skip(1));
         let _ = writeln!(
             std::io::stderr(),
             "logmon: error: cannot read these flags without `logmon` ({e}): run `logmon run` from the same installation"
@@ -565,10 +554,10 @@ pub fn daemon_main() -> ! {
         std::process::exit(EXIT_USAGE);
     };
     init_tracing("info");
-    crate::sandbox::set_disabled(cfg.no_sandbox);
+    crate::shared::sandbox::set_disabled(cfg.no_sandbox);
     let code = match control::serve(cfg) {
         Ok(code) => code,
-        Err(e) => report(e, crate::diag::launched()),
+        Err(e) => report(e, crate::shared::diag::launched()),
     };
     std::process::exit(code)
 }
@@ -697,18 +686,18 @@ fn clap_error_line(e: &clap::Error) -> String {
 /// and exits with its code. Clap's errors become one line and exit 2.
 ///
 /// An agent that launches logmon from its own executable
-/// ([`crate::client::Program::CurrentExe`]) calls this when its first
+/// ([`crate::agent::client::Program::CurrentExe`]) calls this when its first
 /// argument is `run`.
 pub fn main() -> ! {
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == "run") {
         // Nothing parsed or touched yet: the daemon's own binary takes over
         // from here, so this larger one never stays resident (its pages
-        // would count in the daemon's peak memory); see crate::launch.
+        // would count in the daemon's peak memory); see crate::agent::launch.
         // Returns only when there is none to exec: not an error, serving
         // in-process is fully supported (an agent embedding this crate has
         // no `logmon-run` beside it), so nothing is said.
-        let _not_there = crate::launch::exec_daemon_binary(args);
+        let _not_there = crate::agent::launch::exec_daemon_binary(args);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -727,9 +716,9 @@ pub fn main() -> ! {
 /// under journald, else to stderr. Never to stdout, never into the
 /// captured logs.
 pub fn init_tracing(default: &str) {
-    if crate::systemd::init_journald(default) {
+    if crate::daemon::systemd::init_journald(default) {
         return;
     }
-    let diag = crate::diag::Diag::stderr(crate::diag::log_filter(default));
+    let diag = crate::shared::diag::Diag::stderr(crate::shared::diag::log_filter(default));
     let _ = tracing::subscriber::set_global_default(diag);
 }

@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
+use crate::shared::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
 
 /// Each flag that takes a value, with its variable.
 const VALUED: [(&str, &str); 11] = [
@@ -44,58 +44,82 @@ pub fn parse(
     args: impl IntoIterator<Item = OsString>,
     env: impl Fn(&str) -> Option<OsString>,
 ) -> Option<CaptureConfig> {
-    let mut given: Vec<(&'static str, OsString)> = Vec::new();
-    let mut meta: Vec<OsString> = Vec::new();
-    let mut no_sandbox_flag = false;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let bytes = arg.as_bytes();
-        let (name, inline) = match bytes.iter().position(|&b| b == b'=') {
-            Some(i) => (
-                &bytes[..i],
-                Some(OsStr::from_bytes(&bytes[i + 1..]).to_owned()),
-            ),
-            None => (bytes, None),
+    Given::scan(args)?.config(&env)
+}
+
+/// What a command line gives: each valued flag once, the `--meta` pairs,
+/// and whether `--no-sandbox` is there.
+struct Given {
+    flags: Vec<(&'static str, OsString)>,
+    meta: Vec<OsString>,
+    no_sandbox: bool,
+}
+
+impl Given {
+    /// Reads `args`; `None` for anything clap must judge.
+    fn scan(args: impl IntoIterator<Item = OsString>) -> Option<Given> {
+        let mut given = Given {
+            flags: Vec::new(),
+            meta: Vec::new(),
+            no_sandbox: false,
         };
-        if name == NO_SANDBOX.0.as_bytes() {
-            // A value or a repeat: clap's to judge.
-            if inline.is_some() || no_sandbox_flag {
-                return None;
-            }
-            no_sandbox_flag = true;
-            continue;
-        }
-        let flag = if name == META.as_bytes() {
-            META
-        } else {
-            VALUED.iter().find(|(f, _)| f.as_bytes() == name)?.0
-        };
-        let value = match inline {
-            Some(v) => v,
-            None => {
-                let v = args.next()?;
-                // clap would take a following flag as a missing value.
-                if v.as_bytes().starts_with(b"-") {
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let bytes = arg.as_bytes();
+            let (name, inline) = match bytes.iter().position(|&b| b == b'=') {
+                Some(i) => (
+                    &bytes[..i],
+                    Some(OsStr::from_bytes(&bytes[i + 1..]).to_owned()),
+                ),
+                None => (bytes, None),
+            };
+            if name == NO_SANDBOX.0.as_bytes() {
+                // A value or a repeat: clap's to judge.
+                if inline.is_some() || given.no_sandbox {
                     return None;
                 }
-                v
+                given.no_sandbox = true;
+                continue;
             }
-        };
-        // clap refuses an empty value (`--socket=`, `--socket ""`).
-        if value.is_empty() {
-            return None;
+            let flag = if name == META.as_bytes() {
+                META
+            } else {
+                VALUED.iter().find(|(f, _)| f.as_bytes() == name)?.0
+            };
+            let value = match inline {
+                Some(v) => v,
+                None => {
+                    let v = args.next()?;
+                    // clap would take a following flag as a missing value.
+                    if v.as_bytes().starts_with(b"-") {
+                        return None;
+                    }
+                    v
+                }
+            };
+            // clap refuses an empty value (`--socket=`, `--socket ""`).
+            if value.is_empty() {
+                return None;
+            }
+            if flag == META {
+                given.meta.push(value);
+            } else if given.flags.iter().any(|(f, _)| *f == flag) {
+                return None;
+            } else {
+                given.flags.push((flag, value));
+            }
         }
-        if flag == META {
-            meta.push(value);
-        } else if given.iter().any(|(f, _)| *f == flag) {
-            return None;
-        } else {
-            given.push((flag, value));
-        }
+        Some(given)
     }
-    // A flag given wins over its variable; an empty variable is clap's.
-    let value = |flag: &str| -> Option<Option<OsString>> {
-        if let Some((_, v)) = given.iter().find(|(f, _)| *f == flag) {
+
+    /// The value of `flag`: given, else its variable; `None` for an empty
+    /// variable (clap's to judge). A flag given wins over its variable.
+    fn value(
+        &self,
+        flag: &str,
+        env: &impl Fn(&str) -> Option<OsString>,
+    ) -> Option<Option<OsString>> {
+        if let Some((_, v)) = self.flags.iter().find(|(f, _)| *f == flag) {
             return Some(Some(v.clone()));
         }
         let var = VALUED.iter().find(|(f, _)| *f == flag).map(|(_, v)| *v)?;
@@ -103,64 +127,86 @@ pub fn parse(
             Some(v) if v.is_empty() => None,
             v => Some(v),
         }
-    };
-    let text = |flag: &str| -> Option<Option<String>> {
-        match value(flag)? {
+    }
+
+    /// [`Given::value`] as text (`None` if it is not UTF-8).
+    fn text(&self, flag: &str, env: &impl Fn(&str) -> Option<OsString>) -> Option<Option<String>> {
+        match self.value(flag, env)? {
             Some(v) => Some(Some(v.into_string().ok()?)),
             None => Some(None),
         }
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let size = |flag: &str, default: u64| -> Option<u64> {
-        match text(flag)? {
-            // Plain bytes, or a number and a unit: what config::parse_size
-            // reads for clap too.
+    }
+
+    /// A size flag: plain bytes, or a number and a unit (what
+    /// `config::parse_size` reads for clap too), else `default`.
+    fn size(
+        &self,
+        flag: &str,
+        default: u64,
+        env: &impl Fn(&str) -> Option<OsString>,
+    ) -> Option<u64> {
+        match self.text(flag, env)? {
             Some(s) => config::parse_size(&s).ok(),
             None => Some(default),
         }
-    };
+    }
 
-    let task = TaskName::new(&text("--task")??).ok()?;
-    let log_dir = PathBuf::from(value("--log-dir")??);
-    let mut cfg = CaptureConfig::new(task, log_dir);
-    if let Some(p) = value("--stdout-fifo")? {
-        cfg.stdout_fifo = p.into();
+    /// `--no-sandbox`, or its variable's boolean.
+    fn no_sandbox(&self, env: &impl Fn(&str) -> Option<OsString>) -> Option<bool> {
+        Some(
+            self.no_sandbox
+                || match env(NO_SANDBOX.1) {
+                    None => false,
+                    Some(v) => match v.to_str()? {
+                        "1" | "true" | "yes" | "on" => true,
+                        "0" | "false" | "no" | "off" => false,
+                        _ => return None,
+                    },
+                },
+        )
     }
-    if let Some(p) = value("--stderr-fifo")? {
-        cfg.stderr_fifo = p.into();
-    }
-    if let Some(p) = value("--socket")? {
-        cfg.socket = p.into();
-    }
-    cfg.max_files = match text("--max-files")? {
-        Some(s) if digits(&s) => s.parse().ok()?,
-        Some(_) => return None,
-        None => config::DEFAULT_MAX_FILES,
-    };
-    cfg.max_file_size = size("--max-file-size", config::DEFAULT_MAX_FILE_SIZE)?;
-    cfg.pipe_size = size("--pipe-size", config::DEFAULT_PIPE_SIZE)?;
-    cfg.keep_unshipped = size("--keep-unshipped", 0)?;
-    cfg.max_delay = match text("--max-delay")? {
-        Some(s) => config::parse_delay(&s).ok()?,
-        None => config::DEFAULT_MAX_DELAY,
-    };
-    cfg.on_write_error = match text("--on-write-error")?.as_deref() {
-        None | Some("drop") => WriteErrorPolicy::Drop,
-        Some("block") => WriteErrorPolicy::Block,
-        Some(_) => return None,
-    };
-    cfg.no_sandbox = no_sandbox_flag
-        || match env(NO_SANDBOX.1) {
-            None => false,
-            Some(v) => match v.to_str()? {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" => false,
-                _ => return None,
-            },
+
+    /// The configuration these flags and `env` make, validated.
+    fn config(&self, env: &impl Fn(&str) -> Option<OsString>) -> Option<CaptureConfig> {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let task = TaskName::new(&self.text("--task", env)??).ok()?;
+        let log_dir = PathBuf::from(self.value("--log-dir", env)??);
+        let mut cfg = CaptureConfig::new(task, log_dir);
+        if let Some(p) = self.value("--stdout-fifo", env)? {
+            cfg.stdout_fifo = p.into();
+        }
+        if let Some(p) = self.value("--stderr-fifo", env)? {
+            cfg.stderr_fifo = p.into();
+        }
+        if let Some(p) = self.value("--socket", env)? {
+            cfg.socket = p.into();
+        }
+        cfg.max_files = match self.text("--max-files", env)? {
+            Some(s) if digits(&s) => s.parse().ok()?,
+            Some(_) => return None,
+            None => config::DEFAULT_MAX_FILES,
         };
-    cfg.meta = crate::meta::Meta::from_args(&meta, env(crate::meta::ENV_VAR).as_deref()).ok()?;
-    cfg.validate().ok()?;
-    Some(cfg)
+        cfg.max_file_size = self.size("--max-file-size", config::DEFAULT_MAX_FILE_SIZE, env)?;
+        cfg.pipe_size = self.size("--pipe-size", config::DEFAULT_PIPE_SIZE, env)?;
+        cfg.keep_unshipped = self.size("--keep-unshipped", 0, env)?;
+        cfg.max_delay = match self.text("--max-delay", env)? {
+            Some(s) => config::parse_delay(&s).ok()?,
+            None => config::DEFAULT_MAX_DELAY,
+        };
+        cfg.on_write_error = match self.text("--on-write-error", env)?.as_deref() {
+            None | Some("drop") => WriteErrorPolicy::Drop,
+            Some("block") => WriteErrorPolicy::Block,
+            Some(_) => return None,
+        };
+        cfg.no_sandbox = self.no_sandbox(env)?;
+        cfg.meta = crate::shared::meta::Meta::from_args(
+            &self.meta,
+            env(crate::shared::meta::ENV_VAR).as_deref(),
+        )
+        .ok()?;
+        cfg.validate().ok()?;
+        Some(cfg)
+    }
 }
 
 #[cfg(test)]
@@ -193,7 +239,7 @@ mod tests {
         cfg.max_delay = std::time::Duration::from_millis(7);
         cfg.no_sandbox = true;
         cfg.meta.insert_pair("job=web").expect("meta");
-        let args = crate::launch::run_args(&cfg);
+        let args = crate::agent::launch::run_args(&cfg);
         assert_eq!(args[0], "run");
         assert_eq!(parse(args[1..].to_vec(), |_| None), Some(cfg));
         // systemd/logmon@.service: variables and --flag=value forms.

@@ -20,16 +20,16 @@
 //! nothing it said is used. A connection that fails for lack of an answer
 //! (a full listen queue, no `Welcome` or `Stats` in time, a busy logmon)
 //! is `unresponsive` and costs at most the timeout (the connect included:
-//! `SO_SNDTIMEO`, see [`crate::client`]).
+//! `SO_SNDTIMEO`, see [`crate::agent::client`]).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::stat::SFlag;
 
-use crate::client::{ClientError, ConnectFailure, Expect, Handle};
-use crate::dir::{is_type, Dir, Trust};
-use crate::protocol::{Stats, Welcome};
+use crate::agent::client::{ClientError, ConnectFailure, Expect, Handle};
+use crate::shared::dir::{is_type, Dir, Trust};
+use crate::shared::protocol::{Stats, Welcome};
 
 use super::find::{trusted_uid, TaskFiles};
 use super::State;
@@ -88,7 +88,7 @@ fn socket_path(dir: &Dir, t: &TaskFiles, holder: u32, trust: &Trust) -> Result<P
     if !is_type(st, SFlag::S_IFSOCK) {
         return Err(unverified(format!(
             "a {} sits at the socket's name {}: not followed",
-            crate::dir::kind_of(st),
+            crate::shared::dir::kind_of(st),
             shown.display()
         )));
     }
@@ -105,8 +105,8 @@ fn socket_path(dir: &Dir, t: &TaskFiles, holder: u32, trust: &Trust) -> Result<P
 /// The socket path logmon `pid` was started with, if not the default.
 fn own_socket_flag(pid: u32) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
-    let args = crate::process::cmdline(pid)?;
-    if let Some(p) = crate::process::flag_value(&args, "--socket") {
+    let args = crate::shared::process::cmdline(pid)?;
+    if let Some(p) = crate::shared::process::flag_value(&args, "--socket") {
         return Some(p.into());
     }
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
@@ -123,7 +123,7 @@ pub fn ask(dir: &Dir, t: &TaskFiles, holder: u32, timeout: Duration) -> Result<A
     let trust = dir
         .trust()
         .map_err(|e| unverified(format!("cannot look at the directory: {e}")))?;
-    match crate::process::uid_of(holder) {
+    match crate::shared::process::uid_of(holder) {
         Some(uid) if trusted_uid(&trust, uid) => {}
         Some(uid) => {
             return Err(unverified(format!(
@@ -179,7 +179,7 @@ fn client_failure(e: ClientError, holder: u32) -> NoAnswer {
         }
         | ClientError::NoAnswer { .. }
         | ClientError::Frame(_) => unresponsive(format!("pid {holder}: {e}")),
-        ClientError::Refused(r) if r == crate::protocol::BUSY => {
+        ClientError::Refused(r) if r == crate::shared::protocol::BUSY => {
             unresponsive(format!("pid {holder}: {e}"))
         }
         _ => unverified(e.to_string()),

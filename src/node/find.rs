@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use nix::sys::stat::{FileStat, SFlag};
 
-use crate::config::{Stream, TaskName};
-use crate::dir::{is_type, Dir, FileId, Trust};
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::{is_type, Dir, FileId, Trust};
 use crate::ship::scan::{glob_component, parse_log_name, Pattern};
 
 /// A log directory found, and how to open it again.
@@ -296,7 +296,7 @@ fn foreign(trust: &Trust, st: &FileStat, kind: &Name) -> Option<String> {
         _ => return trust.foreign_file(st),
     };
     if !is_type(st, want) {
-        return Some(crate::dir::kind_of(st).to_owned());
+        return Some(crate::shared::dir::kind_of(st).to_owned());
     }
     (!trusted_uid(trust, st.st_uid)).then(|| format!("owned by uid {}", st.st_uid))
 }

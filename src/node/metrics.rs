@@ -35,7 +35,7 @@ use prometheus_client::registry::Registry;
 use super::carry::Store;
 use super::find::stream_index;
 use super::{State, Survey, TaskView};
-use crate::config::Stream;
+use crate::shared::config::Stream;
 
 /// The shipper's own figures, updated by the shipper as it runs and read
 /// at each scrape.
@@ -86,6 +86,7 @@ type FloatGauges = Family<Labels, Gauge<f64, AtomicU64>>;
 const STREAM_PROCESS: usize = 4;
 
 /// Every family, registered once per exposition.
+#[derive(Default)]
 struct Families {
     state: Gauges,
     uptime: FloatGauges,
@@ -114,110 +115,103 @@ struct Families {
 }
 
 impl Families {
+    /// Every family, registered in `reg` in the order of the exposition:
+    /// the logmons', their files', the shipper's.
     fn register(reg: &mut Registry) -> Families {
-        let f = Families {
-            state: Gauges::default(),
-            uptime: FloatGauges::default(),
-            sandboxed: Gauges::default(),
-            sticky: Gauges::default(),
-            dir_gone: Gauges::default(),
-            foreign_names: Counters::default(),
-            captured: Counters::default(),
-            dropped: Counters::default(),
-            write_errors: Counters::default(),
-            rotations: Counters::default(),
-            index_errors: Counters::default(),
-            files: Gauges::default(),
-            disk: Gauges::default(),
-            planted: Gauges::default(),
-            untrusted: Gauges::default(),
-            shipped_bytes: Counters::default(),
-            shipped_messages: Counters::default(),
-            duplicates: Counters::default(),
-            ship_errors: Counters::default(),
-            gaps: Counters::default(),
-            gap_bytes: Counters::default(),
-            ship_foreign: Counters::default(),
-            lag_bytes: Gauges::default(),
-            lag_seconds: FloatGauges::default(),
-        };
-        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", f.state.clone());
+        let f = Families::default();
+        f.register_logmon(reg);
+        f.register_files(reg);
+        f.register_ship(reg);
+        f
+    }
+
+    /// A task's logmon: its state and its counters (over restarts).
+    fn register_logmon(&self, reg: &mut Registry) {
+        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", self.state.clone());
         reg.register(
             "logmon_uptime_seconds",
             "Seconds since the running logmon started",
-            f.uptime.clone(),
+            self.uptime.clone(),
         );
-        reg.register("logmon_sandboxed", "Whether the running logmon's self-confinement is fully in force (no new privileges, no capabilities, Landlock enforced, seccomp filter)", f.sandboxed.clone());
-        reg.register("logmon_log_dir_sticky", "Whether the task's log directory has the sticky bit, as the running logmon sees it (without it the task can rename logmon's files)", f.sticky.clone());
-        reg.register("logmon_log_dir_gone", "Whether the running logmon's log directory was deleted (its bytes are dropped or wait in the pipe until the next logmon)", f.dir_gone.clone());
-        reg.register("logmon_foreign_names", "Names the task's logmons would have created or resumed that were taken by something logmon did not create (removed or skipped, never written through), over restarts", f.foreign_names.clone());
-        reg.register("logmon_captured_bytes", "Bytes in the stream's log files: those present plus those seen here before they were purged (never goes down over a restart or a purge)", f.captured.clone());
-        reg.register("logmon_dropped_bytes", "Bytes drained and thrown away because the log file could not be written (--on-write-error drop), over restarts", f.dropped.clone());
+        reg.register("logmon_sandboxed", "Whether the running logmon's self-confinement is fully in force (no new privileges, no capabilities, Landlock enforced, seccomp filter)", self.sandboxed.clone());
+        reg.register("logmon_log_dir_sticky", "Whether the task's log directory has the sticky bit, as the running logmon sees it (without it the task can rename logmon's files)", self.sticky.clone());
+        reg.register("logmon_log_dir_gone", "Whether the running logmon's log directory was deleted (its bytes are dropped or wait in the pipe until the next logmon)", self.dir_gone.clone());
+        reg.register("logmon_foreign_names", "Names the task's logmons would have created or resumed that were taken by something logmon did not create (removed or skipped, never written through), over restarts", self.foreign_names.clone());
+        reg.register("logmon_captured_bytes", "Bytes in the stream's log files: those present plus those seen here before they were purged (never goes down over a restart or a purge)", self.captured.clone());
+        reg.register("logmon_dropped_bytes", "Bytes drained and thrown away because the log file could not be written (--on-write-error drop), over restarts", self.dropped.clone());
         reg.register(
             "logmon_write_errors",
             "Failed attempts to write the stream's log file, over restarts",
-            f.write_errors.clone(),
+            self.write_errors.clone(),
         );
         reg.register(
             "logmon_rotations",
             "Rotations of the stream's log file, over restarts",
-            f.rotations.clone(),
+            self.rotations.clone(),
         );
-        reg.register("logmon_index_errors", "Failed writes of the stream's capture-time index or high-water mark (the log file was written all the same), over restarts", f.index_errors.clone());
+        reg.register("logmon_index_errors", "Failed writes of the stream's capture-time index or high-water mark (the log file was written all the same), over restarts", self.index_errors.clone());
+    }
+
+    /// A stream's files in the log directory, and whether they are
+    /// believed.
+    fn register_files(&self, reg: &mut Registry) {
         reg.register(
             "logmon_files",
             "The stream's log files present",
-            f.files.clone(),
+            self.files.clone(),
         );
         reg.register(
             "logmon_disk_bytes",
             "Disk space the stream's log files and capture-time indexes take (allocated blocks)",
-            f.disk.clone(),
+            self.disk.clone(),
         );
-        reg.register("logmon_planted_names", "Names in the log directory at logmon's file names that logmon did not make (a task's, hard links, wrong types): never trusted", f.planted.clone());
-        reg.register("logmon_log_dir_untrusted", "Whether others could rename names in the log directory (writable by others, no sticky bit): figures from its files are not exported", f.untrusted.clone());
+        reg.register("logmon_planted_names", "Names in the log directory at logmon's file names that logmon did not make (a task's, hard links, wrong types): never trusted", self.planted.clone());
+        reg.register("logmon_log_dir_untrusted", "Whether others could rename names in the log directory (writable by others, no sticky bit): figures from its files are not exported", self.untrusted.clone());
+    }
+
+    /// The shipper's figures for a stream.
+    fn register_ship(&self, reg: &mut Registry) {
         reg.register(
             "logmon_ship_shipped_bytes",
             "Bytes of the stream acknowledged by JetStream",
-            f.shipped_bytes.clone(),
+            self.shipped_bytes.clone(),
         );
         reg.register(
             "logmon_ship_messages",
             "Messages of the stream acknowledged by JetStream (gap records included)",
-            f.shipped_messages.clone(),
+            self.shipped_messages.clone(),
         );
         reg.register(
             "logmon_ship_duplicates",
             "Messages JetStream acknowledged as duplicates (re-sent after a crash or a lost ack)",
-            f.duplicates.clone(),
+            self.duplicates.clone(),
         );
         reg.register(
             "logmon_ship_errors",
             "Failed attempts to ship a window of the stream (reading its files or publishing)",
-            f.ship_errors.clone(),
+            self.ship_errors.clone(),
         );
         reg.register(
             "logmon_ship_gaps",
             "Gap records published: files purged before they were shipped",
-            f.gaps.clone(),
+            self.gaps.clone(),
         );
         reg.register(
             "logmon_ship_gap_bytes",
             "Bytes purged before they were shipped (a lower bound)",
-            f.gap_bytes.clone(),
+            self.gap_bytes.clone(),
         );
         reg.register(
             "logmon_ship_foreign_files",
             "Files at the stream's names that logmon did not make: skipped, never shipped",
-            f.ship_foreign.clone(),
+            self.ship_foreign.clone(),
         );
         reg.register(
             "logmon_ship_lag_bytes",
             "Bytes of the stream's files not yet acknowledged by JetStream",
-            f.lag_bytes.clone(),
+            self.lag_bytes.clone(),
         );
-        reg.register("logmon_ship_lag_seconds", "Age of the oldest byte of the stream not yet acknowledged by JetStream (0 when caught up)", f.lag_seconds.clone());
-        f
+        reg.register("logmon_ship_lag_seconds", "Age of the oldest byte of the stream not yet acknowledged by JetStream (0 when caught up)", self.lag_seconds.clone());
     }
 }
 
@@ -423,9 +417,9 @@ fn ship_series(reg: &mut Registry, g: &ShipGauges) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TaskName;
     use crate::node::find::TaskFiles;
     use crate::node::{RateBasis, ShipView};
+    use crate::shared::config::TaskName;
 
     fn view(task: &str, state: State) -> TaskView {
         let files = {
@@ -434,13 +428,13 @@ mod tests {
             t.streams[0].inodes.insert(3, 77);
             t
         };
-        let mut meta = crate::meta::Meta::new();
+        let mut meta = crate::shared::meta::Meta::new();
         meta.insert("job.name", "web \"front\"").unwrap();
         // Maps to the same label name: the first key (in order) wins.
         meta.insert("job_name", "dup").unwrap();
         TaskView {
             dir: "/var/log/tasks".into(),
-            dir_id: crate::dir::FileId { dev: 1, ino: 2 },
+            dir_id: crate::shared::dir::FileId { dev: 1, ino: 2 },
             dir_untrusted: None,
             files,
             state,

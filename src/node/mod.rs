@@ -42,9 +42,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{Stream, TaskName};
-use crate::dir::FileId;
-use crate::meta::Meta;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::{Dir, FileId};
+use crate::shared::meta::Meta;
 use crate::ship::scan::Pattern;
 use crate::ship::state::StreamState;
 use ask::{Answer, NoAnswer};
@@ -301,7 +301,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
     });
     // The lock table as it is now; a holder found in it is checked again
     // by the kernel (SO_PEERCRED) before anything it says is used.
-    let locks = crate::fifo::FlockTable::read().unwrap_or_default();
+    let locks = crate::shared::fifo::FlockTable::read().unwrap_or_default();
     let listed = pool(&found, opts.workers, |f| {
         f.open()
             .and_then(|d| find::list(&d))
@@ -361,7 +361,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
 fn look(
     s: &Scanned,
     t: &TaskFiles,
-    locks: &crate::fifo::FlockTable,
+    locks: &crate::shared::fifo::FlockTable,
     opts: &Options,
     ship: Option<&crate::ship::state::State>,
 ) -> TaskView {
@@ -390,10 +390,29 @@ fn look(
         .lock
         .as_ref()
         .and_then(|l| locks.holder(l.st_dev, l.st_ino));
+    ask_holder(&mut v, &dir, t, holder, opts);
+    if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
+        v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
+    }
+    if let Some(state) = ship {
+        add_ship(&mut v, &dir, s, t, state);
+    }
+    v
+}
+
+/// The state of a task's logmon from who holds its lock (`holder`): asked
+/// when there is one; else what its socket and FIFOs left say.
+fn ask_holder(
+    v: &mut TaskView,
+    dir: &Arc<Dir>,
+    t: &TaskFiles,
+    holder: Option<u32>,
+    opts: &Options,
+) {
     match holder {
         Some(pid) => {
             v.pid = Some(pid);
-            match ask::ask(&dir, t, pid, opts.timeout) {
+            match ask::ask(dir, t, pid, opts.timeout) {
                 Ok(a) => {
                     v.state = State::Running;
                     v.meta = a.stats.meta.clone();
@@ -407,7 +426,7 @@ fn look(
             }
         }
         None if t.socket.as_ref().is_some_and(|st| {
-            crate::dir::is_type(st, nix::sys::stat::SFlag::S_IFSOCK) && !planted_socket(t)
+            crate::shared::dir::is_type(st, nix::sys::stat::SFlag::S_IFSOCK) && !planted_socket(t)
         }) =>
         {
             v.state = State::Gone;
@@ -430,25 +449,29 @@ fn look(
         }
         None => {}
     }
-    if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
-        v.meta = crate::meta::load(&dir, &t.task).unwrap_or_default();
-    }
-    if let Some(state) = ship {
-        for stream in Stream::ALL {
-            let key = crate::ship::stream::key(s.found.id, &t.task, stream);
-            if let Some(st) = state.streams.get(&key) {
-                let sizes = &t.stream(stream).sizes;
-                let (lag_bytes, lag_seconds) =
-                    crate::ship::status::lag_of(&dir, &t.task, stream, st, sizes);
-                v.ship[find::stream_index(stream)] = Some(ShipView {
-                    state: st.clone(),
-                    lag_bytes,
-                    lag_seconds,
-                });
-            }
+}
+
+/// The shipper's figures of each of the task's streams in its `state`.
+fn add_ship(
+    v: &mut TaskView,
+    dir: &Arc<Dir>,
+    s: &Scanned,
+    t: &TaskFiles,
+    state: &crate::ship::state::State,
+) {
+    for stream in Stream::ALL {
+        let key = crate::ship::stream::key(s.found.id, &t.task, stream);
+        if let Some(st) = state.streams.get(&key) {
+            let sizes = &t.stream(stream).sizes;
+            let (lag_bytes, lag_seconds) =
+                crate::ship::status::lag_of(dir, &t.task, stream, st, sizes);
+            v.ship[find::stream_index(stream)] = Some(ShipView {
+                state: st.clone(),
+                lag_bytes,
+                lag_seconds,
+            });
         }
     }
-    v
 }
 
 /// Whether the socket at the task's default name is one the listing
@@ -460,12 +483,12 @@ fn planted_socket(t: &TaskFiles) -> bool {
 }
 
 /// Bytes a logmon captured since it started, both streams.
-fn captured(s: &crate::protocol::Stats) -> u64 {
+fn captured(s: &crate::shared::protocol::Stats) -> u64 {
     s.stdout.bytes_captured + s.stderr.bytes_captured
 }
 
 /// Captured bytes per second since the logmon started.
-fn since_start(s: &crate::protocol::Stats) -> f64 {
+fn since_start(s: &crate::shared::protocol::Stats) -> f64 {
     captured(s) as f64 / s.uptime_secs.max(1) as f64
 }
 

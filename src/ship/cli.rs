@@ -6,7 +6,7 @@
 //! then connection and authentication (1 refused by the server or a failed
 //! TLS handshake, 75 server unreachable); `--status`.
 //!
-//! Tests: `tests/it/ship.rs` (`bad_configuration_…`, the error matrix
+//! Tests: `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
 //! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
 //! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
@@ -16,16 +16,12 @@ use std::time::Duration;
 
 use clap::Parser;
 
+// How the shipper ends: `--status` (`status`) returns the same failures.
+use super::exit::fail;
+pub use super::exit::{Failure, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 use super::scan::{Pattern, Template};
 use super::{state, Config, Shipper};
 
-/// Exit code: bad flags or configuration.
-pub const EXIT_USAGE: i32 = 2;
-/// Exit code: the server refused (credentials, TLS, missing stream), or
-/// another shipper holds the state directory.
-pub const EXIT_FAILURE: i32 = 1;
-/// Exit code: the server could not be reached (try again later).
-pub const EXIT_TEMPFAIL: i32 = 75;
 /// The most replicas JetStream keeps of a stream.
 const MAX_REPLICAS: usize = 5;
 
@@ -112,23 +108,7 @@ pub struct Args {
 /// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
 /// capture's parser: one syntax for both flags).
 fn parse_delay(s: &str) -> Result<Duration, String> {
-    crate::config::parse_delay(s).map_err(|e| e.to_string())
-}
-
-/// A one-line error and its exit code.
-#[derive(Debug)]
-pub struct Failure {
-    /// Exit code.
-    pub code: i32,
-    /// The line.
-    pub message: String,
-}
-
-fn fail(code: i32, message: impl Into<String>) -> Failure {
-    Failure {
-        code,
-        message: message.into(),
-    }
+    crate::shared::config::parse_delay(s).map_err(|e| e.to_string())
 }
 
 /// The whole `logmon-ship` program.
@@ -159,7 +139,7 @@ pub fn main() -> ! {
 fn init_tracing() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let mut filter = crate::diag::log_filter("info");
+    let mut filter = crate::shared::diag::log_filter("info");
     if !std::env::var("LOGMON_LOG").is_ok_and(|v| v.contains("async_nats")) {
         filter = filter.with_target("async_nats", tracing_subscriber::filter::LevelFilter::OFF);
     }
@@ -188,8 +168,8 @@ fn run(args: Args) -> Result<(), Failure> {
     }
     let checked = check(&args)?;
     let locked = lock_state(&args.state_dir)?;
-    // Before the runtime and any thread it may start: see crate::signals.
-    let signals = crate::signals::Blocked::new(&crate::signals::STOP)
+    // Before the runtime and any thread it may start: see crate::shared::signals.
+    let signals = crate::shared::signals::Blocked::new(&crate::shared::signals::STOP)
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -406,7 +386,7 @@ async fn serve(
     args: Args,
     checked: Checked,
     locked: (state::Lock, state::Journal, state::State),
-    signals: crate::signals::Blocked,
+    signals: crate::shared::signals::Blocked,
 ) -> Result<(), Failure> {
     let mut signals = signals
         .watch()

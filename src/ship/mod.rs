@@ -10,8 +10,8 @@
 //! `--state-dir` and its lock; [`scan`] validates and renders names,
 //! patterns and subjects; [`cli`] is the command line and `--status`.
 //!
-//! Guarantees, and the tests that prove them (`tests/it/ship.rs` and
-//! `tests/it/ship_hostile.rs` unless named otherwise):
+//! Guarantees, and the tests that prove them (`tests/it/ship/mod.rs` and
+//! `tests/it/ship/hostile.rs` unless named otherwise):
 //! - **every line exactly once, in order per stream** — messages carry
 //!   whole lines, byte-exact; each message's `Nats-Msg-Id` is
 //!   `<dev>.<ino>/<task>/<stream>/<file>/<offset>` of its first byte; a
@@ -55,6 +55,7 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+mod exit;
 mod round;
 pub mod scan;
 pub mod state;
@@ -69,8 +70,8 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use tokio::io::unix::AsyncFd;
 
-use crate::config::{Stream, TaskName};
-use crate::dir::FileId;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::FileId;
 use scan::{Pattern, SubjectValues, Template};
 use state::{Journal, Lock, State, StreamState};
 use stream::{Streams, Tracked};
@@ -433,14 +434,14 @@ impl Shipper {
                 return;
             }
         };
-        let mut metas: std::collections::HashMap<TaskName, crate::meta::Meta> =
+        let mut metas: std::collections::HashMap<TaskName, crate::shared::meta::Meta> =
             std::collections::HashMap::new();
         for ((task, stream), sizes) in found.streams {
             let key = stream::key(id, &task, stream);
             if !self.streams.map.contains_key(&key) {
                 let meta = metas
                     .entry(task.clone())
-                    .or_insert_with(|| crate::meta::load(&dir, &task).unwrap_or_default())
+                    .or_insert_with(|| crate::shared::meta::load(&dir, &task).unwrap_or_default())
                     .clone();
                 self.follow(id, &path, &captures, task, stream, meta, &sizes);
             }
@@ -499,7 +500,7 @@ impl Shipper {
         captures: &[String],
         task: TaskName,
         stream: Stream,
-        meta: crate::meta::Meta,
+        meta: crate::shared::meta::Meta,
         sizes: &std::collections::BTreeMap<u64, u64>,
     ) {
         let key = stream::key(id, &task, stream);
@@ -522,7 +523,7 @@ impl Shipper {
     }
 
     /// The subject and headers of `t` from its task's metadata.
-    fn set_identity(&self, t: &mut Tracked, captures: &[String], meta: crate::meta::Meta) {
+    fn set_identity(&self, t: &mut Tracked, captures: &[String], meta: crate::shared::meta::Meta) {
         t.subject = self.cfg.subject.render(&SubjectValues {
             task: t.task.as_str(),
             stream: t.stream.as_str(),
@@ -540,7 +541,7 @@ impl Shipper {
         let Ok(h) = self.tree.handle(&dir) else {
             return;
         };
-        let meta = crate::meta::load(&h, task).unwrap_or_default();
+        let meta = crate::shared::meta::load(&h, task).unwrap_or_default();
         for stream in [Stream::Stdout, Stream::Stderr] {
             let key = stream::key(dir, task, stream);
             if let Some(mut t) = self.streams.map.remove(&key) {

@@ -20,8 +20,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use super::state::Pending;
 use super::stream::{Planned, WindowError};
 use super::{scan, Shipper};
-use crate::config::{Stream, TaskName};
-use crate::dir::Dir;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::Dir;
 
 /// Bytes of windows (of different streams) planned, saved in one write
 /// and published in one round.
@@ -218,7 +218,7 @@ impl Shipper {
             h.insert("Logmon-File", p.file.to_string());
             h.insert("Logmon-Offset", off.to_string());
             if let Some(ns) = t.stamp(p.file, off) {
-                h.insert("Logmon-Time", crate::timeline::format_rfc3339(ns));
+                h.insert("Logmon-Time", crate::readers::timeline::format_rfc3339(ns));
             }
             out.push((t.subject.clone(), h, buf.slice(at..at + piece)));
             at += piece;
@@ -335,7 +335,7 @@ async fn publish_window(
 }
 
 /// The headers every message of a stream carries.
-fn base_headers(task: &TaskName, stream: Stream, meta: &crate::meta::Meta) -> HeaderMap {
+fn base_headers(task: &TaskName, stream: Stream, meta: &crate::shared::meta::Meta) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert("Logmon-Task", scan::header_value(task.as_str()));
     h.insert("Logmon-Stream", stream.as_str());

@@ -21,12 +21,12 @@
 //!   have, and subjects starting with `$` (reserved by the server: `$JS`,
 //!   `$SYS`, …).
 //!
-//! Tests: the unit tests below; `tests/it/ship.rs` (the error matrix,
+//! Tests: the unit tests below; `tests/it/ship/mod.rs` (the error matrix,
 //! `--watch` with captures in the subject).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::{Stream, TaskName};
+use crate::shared::config::{Stream, TaskName};
 
 /// Why a `--pattern` is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -322,7 +322,7 @@ fn placeholder(key: &str, captures: usize) -> Result<Piece, String> {
         return Ok(Piece::Capture(n));
     }
     let valid = !key.is_empty()
-        && key.len() <= crate::meta::MAX_KEY
+        && key.len() <= crate::shared::meta::MAX_KEY
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
@@ -347,7 +347,7 @@ fn push_token(out: &mut String, value: &str) {
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
-/// [`crate::rotate::MAX_INDEX`]).
+/// [`crate::shared::names::MAX_INDEX`]).
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     let (rest, _) = name.rsplit_once('.')?;
     let (task, stream) = rest.rsplit_once('.')?;
@@ -357,7 +357,7 @@ pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
         _ => return None,
     };
     let task = TaskName::new(task).ok()?;
-    let n = crate::rotate::parse_index(name, &task, stream)?;
+    let n = crate::shared::names::parse_index(name, &task, stream)?;
     Some((task, stream, n))
 }
 

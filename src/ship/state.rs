@@ -38,7 +38,7 @@
 //! a second shipper fails at once naming that pid (two shippers on one
 //! state would publish the same windows out of order).
 //!
-//! Tests: the unit tests below; `tests/it/ship.rs` (kill -9 of the
+//! Tests: the unit tests below; `tests/it/ship/mod.rs` (kill -9 of the
 //! shipper, `a_second_shipper_on_one_state_dir_is_refused_naming_the_first`,
 //! the error matrix).
 

@@ -6,17 +6,17 @@
 //! the kernel's lock table, without taking the lock.
 //!
 //! Read-only: it creates nothing and never blocks a running shipper.
-//! Tests: `tests/it/ship.rs` (`status_shows_the_lag_…`, the error matrix).
+//! Tests: `tests/it/ship/mod.rs` (`status_shows_the_lag_…`, the error matrix).
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::cli::{Failure, EXIT_FAILURE, EXIT_USAGE};
+use super::exit::{Failure, EXIT_FAILURE, EXIT_USAGE};
 use super::state::{self, StreamState};
-use crate::config::{Stream, TaskName};
-use crate::dir::Dir;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::Dir;
 
 /// Prints the status of the state in `dir`.
 pub fn print(dir: &Path) -> Result<(), Failure> {
@@ -98,13 +98,13 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     };
     let (Ok(trust), Ok(files)) = (
         dir.trust(),
-        crate::rotate::scan_indices_in(dir, &task, stream),
+        crate::shared::names::scan_indices_in(dir, &task, stream),
     ) else {
         return (None, None);
     };
     let mut sizes = BTreeMap::new();
     for n in files.into_iter().filter(|&n| n >= s.file) {
-        let name = crate::rotate::file_name(&task, stream, n);
+        let name = crate::shared::names::file_name(&task, stream, n);
         let Ok(Some(st)) = dir.stat(&name) else {
             continue;
         };
@@ -138,9 +138,10 @@ pub(crate) fn lag_of(
     }
     let secs = match first {
         Some((n, off)) => {
-            let mut stamper = crate::timeline::Stamper::new(dir.clone(), task, stream, false);
+            let mut stamper =
+                crate::readers::timeline::Stamper::new(dir.clone(), task, stream, false);
             let at = stamper.stamp(n, off).ns();
-            let now = crate::index::now_ns();
+            let now = crate::shared::index::now_ns();
             now.saturating_sub(at).max(0) as f64 / 1e9
         }
         None => 0.0,
@@ -152,5 +153,5 @@ pub(crate) fn lag_of(
 pub(crate) fn holder(dir: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(dir.join(state::LOCK_FILE)).ok()?;
-    crate::fifo::flock_holder(m.dev(), m.ino())
+    crate::shared::fifo::flock_holder(m.dev(), m.ino())
 }

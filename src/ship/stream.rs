@@ -6,7 +6,7 @@
 //! and a rotation between two of its looks is neither a gap nor a skipped
 //! tail (`tests::a_rotation_between_two_looks_is_no_gap_and_skips_no_byte`).
 //!
-//! A stream file is read only if it is logmon's own ([`crate::dir::Trust`]:
+//! A stream file is read only if it is logmon's own ([`crate::shared::dir::Trust`]:
 //! a regular one-link file of root, the shipper's uid or the directory's
 //! owner), looked at before it is opened (a FIFO or a device is never
 //! opened) and checked again on the descriptor opened (non-blocking, so a
@@ -30,9 +30,9 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::state::{Gap, Pending, StreamState};
-use crate::config::{Stream, TaskName};
-use crate::dir::{Dir, FileId, Trust};
-use crate::timeline::Stamper;
+use crate::readers::timeline::Stamper;
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::dir::{Dir, FileId, Trust};
 
 /// Bytes read per window (one persisted plan, many messages).
 pub const WINDOW: u64 = 8 * 1024 * 1024;
@@ -75,7 +75,7 @@ struct Open {
     dir: Arc<Dir>,
     file: Option<(u64, File)>,
     stamper: Stamper,
-    shipped: crate::shipped::Writer,
+    shipped: crate::shared::shipped::Writer,
 }
 
 /// One followed stream.
@@ -91,7 +91,7 @@ pub struct Tracked {
     /// Where its messages go.
     pub subject: String,
     /// Its metadata (headers).
-    pub meta: crate::meta::Meta,
+    pub meta: crate::shared::meta::Meta,
     /// Sizes of its files as last seen (listings, events, the cursor
     /// file's `fstat`).
     pub sizes: BTreeMap<u64, u64>,
@@ -113,7 +113,7 @@ pub struct Tracked {
     /// The bytes the last plan read: `(file, start, bytes)`.
     planned: Option<(u64, u64, Vec<u8>)>,
     /// A position not yet left beside the files, and when one last was.
-    position: Option<crate::shipped::Position>,
+    position: Option<crate::shared::shipped::Position>,
     position_stored: Option<Instant>,
 }
 
@@ -150,7 +150,7 @@ impl Tracked {
             task,
             stream,
             subject: String::new(),
-            meta: crate::meta::Meta::default(),
+            meta: crate::shared::meta::Meta::default(),
             sizes: BTreeMap::new(),
             learnt: BTreeMap::new(),
             partial_since: None,
@@ -199,7 +199,7 @@ impl Tracked {
     }
 
     fn name(&self, n: u64) -> String {
-        crate::rotate::file_name(&self.task, self.stream, n)
+        crate::shared::names::file_name(&self.task, self.stream, n)
     }
 
     /// The file `n` of the stream, open, if it is there and logmon's own
@@ -300,7 +300,7 @@ impl Tracked {
         if let Some(o) = self.open.as_mut() {
             o.stamper.forget_before(st.file);
         }
-        self.position = Some(crate::shipped::Position {
+        self.position = Some(crate::shared::shipped::Position {
             file: st.file,
             offset: st.offset,
         });
@@ -469,7 +469,7 @@ impl Tracked {
         if !list {
             return None;
         }
-        let listed = crate::rotate::scan_indices_in(dir, &self.task, self.stream).ok()?;
+        let listed = crate::shared::names::scan_indices_in(dir, &self.task, self.stream).ok()?;
         listed
             .into_iter()
             .filter(|&n| n >= from)
@@ -599,7 +599,7 @@ impl Streams {
             stamper: Stamper::holding(dir.clone(), &t.task, t.stream),
             dir,
             file: None,
-            shipped: crate::shipped::Writer::default(),
+            shipped: crate::shared::shipped::Writer::default(),
         });
         self.open += 1;
         while self.open > self.cap {

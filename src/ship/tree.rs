@@ -3,14 +3,14 @@
 //! watches that say what changed in them, and a bounded set of open
 //! directory handles.
 //!
-//! Guarantees, and the tests that prove them (`tests/it/ship.rs` unless
+//! Guarantees, and the tests that prove them (`tests/it/ship/mod.rs` unless
 //! named otherwise):
 //! - **nothing outside the tree is followed** — the root is opened once;
 //!   every directory below it is reached with `openat(O_NOFOLLOW |
 //!   O_DIRECTORY)` from its parent's descriptor, so a symlink anywhere
 //!   under `--watch` is never followed, and a watch is added on the very
 //!   inode opened (through `/proc/self/fd/N`), never by walking a path
-//!   (`tests/it/ship_hostile.rs::a_symlink_under_watch_is_never_followed_and_an_unreadable_directory_is_skipped`);
+//!   (`tests/it/ship/hostile.rs::a_symlink_under_watch_is_never_followed_and_an_unreadable_directory_is_skipped`);
 //! - **only the pattern's directories are watched** — the root and the
 //!   directories matching the pattern's leading components (for child
 //!   directories coming and going), and the log directories themselves
@@ -29,10 +29,10 @@
 //!   read takes up to 64 KiB of them; a queue overflow means "look at
 //!   everything again", never a missed change;
 //! - **trust** — a directory that others could rename names in (writable
-//!   by others without the sticky bit, [`crate::dir::Trust`]) is not
+//!   by others without the sticky bit, [`crate::shared::dir::Trust`]) is not
 //!   shipped from: a task there could have renamed another task's files or
 //!   logmon's into any stream's name. It is reported, and looked at again
-//!   when its mode changes (`tests/it/ship_hostile.rs::forged_by_rename_…`).
+//!   when its mode changes (`tests/it/ship/hostile.rs::forged_by_rename_…`).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -46,7 +46,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::sys::stat::Mode;
 
 use super::scan::{glob_component, Pattern};
-use crate::dir::{Dir, FileId};
+use crate::shared::dir::{Dir, FileId};
 
 /// What a log directory's watch reports.
 fn log_mask() -> AddWatchFlags {

@@ -420,7 +420,7 @@ fn the_example_agent_loses_no_line_when_logmon_dies_before_its_task_ends() {
          while [ $i -lt 1000 ]; do echo \"line $i\"; i=$((i+1)); done",
         gate = gate.display()
     );
-    let agent = std::process::Command::new(crate::ensure::example_agent())
+    let agent = std::process::Command::new(crate::agent::ensure::example_agent())
         .args(["--state-dir", state.to_str().unwrap()])
         .args(["--log-dir", logs.to_str().unwrap(), "--task", "t"])
         .args(["--", "sh", "-c", &script])

@@ -45,7 +45,7 @@
 //! every `LOGMON_*` variable named is read by the sources or listed by a
 //! `--help`; no command hides in an indented code block; every file path
 //! in backticks or linked exists (`src/…`, `tests/…`, `benches/…`; a bare
-//! `daemon.rs` or `capture/pump.rs` somewhere in the sources); every test named (`tests/it/capture.rs::name`,
+//! `dir.rs` or `capture/pump.rs` somewhere in the sources); every test named (`tests/it/daemon/capture.rs::name`,
 //! `module::tests::name`, or a bare name with three or more underscores;
 //! `name_…` or `name_*` for a prefix) is a `fn` in that file or, without
 //! a file, in the sources. **On every page**: relative links and
@@ -1129,7 +1129,7 @@ fn every_file_and_test_named_exists() {
 
 #[test]
 fn the_reference_check_tells_real_names_from_gone_ones() {
-    assert_eq!(check_reference("tests/it/capture.rs"), None);
+    assert_eq!(check_reference("tests/it/daemon/capture.rs"), None);
     assert_eq!(check_reference("tests/it/docs.rs::has_fn"), None);
     assert!(check_reference("tests/it/docs.rs::no_such_test_here_at_all").is_some());
     assert!(check_reference("tests/it/no_such_area.rs").is_some());

@@ -5,8 +5,11 @@
 //! holds what more than one area needs (start and stop a daemon, numbered
 //! lines, the CLI runners, the stderr assertions).
 //!
-//! Adding an area: put it in `tests/it/<area>.rs`, declare it below
-//! (alphabetical order), and reach the helpers through `crate::support`.
+//! The areas mirror the sides of `src/`: `daemon/`, `agent/`, `readers/`,
+//! `ship/`, `node.rs`, `shared/`, `cli/`. Adding an area: put it in the
+//! folder of the side it tests (`tests/it/<side>/<area>.rs`), declare it in
+//! that folder's `mod.rs` (alphabetical order), and reach the helpers
+//! through `crate::support`.
 //! A new top-level file under `tests/` would be a separate test crate (a
 //! separate binary, helpers copied again): keep only `tests/sandbox.rs`
 //! there, which must be its own `harness = false` binary because the probe
@@ -14,36 +17,27 @@
 //!
 //! A file written for the old layout (`tests/<area>.rs` with `mod common;`,
 //! e.g. from a branch that predates this crate) moves in with
-//! `git mv tests/<area>.rs tests/it/`, a `mod <area>;` line below, and
+//! `git mv tests/<area>.rs tests/it/<side>/`, a `mod <area>;` line in its
+//! `mod.rs`, and
 //! `common` renamed `crate::support` in its `use` lines and paths.
 //!
-//! Run one area: `cargo test --test it capture::` (a module path filters).
+//! Run one area: `cargo test --test it daemon::capture::`, or one side:
+//! `cargo test --test it daemon::` (a module path filters).
 
 mod support;
 
-mod capture;
+// Helpers and checks of the whole: the NATS servers of the tests that
+// ship, the documentation, the chaos run, the modules' imports.
+mod architecture;
 mod chaos;
-mod cli_errors;
-mod control;
-mod daemon_binary;
 mod docs;
-mod ensure;
-mod errors;
-mod faults;
-mod fuzz_decoders;
-mod handshake;
-mod hostile;
-mod hostile_daemon;
-mod hostile_readers;
-mod logs;
 mod nats;
+
+// One folder per side of `src/` (src/lib.rs names them).
+mod agent;
+mod cli;
+mod daemon;
 mod node;
-mod reattach;
-mod rotation_props;
+mod readers;
+mod shared;
 mod ship;
-mod ship_hostile;
-mod soak;
-mod systemd;
-mod timeline;
-mod timeline_props;
-mod upgrade;

@@ -264,7 +264,7 @@ pub fn fifo(dir: &Path, task: &str, stream: Stream) -> PathBuf {
 
 /// The indices of a stream's files, ascending.
 pub fn indices(dir: &Path, task: &str, stream: Stream) -> Vec<u64> {
-    logmon::internals::rotate::scan_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
+    logmon::internals::names::scan_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
 }
 
 /// The stream's files, in index order, as (index, contents).

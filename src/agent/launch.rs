@@ -1,0 +1,633 @@
+//! Launching a detached logmon (DESIGN.md §3): [`launch`] starts `logmon
+//! run` in its own session, reparented to init, and returns its ready line
+//! once it is ready; [`run_args`] are the flags that reproduce a
+//! [`CaptureConfig`] (round-trip-tested against the parser below).
+//!
+//! The launcher never opens the daemon's diagnostics log by path: the child
+//! reports pre-ready errors through a stderr pipe (and, launched this way,
+//! its typed failure on stdout), and opens `.<task>.logmon.log` itself
+//! through its log-dir handle right before its ready line (`diag`;
+//! `tests/it/cli/errors.rs` runs each failure through the binary).
+//!
+//! A refused launch leaves nothing behind that it made: [`Footprint`]
+//! notes which of the task's FIFOs, lock and metadata file are missing
+//! before the attempt, and removes those the attempt made — only while no
+//! logmon holds them (their flocks taken first) and no byte waits in a
+//! FIFO; what existed before, or what a live logmon holds, is never
+//! touched (`tests/it/cli/errors.rs::a_refused_launch_or_ensure_removes_only_what_it_created`).
+
+use std::ffi::{OsStr, OsString};
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+
+use crate::shared::config::CaptureConfig;
+use crate::shared::dir::{Dir, FileId};
+use crate::shared::protocol::ReattachConfig;
+
+/// Why a launch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The process could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The process exited, or closed stdout, before printing its ready line.
+    #[error("logmon exited before it was ready: {detail}")]
+    NotReady {
+        /// Why: the child's own last words on stderr, if any.
+        detail: String,
+    },
+    /// The daemon refused to start and said why (its own one-line error).
+    #[error("{message}")]
+    Daemon {
+        /// The daemon's error.
+        message: String,
+        /// The exit code `run` would have exited with (2: configuration).
+        code: i32,
+    },
+}
+
+/// What a launched `run` prints on stdout instead of its ready line when it
+/// cannot start (`LOGMON_INTERNAL_LAUNCHED` set): its error and exit code.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LaunchFailure {
+    /// The one-line error.
+    pub error: String,
+    /// The exit code `run` exits with.
+    pub exit_code: i32,
+}
+
+/// Which program to launch.
+#[derive(Debug, Clone, Default)]
+pub enum Program {
+    /// The current executable with the `run` subcommand: an agent that embeds
+    /// this crate needs no binary on PATH and gets the version it was built
+    /// with (its `main` must dispatch `run` to [`crate::cli`]).
+    #[default]
+    CurrentExe,
+    /// An explicit `logmon` binary.
+    Path(PathBuf),
+}
+
+/// The `run` flags that reproduce `cfg`, metadata included (one `--meta`
+/// per pair): parsed back by the CLI they give `cfg` again (tested below).
+pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["run".into()];
+    let mut flag = |k: &str, v: OsString| {
+        a.push(k.into());
+        a.push(v);
+    };
+    flag("--task", cfg.task.as_str().into());
+    flag("--log-dir", cfg.log_dir.clone().into());
+    flag("--stdout-fifo", cfg.stdout_fifo.clone().into());
+    flag("--stderr-fifo", cfg.stderr_fifo.clone().into());
+    flag("--max-files", cfg.max_files.to_string().into());
+    flag("--max-file-size", cfg.max_file_size.to_string().into());
+    flag("--socket", cfg.socket.clone().into());
+    flag(
+        "--on-write-error",
+        match cfg.on_write_error {
+            crate::shared::config::WriteErrorPolicy::Drop => "drop",
+            crate::shared::config::WriteErrorPolicy::Block => "block",
+        }
+        .into(),
+    );
+    flag("--pipe-size", cfg.pipe_size.to_string().into());
+    flag(
+        "--max-delay",
+        crate::shared::config::format_delay(cfg.max_delay).into(),
+    );
+    if cfg.no_sandbox {
+        a.push("--no-sandbox".into());
+    }
+    if cfg.keep_unshipped > 0 {
+        a.push("--keep-unshipped".into());
+        a.push(cfg.keep_unshipped.to_string().into());
+    }
+    for (k, v) in cfg.meta.iter() {
+        a.push("--meta".into());
+        a.push(format!("{k}={v}").into());
+    }
+    a
+}
+
+/// The daemon's own, smaller binary. `logmon run` execs it, before even
+/// parsing its arguments, when it is installed beside the running
+/// executable ([`exec_daemon_binary`]): it parses the same `run` flags but
+/// links no other subcommand, reader or client, so each of the thousands of
+/// daemons on a node maps and dirties less memory, from its first page on
+/// (issue #16; README, "Footprint"). Without it, `run` serves in its own
+/// process.
+pub const DAEMON_BIN: &str = "logmon-run";
+
+/// Set by `logmon run` and `launch` for [`DAEMON_BIN`] to [`BUILD`]: a
+/// daemon binary of another build hands over to `logmon` rather than run
+/// other code (or read the flags differently).
+pub const EXEC_VERSION_ENV: &str = "LOGMON_INTERNAL_EXEC_VERSION";
+
+/// This build: the version and the stamp `build.rs` gives each build of
+/// the code, the same in `logmon` and `logmon-run` built together.
+pub const BUILD: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("LOGMON_BUILD_STAMP"));
+
+/// glibc's malloc settings for [`DAEMON_BIN`] (issue #16): no per-thread
+/// cache and no fast bins. Start-up allocates and frees thousands of small
+/// chunks; those two keep the freed ones apart from the free lists, so the
+/// few live objects and the cached garbage pin the heap's pages, and
+/// `malloc_trim` at the ready line (`memory`) cannot give them back.
+/// Without them the garbage is merged and trimmed: the resident heap per
+/// daemon fell from 9 pages to 4 (README, "Memory"). A running daemon
+/// allocates almost nothing, so the slower allocator costs nothing
+/// measurable. glibc reads them once, at exec: whoever starts the daemon
+/// binary sets them ([`daemon_tunables`]; `logmon@.service` too).
+pub const MALLOC_TUNABLES: &str = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0";
+
+/// `GLIBC_TUNABLES` for [`DAEMON_BIN`]: the operator's own, with each
+/// setting of [`MALLOC_TUNABLES`] they did not make themselves added.
+pub fn daemon_tunables(current: Option<&std::ffi::OsStr>) -> OsString {
+    let current = current.map(|c| c.to_string_lossy().into_owned());
+    let mut out = current.clone().unwrap_or_default();
+    for setting in MALLOC_TUNABLES.split(':') {
+        let key = setting.split('=').next().unwrap_or(setting);
+        let set_already = current
+            .as_deref()
+            .is_some_and(|c| c.split(':').any(|s| s.split('=').next() == Some(key)));
+        if !set_already {
+            if !out.is_empty() {
+                out.push(':');
+            }
+            out.push_str(setting);
+        }
+    }
+    out.into()
+}
+
+/// The `GLIBC_TUNABLES` name.
+const TUNABLES_ENV: &str = "GLIBC_TUNABLES";
+
+/// Set by `logmon-run` when it hands a command line it cannot read without
+/// clap back to `logmon run` (help, a typo, a value only clap judges):
+/// that `logmon` then serves or reports in its own process instead of
+/// execing `logmon-run` again.
+pub const NO_EXEC_ENV: &str = "LOGMON_INTERNAL_NO_EXEC";
+
+/// Replaces this process with [`DAEMON_BIN`], passing `args` (the flags
+/// after `run`), when that binary is installed beside the current
+/// executable and [`NO_EXEC_ENV`] is not set; returns only if not, and
+/// then says why, so the caller serves in this process. The process keeps
+/// its pid, environment (readiness and socket-activation variables
+/// included) and inherited descriptors, so a service manager or launcher
+/// sees no difference.
+pub fn exec_daemon_binary(args: impl IntoIterator<Item = OsString>) -> io::Error {
+    if std::env::var_os(NO_EXEC_ENV).is_some() {
+        return io::Error::other(format!("{NO_EXEC_ENV} is set"));
+    }
+    let tunables = daemon_tunables(std::env::var_os(TUNABLES_ENV).as_deref());
+    exec_sibling(
+        DAEMON_BIN,
+        args,
+        EXEC_VERSION_ENV,
+        Some((TUNABLES_ENV, tunables)),
+    )
+}
+
+/// In [`DAEMON_BIN`]: hands `logmon run <args>` back to the `logmon`
+/// installed beside it ([`NO_EXEC_ENV`]); returns only if that fails.
+pub fn exec_full_binary(args: impl IntoIterator<Item = OsString>) -> io::Error {
+    let run = std::iter::once(OsString::from("run")).chain(args);
+    exec_sibling("logmon", run, NO_EXEC_ENV, None)
+}
+
+/// The program `name` installed beside `exe`, if it is there.
+fn sibling(exe: &std::path::Path, name: &str) -> Option<PathBuf> {
+    exe.parent().map(|d| d.join(name)).filter(|b| b.is_file())
+}
+
+/// Execs the program `name` beside the current executable with `args`,
+/// `flag_env` set to this build's version, and `more` set if given.
+fn exec_sibling(
+    name: &str,
+    args: impl IntoIterator<Item = OsString>,
+    flag_env: &str,
+    more: Option<(&str, OsString)>,
+) -> io::Error {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return e,
+    };
+    let Some(bin) = sibling(&exe, name) else {
+        return io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no {name} beside {}", exe.display()),
+        );
+    };
+    let mut cmd = Command::new(&bin);
+    cmd.args(args).env(flag_env, BUILD);
+    if let Some((k, v)) = more {
+        cmd.env(k, v);
+    }
+    cmd.exec()
+}
+
+/// In [`DAEMON_BIN`]: whether the `logmon` that started it is of another
+/// build (see [`EXEC_VERSION_ENV`]), and then what to say; started by hand,
+/// it has nothing to compare.
+pub fn check_exec_version() -> Result<(), String> {
+    match std::env::var(EXEC_VERSION_ENV) {
+        Ok(v) if v != BUILD => Err(format!(
+            "{DAEMON_BIN} is build {BUILD} but the logmon that started it is {v}: serving in logmon itself (install both binaries from the same build)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a launch attempt may make in the task's directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// A FIFO (the CLI or the daemon makes the missing ones).
+    Fifo,
+    /// The task lock (`.<task>.logmon.lock`, by the daemon).
+    Lock,
+    /// The readers' metadata file (`.<task>.logmon.meta`, by the daemon,
+    /// under the lock).
+    Meta,
+}
+
+/// Which of a task's FIFOs, lock and metadata file were missing before a
+/// launch attempt ([`Footprint::before`]), so that a refused attempt
+/// removes what it made and nothing else ([`Footprint::clean_up`]).
+#[derive(Debug)]
+pub(crate) struct Footprint {
+    /// The log directory, opened before the attempt, and the task lock's
+    /// name in it.
+    log_dir: Option<Dir>,
+    lock: OsString,
+    /// Each missing name, in its directory opened before the attempt; the
+    /// lock last, so it is removed after what it guards.
+    missing: Vec<(Made, Dir, OsString)>,
+}
+
+/// The task lock, as [`Footprint::clean_up`] found it.
+enum TaskLock {
+    /// No lock file.
+    Absent,
+    /// Held by a live process (a logmon of the task runs), or not ours.
+    Busy,
+    /// Taken here: no logmon of the task runs or can start meanwhile.
+    Held {
+        /// Released when the clean-up is done.
+        _lock: Flock<std::fs::File>,
+        id: FileId,
+    },
+}
+
+impl Footprint {
+    /// Notes which of `cfg`'s FIFOs, task lock and metadata file do not
+    /// exist yet. A directory that cannot be opened is skipped: nothing
+    /// can be made in it.
+    pub fn before(cfg: &CaptureConfig) -> Footprint {
+        let in_log_dir = |name: String| (cfg.log_dir.clone(), OsString::from(name));
+        let places = [
+            (
+                Made::Fifo,
+                crate::agent::state::split_path(&cfg.stdout_fifo).ok(),
+            ),
+            (
+                Made::Fifo,
+                crate::agent::state::split_path(&cfg.stderr_fifo).ok(),
+            ),
+            (
+                Made::Meta,
+                Some(in_log_dir(crate::shared::meta::file_name(&cfg.task))),
+            ),
+            (Made::Lock, Some(in_log_dir(cfg.lock_name()))),
+        ];
+        let missing = places
+            .into_iter()
+            .filter_map(|(made, place)| {
+                let (dir, name) = place?;
+                let dir = Dir::open(&dir).ok()?;
+                matches!(dir.stat(&name), Ok(None)).then_some((made, dir, name))
+            })
+            .collect();
+        Footprint {
+            log_dir: Dir::open(&cfg.log_dir).ok(),
+            lock: cfg.lock_name().into(),
+            missing,
+        }
+    }
+
+    /// After a refused attempt: removes what it made. The task lock is
+    /// taken first: held by another process, a logmon of this task runs
+    /// and the lock and metadata file are its own; a FIFO goes only if its
+    /// reader lock is free and nothing waits in it (no logmon reads it, no
+    /// task wrote to it). Each is removed while its lock is held, and only
+    /// if the name still names the file locked. Returns the paths removed.
+    pub fn clean_up(self) -> Vec<PathBuf> {
+        let task_lock = match &self.log_dir {
+            Some(dir) => take_own_lock(dir, &self.lock),
+            None => TaskLock::Absent,
+        };
+        let mut removed = Vec::new();
+        for (made, dir, name) in &self.missing {
+            let gone = match (made, &task_lock) {
+                (Made::Fifo, _) => remove_idle_fifo(dir, name),
+                (Made::Meta, TaskLock::Held { .. }) => remove_if_own(dir, name),
+                (Made::Lock, TaskLock::Held { id, .. }) => remove_if_same(dir, name, *id),
+                _ => false,
+            };
+            if gone {
+                tracing::info!(path = %dir.display(name).display(), "removed what the refused launch made");
+                removed.push(dir.display(name));
+            }
+        }
+        removed
+    }
+}
+
+/// Takes the flock of the task lock `name` (logmon's own regular file)
+/// without waiting.
+fn take_own_lock(dir: &Dir, name: &OsStr) -> TaskLock {
+    let file = match dir.open_own(name, OFlag::O_RDWR) {
+        Ok(Ok(Some(f))) => f,
+        Ok(Ok(None)) => return TaskLock::Absent,
+        _ => return TaskLock::Busy,
+    };
+    let Ok(st) = nix::sys::stat::fstat(&file) else {
+        return TaskLock::Busy;
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => TaskLock::Held {
+            _lock: lock,
+            id: FileId::of(&st),
+        },
+        Err(_) => TaskLock::Busy,
+    }
+}
+
+/// Removes `name` from `dir` if it still names the file `id`.
+fn remove_if_same(dir: &Dir, name: &OsStr, id: FileId) -> bool {
+    matches!(dir.stat(name), Ok(Some(st)) if FileId::of(&st) == id) && dir.remove(name).is_ok()
+}
+
+/// Removes `name` if it is logmon's own regular file.
+fn remove_if_own(dir: &Dir, name: &OsStr) -> bool {
+    match dir.open_own(name, OFlag::O_RDONLY) {
+        Ok(Ok(Some(f))) => {
+            nix::sys::stat::fstat(&f).is_ok_and(|st| remove_if_same(dir, name, FileId::of(&st)))
+        }
+        _ => false,
+    }
+}
+
+/// Removes the FIFO `name` if it is ours, no logmon holds its reader lock
+/// and no byte waits in it; the lock is held while it is removed.
+fn remove_idle_fifo(dir: &Dir, name: &OsStr) -> bool {
+    let Ok(f) = dir.open_at(name, OFlag::O_RDWR | OFlag::O_NONBLOCK, Mode::empty()) else {
+        return false;
+    };
+    let Ok(st) = nix::sys::stat::fstat(&f) else {
+        return false;
+    };
+    if !crate::shared::dir::is_type(&st, nix::sys::stat::SFlag::S_IFIFO)
+        || st.st_uid != nix::unistd::geteuid().as_raw()
+    {
+        return false;
+    }
+    let Ok(locked) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
+        return false;
+    };
+    let idle = crate::daemon::capture::pipe::bytes_waiting(std::os::fd::AsFd::as_fd(&*locked))
+        .is_ok_and(|n| n == 0);
+    idle && remove_if_same(dir, name, FileId::of(&st))
+}
+
+/// Launches a detached `logmon run` for `cfg` and returns its reattach
+/// config once it is ready.
+///
+/// The daemon runs in its own session (setsid) and is reparented to init (or
+/// the nearest subreaper) at once, so it neither dies with the agent nor
+/// stays the agent's zombie; stdin is /dev/null, stdout a pipe read up to
+/// the ready line, stderr a pipe read until the daemon, right before its
+/// ready line, moves its stderr to `<log-dir>/.<task>.logmon.log` — opened
+/// by the daemon through its log-dir handle, never by path here
+/// (`diag`). A daemon that cannot start says why on stdout
+/// ([`LaunchFailure`]: its error and exit code), else its last stderr line
+/// is passed on. Warnings it printed before it was ready are passed to our
+/// stderr. What a refused daemon made (FIFOs, task lock, metadata file) is
+/// removed, and only that (see the module docs).
+pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    let footprint = Footprint::before(cfg);
+    spawn_and_wait(cfg, program).inspect_err(|_| {
+        footprint.clean_up();
+    })
+}
+
+/// [`launch`], without the clean-up.
+fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    let (mut cmd, exe) = daemon_command(cfg, program)?;
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: exe.clone(),
+        source,
+    })?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // The intermediate process exits at once; reap it.
+    let _ = child.wait();
+    // Read stderr alongside, so a chatty start never fills the pipe and
+    // blocks the daemon before its ready line.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut e) = stderr {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = io::Read::read_to_end(&mut io::Read::take(&mut e, 64 * 1024), &mut kept);
+            let _ = tx.send(kept);
+            // Anything past the cap is drained and dropped.
+            let _ = io::copy(&mut e, &mut io::sink());
+        });
+    }
+    let stdout = stdout.ok_or_else(|| LaunchError::NotReady {
+        detail: "no stdout pipe".into(),
+    })?;
+    read_ready(stdout, &rx)
+}
+
+/// The command that starts the daemon for `cfg`, detached (its own
+/// session, reparented to init by a double fork), its stdout and stderr
+/// piped back; and the executable it runs `program` from.
+fn daemon_command(
+    cfg: &CaptureConfig,
+    program: &Program,
+) -> Result<(Command, PathBuf), LaunchError> {
+    let exe = match program {
+        Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
+            program: "current executable".into(),
+            source,
+        })?,
+        Program::Path(p) => p.clone(),
+    };
+    // Our own daemon binary beside us: started directly, so the daemon
+    // never maps this larger one (see DAEMON_BIN). A `Path` program execs
+    // its own, of its own version.
+    let daemon_bin = matches!(program, Program::CurrentExe)
+        .then(|| sibling(&exe, DAEMON_BIN))
+        .flatten()
+        .filter(|_| std::env::var_os(NO_EXEC_ENV).is_none());
+    let mut cmd = match &daemon_bin {
+        Some(bin) => {
+            let mut c = Command::new(bin);
+            c.args(run_args(cfg).into_iter().skip(1))
+                .env(EXEC_VERSION_ENV, BUILD)
+                .env(
+                    TUNABLES_ENV,
+                    daemon_tunables(std::env::var_os(TUNABLES_ENV).as_deref()),
+                );
+            c
+        }
+        None => {
+            let mut c = Command::new(&exe);
+            c.args(run_args(cfg));
+            c
+        }
+    };
+    cmd
+        // The flags carry the metadata; an inherited variable must not add
+        // any when the configuration has none.
+        .env_remove(crate::shared::meta::ENV_VAR)
+        .env(crate::shared::diag::LAUNCHED_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: between fork and exec only async-signal-safe calls are made
+    // (setsid, fork, _exit); no allocation, no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            // Double fork: the daemon's parent exits now, so it is reparented
+            // and reaped by init instead of lingering as our zombie.
+            match nix::libc::fork() {
+                -1 => Err(io::Error::last_os_error()),
+                0 => Ok(()),
+                _ => nix::libc::_exit(0),
+            }
+        });
+    }
+    Ok((cmd, exe))
+}
+
+/// The daemon's ready line on `stdout`, with what it said on stderr
+/// before it (`stderr`: its warnings are passed on; its last line is the
+/// reason when it printed no ready line): the config to persist, or why
+/// it did not start.
+fn read_ready(
+    stdout: std::process::ChildStdout,
+    stderr: &std::sync::mpsc::Receiver<Vec<u8>>,
+) -> Result<ReattachConfig, LaunchError> {
+    let not_ready = |detail: String| LaunchError::NotReady { detail };
+    let mut line = String::new();
+    let read = BufReader::new(stdout).read_line(&mut line);
+    // The daemon's stderr reaches EOF when it hands stderr over to its log
+    // (right before the ready line) or exits.
+    let diag = stderr
+        .recv_timeout(Duration::from_secs(5))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    if let Err(e) = read {
+        return Err(not_ready(format!("cannot read its ready line: {e}")));
+    }
+    let line = line.trim();
+    if let Ok(rc) = serde_json::from_str::<ReattachConfig>(line) {
+        for l in diag
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        {
+            eprintln!("{l}");
+        }
+        return Ok(rc);
+    }
+    if let Ok(f) = serde_json::from_str::<LaunchFailure>(line) {
+        return Err(LaunchError::Daemon {
+            message: f.error,
+            code: f.exit_code,
+        });
+    }
+    let last = diag
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim_start_matches("logmon: error: ").to_owned());
+    Err(not_ready(match (line.is_empty(), last) {
+        (true, Some(l)) => l,
+        (true, None) => "it printed no ready line and no error".into(),
+        (false, _) => format!("unexpected ready line {line:?}"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn run_args_parse_back_to_the_same_config() {
+        let task = crate::shared::config::TaskName::new("web").unwrap();
+        let mut cfg = CaptureConfig::new(task, "/l");
+        cfg.stdout_fifo = "/f/out".into();
+        cfg.socket = "/s/web.sock".into();
+        cfg.max_files = 3;
+        cfg.max_file_size = 4096;
+        cfg.pipe_size = 65536;
+        cfg.on_write_error = crate::shared::config::WriteErrorPolicy::Block;
+        cfg.no_sandbox = true;
+        cfg.keep_unshipped = 1 << 30;
+        cfg.max_delay = std::time::Duration::from_millis(1500);
+        for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
+            cfg.meta.insert_pair(p).unwrap();
+        }
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            panic!("not a run command");
+        };
+        assert_eq!(a.to_config().unwrap(), cfg);
+
+        cfg.meta = crate::shared::meta::Meta::new();
+        let mut argv: Vec<OsString> = vec!["logmon".into()];
+        argv.extend(run_args(&cfg));
+        assert!(!argv.iter().any(|a| a == "--meta"));
+    }
+
+    #[test]
+    fn the_daemons_malloc_settings_keep_the_operators_own() {
+        let t = |c: Option<&str>| {
+            daemon_tunables(c.map(std::ffi::OsStr::new))
+                .into_string()
+                .unwrap()
+        };
+        assert_eq!(t(None), MALLOC_TUNABLES);
+        assert_eq!(t(Some("")), MALLOC_TUNABLES);
+        assert_eq!(
+            t(Some("glibc.malloc.check=3")),
+            format!("glibc.malloc.check=3:{MALLOC_TUNABLES}")
+        );
+        // An operator's own value of either setting wins.
+        assert_eq!(
+            t(Some("glibc.malloc.tcache_count=7")),
+            "glibc.malloc.tcache_count=7:glibc.malloc.mxfast=0"
+        );
+        assert_eq!(
+            t(Some("glibc.malloc.mxfast=64:glibc.malloc.tcache_count=2")),
+            "glibc.malloc.mxfast=64:glibc.malloc.tcache_count=2"
+        );
+    }
+}

@@ -1,0 +1,1104 @@
+//! Directory handles: the only way logmon touches a name inside a directory
+//! it shares with the task (DESIGN.md §9).
+//!
+//! The task may create, rename and remove names in the log directory (the
+//! reference makes it 0777) at any moment, racing every step. So a [`Dir`]
+//! is opened once, from the path the operator gave, and every later access
+//! is relative to its descriptor and names exactly one component:
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
+//! where the kernel has it (else `openat` with `O_NOFOLLOW`), `unlinkat`,
+//! `mkfifoat`, `fstatat(AT_SYMLINK_NOFOLLOW)`, listing through the
+//! descriptor, and `/proc/self/fd/<fd>/<name>` for the socket calls that
+//! only take a path. A path string inside the directory is never walked
+//! again, so a directory renamed away or replaced by a symlink mid-run does
+//! not redirect logmon: it goes on in the directory it opened.
+//!
+//! Guarantees kept here, and the tests that prove them (unit tests below;
+//! `tests/it/daemon/hostile.rs` runs the attacks through the binary):
+//! - a name is never followed: a symlink, at any component, fails with
+//!   `ELOOP`/`EXDEV` (`a_symlink_is_never_followed`);
+//! - [`Dir::create_own`] never opens an existing name: whatever sits there
+//!   (symlink, hard link, FIFO, device, directory, foreign file) is removed
+//!   — removing a name never touches its target — and counted, or, when it
+//!   cannot be removed (a non-empty directory), reported as
+//!   [`Claim::Occupied`] so the caller moves on
+//!   (`a_planted_name_is_removed_and_never_written_through`);
+//! - [`Dir::open_own`] opens an existing name only if what it opened is a
+//!   regular file with one link owned by logmon's euid, checked with
+//!   `fstat` after the open (`open_own_refuses_foreign_files`);
+//! - a deleted directory is recreated only through the parent descriptor
+//!   held since start ([`Dir::recreate`], sticky), and only if the result
+//!   is a directory owned by logmon
+//!   (`a_deleted_directory_is_recreated_through_its_parent`);
+//! - [`Dir::make_sticky`] adds `S_ISVTX` and nothing else, through the
+//!   descriptor, when logmon owns the directory or is root, and says why
+//!   not otherwise (`make_sticky_adds_only_the_sticky_bit_and_says_why_not`);
+//! - [`Dir::subdir`] creates (`mkdirat`) and opens a directory without
+//!   following a symlink (the control socket's directory), and
+//!   [`Dir::open_path_fd`] gives an `O_PATH` handle of the very inode at a
+//!   name (to chmod the socket just bound, never a name swapped since).
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::UnlinkatFlags;
+
+/// How many times a name is claimed (remove what sits there, create ours)
+/// before [`Dir::create_own`] gives up on it: an attacker replanting the
+/// name as fast as it can wins a race at most this often in a row.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// The identity of a file: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity in a `stat` result.
+    pub fn of(st: &FileStat) -> FileId {
+        FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.dev, self.ino)
+    }
+}
+
+/// What a name inside a directory is, in words for messages and counters.
+pub fn kind_of(st: &FileStat) -> &'static str {
+    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG => "regular file",
+        SFlag::S_IFDIR => "directory",
+        SFlag::S_IFLNK => "symlink",
+        SFlag::S_IFIFO => "FIFO",
+        SFlag::S_IFSOCK => "socket",
+        SFlag::S_IFCHR => "character device",
+        SFlag::S_IFBLK => "block device",
+        _ => "special file",
+    }
+}
+
+/// Whether `st` is of file type `t`.
+pub fn is_type(st: &FileStat, t: SFlag) -> bool {
+    st.st_mode & SFlag::S_IFMT.bits() == t.bits()
+}
+
+/// Why an existing name is not logmon's own regular file, or `None` if it
+/// is one: a regular file with exactly one link, owned by our euid.
+pub fn foreign_reason(st: &FileStat) -> Option<String> {
+    if !is_type(st, SFlag::S_IFREG) {
+        return Some(kind_of(st).to_owned());
+    }
+    if st.st_nlink != 1 {
+        return Some(format!("hard link ({} links)", st.st_nlink));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid != euid {
+        return Some(format!("file owned by uid {}", st.st_uid));
+    }
+    None
+}
+
+/// The outcome of claiming a name for a new file of logmon's own.
+#[derive(Debug)]
+pub enum Claim {
+    /// The file was created, empty, and is logmon's. `removed` lists what
+    /// sat at the name before and was removed (one entry per removal).
+    Created {
+        /// The new file.
+        file: File,
+        /// What was removed from the name first.
+        removed: Vec<String>,
+    },
+    /// The name is held by something that cannot be removed (a non-empty
+    /// directory, or an attacker that kept replanting it): use another.
+    Occupied {
+        /// What holds it.
+        by: String,
+        /// What was removed from the name before giving up.
+        removed: Vec<String>,
+    },
+}
+
+/// A directory logmon works in, opened once; every name inside it is
+/// resolved from its descriptor (see the module docs).
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    /// The path it was opened by: for messages only, never walked again.
+    path: PathBuf,
+    id: FileId,
+    /// The parent directory and this directory's name in it, held from the
+    /// start, so a deleted directory can be recreated without walking a
+    /// path ([`Dir::recreate`]).
+    parent: Option<(Arc<OwnedFd>, OsString)>,
+    /// Whether its deletion was already reported ([`Dir::first_notice_of_deletion`]).
+    deletion_noticed: AtomicBool,
+}
+
+/// Whether `openat2` exists here (Linux ≥ 5.6); learnt at the first call.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// Why the log directory could not be opened ([`Dir::open_log_dir`]):
+/// the one check of `--log-dir`, shared by `run`, `ensure`/`exec` (before
+/// anything is launched) and `logs`.
+#[derive(Debug, thiserror::Error)]
+pub enum LogDirError {
+    /// Nothing at the path, or not a directory.
+    #[error("log directory {} does not exist or is not a directory: create it first, or check --log-dir", path.display())]
+    Missing {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// It is there but cannot be opened (permissions, I/O).
+    #[error("cannot open log directory {}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+impl Dir {
+    /// Opens the log directory at `path` (the one walk of its path); a
+    /// missing one, or a non-directory, is [`LogDirError::Missing`].
+    pub fn open_log_dir(path: &Path) -> Result<Dir, LogDirError> {
+        Dir::open(path).map_err(|source| match source.raw_os_error() {
+            Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
+                LogDirError::Missing {
+                    path: path.to_path_buf(),
+                }
+            }
+            _ => LogDirError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        })
+    }
+
+    /// Opens the directory at `path`. The operator's path is trusted and
+    /// resolved once, here; its parent is opened too (for [`Dir::recreate`]).
+    pub fn open(path: &Path) -> io::Result<Dir> {
+        let path = std::path::absolute(path)?;
+        let (parent, name) = match (path.parent(), path.file_name()) {
+            (Some(p), Some(n)) => (Some(p), Some(n.to_owned())),
+            _ => (None, None),
+        };
+        let fd = nix::fcntl::open(
+            &path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        let parent = match (parent, name) {
+            (Some(p), Some(n)) => nix::fcntl::open(
+                p,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+            .map(|fd| (Arc::new(fd), n)),
+            _ => None,
+        };
+        Ok(Dir {
+            fd,
+            path,
+            id: FileId::of(&st),
+            parent,
+            deletion_noticed: AtomicBool::new(false),
+        })
+    }
+
+    /// A handle of a directory already opened by the caller (`fd`, which
+    /// must be a directory; `path` for messages only): used where a
+    /// directory was reached through another handle with `O_NOFOLLOW`, so
+    /// no path is walked again. It has no parent to [`Dir::recreate`] in.
+    pub fn from_fd(fd: OwnedFd, path: PathBuf) -> io::Result<Dir> {
+        let st = nix::sys::stat::fstat(&fd)?;
+        if !is_type(&st, SFlag::S_IFDIR) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", path.display()),
+            ));
+        }
+        Ok(Dir {
+            fd,
+            path,
+            id: FileId::of(&st),
+            parent: None,
+            deletion_noticed: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens the existing directory `name` inside this one without
+    /// following a symlink (`ELOOP`/`ENOTDIR` for a symlink or a file)
+    /// and without creating it; it has no parent to recreate it in.
+    pub fn open_child(&self, name: impl AsRef<OsStr>) -> io::Result<Dir> {
+        let name = one_component(name.as_ref())?;
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Dir::from_fd(fd, self.path.join(name))
+    }
+
+    /// The path the directory was opened by (absolute), for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `path()/name`, for messages only.
+    pub fn display(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        self.path.join(name.as_ref())
+    }
+
+    /// The directory's device and inode.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// The directory's descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The parent directory's descriptor (`O_PATH`), held since
+    /// [`Dir::open`] for [`Dir::recreate`] (without the sandbox: the
+    /// sandbox grants the parent nothing, DESIGN.md §10).
+    pub fn parent_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.parent.as_ref().map(|(fd, _)| fd.as_fd())
+    }
+
+    /// What sits now at this directory's name in its parent
+    /// (`fstatat(AT_SYMLINK_NOFOLLOW)` through the parent descriptor held
+    /// since start, never the path): after a deletion, whether something
+    /// was made there since. `None` when nothing is (or there is no
+    /// parent).
+    pub fn stat_at_name(&self) -> Option<FileStat> {
+        let (parent, name) = self.parent.as_ref()?;
+        nix::sys::stat::fstatat(
+            parent.as_fd(),
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()
+    }
+
+    /// Sets the sticky bit (`S_ISVTX`) on the directory, through its
+    /// descriptor (`fchmod`; every other mode bit kept), so that a user
+    /// who may write in it can no longer rename or remove other users'
+    /// names there (DESIGN.md §9). Done only when logmon owns the
+    /// directory or runs as root; otherwise, or when `fchmod` fails (no
+    /// `CAP_FOWNER`, a read-only or immutable directory), says why. Already
+    /// sticky: nothing to do.
+    pub fn make_sticky(&self) -> io::Result<()> {
+        let st = nix::sys::stat::fstat(&self.fd)?;
+        if st.st_mode & Mode::S_ISVTX.bits() != 0 {
+            return Ok(());
+        }
+        let euid = nix::unistd::geteuid();
+        if st.st_uid != euid.as_raw() && !euid.is_root() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "it is owned by uid {} and logmon runs as uid {euid}",
+                    st.st_uid
+                ),
+            ));
+        }
+        let mode = Mode::from_bits_truncate(st.st_mode & 0o7777) | Mode::S_ISVTX;
+        nix::sys::stat::fchmod(&self.fd, mode).map_err(io::Error::from)
+    }
+
+    /// `true` the first time it is called on this handle: a deleted
+    /// directory that cannot be recreated is reported once, however many
+    /// streams and retries run into it.
+    pub fn first_notice_of_deletion(&self) -> bool {
+        !self.deletion_noticed.swap(true, Ordering::Relaxed)
+    }
+
+    /// A path naming `name` inside this directory through its descriptor
+    /// (`/proc/self/fd/<fd>/<name>`), for calls that only take a path
+    /// (bind, connect). The kernel resolves it from the open directory;
+    /// the final component is still followed by such calls, so check it
+    /// with [`Dir::stat`] first.
+    pub fn fd_path(&self, name: impl AsRef<OsStr>) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).join(name.as_ref())
+    }
+
+    /// Opens `name` with `flags` (and `mode` when creating), refusing
+    /// symlinks anywhere and any escape from the directory.
+    pub fn open_at(&self, name: impl AsRef<OsStr>, flags: OFlag, mode: Mode) -> io::Result<File> {
+        let name = one_component(name.as_ref())?;
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            let how = OpenHow::new().flags(flags).mode(mode).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+            match nix::fcntl::openat2(&self.fd, name, how) {
+                Ok(fd) => return Ok(File::from(fd)),
+                Err(Errno::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(File::from(nix::fcntl::openat(&self.fd, name, flags, mode)?))
+    }
+
+    /// `fstatat(name, AT_SYMLINK_NOFOLLOW)`; `None` when nothing is there.
+    pub fn stat(&self, name: impl AsRef<OsStr>) -> io::Result<Option<FileStat>> {
+        let name = one_component(name.as_ref())?;
+        match nix::sys::stat::fstatat(&self.fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes the name `name` (never a directory); a missing name is fine.
+    /// Removing a name never touches what a symlink points at.
+    pub fn remove(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+        let name = one_component(name.as_ref())?;
+        match nix::unistd::unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes whatever sits at `name`, an empty directory included.
+    /// Returns what it was, or `None` if nothing was there.
+    pub fn remove_any(&self, name: impl AsRef<OsStr>) -> io::Result<Option<String>> {
+        let name = name.as_ref();
+        let Some(st) = self.stat(name)? else {
+            return Ok(None);
+        };
+        let kind = kind_of(&st);
+        let flag = if is_type(&st, SFlag::S_IFDIR) {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        match nix::unistd::unlinkat(&self.fd, one_component(name)?, flag) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(Some(kind.to_owned())),
+            // Replaced by the other kind between the stat and the unlink.
+            Err(Errno::EISDIR | Errno::ENOTDIR) => self.remove_any(name),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates a FIFO at `name`.
+    pub fn mkfifo(&self, name: impl AsRef<OsStr>, mode: Mode) -> io::Result<()> {
+        let name = one_component(name.as_ref())?;
+        nix::unistd::mkfifoat(&self.fd, name, mode).map_err(io::Error::from)
+    }
+
+    /// The names in the directory (without `.` and `..`), read through the
+    /// descriptor.
+    pub fn list(&self) -> io::Result<Vec<OsString>> {
+        let mut d = nix::dir::Dir::openat(
+            &self.fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut out = Vec::new();
+        for e in d.iter() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                out.push(OsStr::from_bytes(n).to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates `name` as a new file of logmon's own, opened with `flags`
+    /// (`O_CREAT | O_EXCL` are added): anything already at the name is
+    /// removed first and reported in [`Claim::Created::removed`], never
+    /// opened or followed. A name that cannot be freed is
+    /// [`Claim::Occupied`].
+    pub fn create_own(
+        &self,
+        name: impl AsRef<OsStr>,
+        flags: OFlag,
+        mode: Mode,
+    ) -> io::Result<Claim> {
+        let name = name.as_ref();
+        let mut removed = Vec::new();
+        for _ in 0..CLAIM_ATTEMPTS {
+            match self.open_at(name, flags | OFlag::O_CREAT | OFlag::O_EXCL, mode) {
+                Ok(file) => return Ok(Claim::Created { file, removed }),
+                Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+                Err(e) => return Err(e),
+            }
+            match self.remove_any(name) {
+                Ok(Some(kind)) => removed.push(kind),
+                Ok(None) => {}
+                Err(e) => {
+                    let by = match e.raw_os_error() {
+                        Some(c) if c == Errno::ENOTEMPTY as i32 || c == Errno::EEXIST as i32 => {
+                            "non-empty directory".to_owned()
+                        }
+                        _ => format!("name that cannot be removed ({e})"),
+                    };
+                    return Ok(Claim::Occupied { by, removed });
+                }
+            }
+        }
+        Ok(Claim::Occupied {
+            by: "name replanted on every attempt".to_owned(),
+            removed,
+        })
+    }
+
+    /// Opens the existing file `name` with `flags` only if it is logmon's
+    /// own: a regular file with one link owned by our euid, checked on
+    /// what was opened. `Ok(Err(reason))` when something else sits there;
+    /// `Ok(Ok(None))` when nothing does.
+    pub fn open_own(
+        &self,
+        name: impl AsRef<OsStr>,
+        flags: OFlag,
+    ) -> io::Result<Result<Option<File>, String>> {
+        let name = name.as_ref();
+        // A look first, so a device or FIFO is never even opened.
+        match self.stat(name)? {
+            None => return Ok(Ok(None)),
+            Some(st) => {
+                if let Some(why) = foreign_reason(&st) {
+                    return Ok(Err(why));
+                }
+            }
+        }
+        let file = match self.open_at(name, flags | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => return Ok(Ok(None)),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(c) if c == Errno::ELOOP as i32 || c == Errno::EXDEV as i32
+                ) =>
+            {
+                return Ok(Err("symlink".to_owned()))
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(c) if c == Errno::EISDIR as i32 || c == Errno::ENXIO as i32
+                ) =>
+            {
+                return Ok(Err("not a regular file".to_owned()))
+            }
+            Err(e) => return Err(e),
+        };
+        let st = nix::sys::stat::fstat(&file)?;
+        if let Some(why) = foreign_reason(&st) {
+            return Ok(Err(why));
+        }
+        // Writes to our own files block on nothing; drop the O_NONBLOCK
+        // that kept the open from hanging on a swapped-in FIFO.
+        let fl =
+            OFlag::from_bits_truncate(nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)?);
+        if !flags.contains(OFlag::O_NONBLOCK) {
+            nix::fcntl::fcntl(
+                &file,
+                nix::fcntl::FcntlArg::F_SETFL(fl & !OFlag::O_NONBLOCK),
+            )?;
+        }
+        Ok(Ok(Some(file)))
+    }
+
+    /// Renames `from` to `to`, both names inside this directory
+    /// (`renameat` on the one descriptor): whatever sits at `to` is
+    /// replaced as a name, never followed.
+    pub fn rename(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
+        let from = one_component(from.as_ref())?;
+        let to = one_component(to.as_ref())?;
+        nix::fcntl::renameat(&self.fd, from, &self.fd, to).map_err(io::Error::from)
+    }
+
+    /// Renames `from` to `to` inside this directory only if nothing sits
+    /// at `to` (`renameat2(RENAME_NOREPLACE)`: `EEXIST` otherwise). What
+    /// is moved is the name at `from`, whatever it is, never followed:
+    /// callers check what they open at `to` afterwards.
+    pub fn rename_noreplace(
+        &self,
+        from: impl AsRef<OsStr>,
+        to: impl AsRef<OsStr>,
+    ) -> io::Result<()> {
+        let from = one_component(from.as_ref())?;
+        let to = one_component(to.as_ref())?;
+        nix::fcntl::renameat2(
+            &self.fd,
+            from,
+            &self.fd,
+            to,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// `fsync` of the directory itself, so a rename or a new name in it is
+    /// durable.
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::fsync(&self.fd).map_err(io::Error::from)
+    }
+
+    /// An `O_PATH` descriptor of `name` itself (never following a
+    /// symlink): to `fstat` or `fchmod` (through `/proc/self/fd`) the very
+    /// inode that sits at the name, whatever it is, without opening it.
+    pub fn open_path_fd(&self, name: impl AsRef<OsStr>) -> io::Result<OwnedFd> {
+        let name = one_component(name.as_ref())?;
+        // openat2 refuses any flag besides these with O_PATH.
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            let how = OpenHow::new().flags(flags).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+            match nix::fcntl::openat2(&self.fd, name, how) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(nix::fcntl::openat(&self.fd, name, flags, Mode::empty())?)
+    }
+
+    /// The directory `name` inside this one, created with `mode` when
+    /// missing (`mkdirat`), opened without following a symlink; refused
+    /// unless it is a directory. Its parent (this one) is kept for
+    /// [`Dir::recreate`].
+    pub fn subdir(&self, name: impl AsRef<OsStr>, mode: Mode) -> io::Result<Dir> {
+        let name = one_component(name.as_ref())?;
+        match nix::sys::stat::mkdirat(&self.fd, name, mode) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = nix::fcntl::openat(
+            &self.fd,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        let parent = nix::fcntl::openat(
+            &self.fd,
+            ".",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Dir {
+            fd,
+            path: self.path.join(name),
+            id: FileId::of(&st),
+            parent: Some((Arc::new(parent), name.to_owned())),
+            deletion_noticed: AtomicBool::new(false),
+        })
+    }
+
+    /// What a reader may believe about names in this directory, from an
+    /// `fstat` of its descriptor now ([`Trust`]).
+    pub fn trust(&self) -> io::Result<Trust> {
+        Ok(Trust::of(&nix::sys::stat::fstat(&self.fd)?))
+    }
+
+    /// Reads the whole of `name`, a regular file of at most `cap` bytes,
+    /// with the file's `fstat`; `Ok(None)` when nothing is there. What
+    /// sits at the name is looked at first and opened only if it is a
+    /// regular file, then opened non-blocking without following a link
+    /// and checked again: a FIFO, a device or a directory is
+    /// [`SmallReadError::NotRegular`], a file over `cap` bytes (a sparse
+    /// one included) is [`SmallReadError::TooLarge`], and at most `cap`
+    /// bytes are ever read, however the file grows meanwhile. Every small
+    /// file a reader takes from a shared directory (index headers, state,
+    /// positions, metadata, cursors) comes through here.
+    pub fn read_small(
+        &self,
+        name: impl AsRef<OsStr>,
+        cap: u64,
+    ) -> Result<Option<(Vec<u8>, FileStat)>, SmallReadError> {
+        use std::io::Read;
+        let name = name.as_ref();
+        let shown = || name.to_string_lossy().into_owned();
+        let io_err = |source: io::Error| SmallReadError::Io {
+            name: shown(),
+            source,
+        };
+        let not_regular = |st: &FileStat| SmallReadError::NotRegular {
+            name: shown(),
+            kind: kind_of(st),
+        };
+        match self.stat(name).map_err(io_err)? {
+            None => return Ok(None),
+            Some(st) if !is_type(&st, SFlag::S_IFREG) => return Err(not_regular(&st)),
+            Some(_) => {}
+        }
+        let file = match self.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(e)),
+        };
+        let st = nix::sys::stat::fstat(&file).map_err(|e| io_err(e.into()))?;
+        if !is_type(&st, SFlag::S_IFREG) {
+            return Err(not_regular(&st));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+        if size > cap {
+            return Err(SmallReadError::TooLarge {
+                name: shown(),
+                size,
+                cap,
+            });
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        file.take(cap).read_to_end(&mut bytes).map_err(io_err)?;
+        Ok(Some((bytes, st)))
+    }
+
+    /// Whether the directory itself was removed (no link left).
+    pub fn is_deleted(&self) -> bool {
+        nix::sys::stat::fstat(&self.fd).is_ok_and(|st| st.st_nlink == 0)
+    }
+
+    /// Recreates a deleted directory through the parent descriptor held
+    /// since [`Dir::open`] (`mkdirat`, then `openat(O_NOFOLLOW |
+    /// O_DIRECTORY)`), with mode 01755 (sticky, as logmon makes the
+    /// directories it owns), and returns the new handle. Refuses a result
+    /// that is not a directory owned by our euid (a symlink or a directory
+    /// the task made in the meantime).
+    pub fn recreate(&self) -> io::Result<Dir> {
+        let Some((parent, name)) = &self.parent else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the directory has no parent to recreate it in",
+            ));
+        };
+        match nix::sys::stat::mkdirat(
+            parent.as_fd(),
+            name.as_os_str(),
+            Mode::from_bits_truncate(0o1755),
+        ) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = nix::fcntl::openat(
+            parent.as_fd(),
+            name.as_os_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::stat::fstat(&fd)?;
+        if st.st_uid != nix::unistd::geteuid().as_raw() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} was recreated by uid {}, not by logmon",
+                    self.path.display(),
+                    st.st_uid
+                ),
+            ));
+        }
+        Ok(Dir {
+            fd,
+            path: self.path.clone(),
+            id: FileId::of(&st),
+            parent: Some((parent.clone(), name.clone())),
+            deletion_noticed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// This process's effective uid, asked once (logmon never changes it; a
+/// busy shipper would otherwise ask at every look at a file).
+fn euid() -> u32 {
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
+}
+
+/// What a reader may believe about the names in a directory a task
+/// shares (DESIGN.md §9): who owns it, and whether others can rename or
+/// remove names in it. Taken from an `fstat` of the directory's
+/// descriptor ([`Dir::trust`]), so it describes the directory opened, not
+/// whatever its path names now.
+///
+/// A file is logmon's own when it is a regular file with one link, owned
+/// by root, by the reader's euid or by the directory's owner, *and* it
+/// sits in a directory where no one else can have renamed it there: the
+/// sticky bit is set (logmon sets it), or the directory is writable only
+/// by its owner. A task's own files fail the first test; logmon's files
+/// renamed by the task (a stream of the task's own, renamed to another
+/// task's name or to a metadata name) are ruled out by the second.
+/// Tests: `trust_rules_out_foreign_files_and_renamable_directories` below;
+/// `tests/it/daemon/hostile.rs` through the readers and the shipper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trust {
+    owner: u32,
+    mode: u32,
+    euid: u32,
+}
+
+impl Trust {
+    /// The trust a directory of this `fstat` gives.
+    pub fn of(st: &FileStat) -> Trust {
+        Trust {
+            owner: st.st_uid,
+            mode: st.st_mode,
+            euid: euid(),
+        }
+    }
+
+    /// The directory's owner.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Whether the sticky bit is set.
+    pub fn sticky(&self) -> bool {
+        self.mode & Mode::S_ISVTX.bits() != 0
+    }
+
+    /// Why users other than the directory's owner (and root) could rename
+    /// or remove other users' names in it, or `None` when they cannot:
+    /// the sticky bit is set, or it is writable by its owner alone.
+    pub fn renamable_by_others(&self) -> Option<&'static str> {
+        let others_write = self.mode & 0o022 != 0;
+        (others_write && !self.sticky())
+            .then_some("it is writable by others and has no sticky bit (chmod +t)")
+    }
+
+    /// Why the file of `st` (an `fstat` of what was opened, or an
+    /// `lstat` through the handle) is not one logmon made, or `None` when
+    /// it is: see the type's docs.
+    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
+        if !is_type(st, SFlag::S_IFREG) {
+            return Some(kind_of(st).to_owned());
+        }
+        if st.st_nlink != 1 {
+            return Some(format!("hard link ({} links)", st.st_nlink));
+        }
+        if st.st_uid != 0 && st.st_uid != self.euid && st.st_uid != self.owner {
+            return Some(format!("file owned by uid {}", st.st_uid));
+        }
+        None
+    }
+}
+
+/// Why a small file of a shared directory was not read
+/// ([`Dir::read_small`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SmallReadError {
+    /// Something other than a regular file sits at the name (never
+    /// opened: a FIFO would hang, a device could act).
+    #[error("{name} is a {kind}, not a regular file")]
+    NotRegular {
+        /// The name.
+        name: String,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Larger than the caller's cap (a sparse file included): not read.
+    #[error("{name} holds {size} bytes, more than the {cap} a file of its kind may")]
+    TooLarge {
+        /// The name.
+        name: String,
+        /// Its size.
+        size: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// The OS refused (permissions, I/O, a symlink at the name).
+    #[error("{name}: {source}")]
+    Io {
+        /// The name.
+        name: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Checks that `name` is one path component (no `/`, not `.`/`..`, not
+/// empty): a [`Dir`] never resolves more than one name.
+fn one_component(name: &OsStr) -> io::Result<&OsStr> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single file name"),
+        ));
+    }
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+
+    fn wr() -> OFlag {
+        OFlag::O_WRONLY
+    }
+
+    #[test]
+    fn trust_rules_out_foreign_files_and_renamable_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let t = dir.trust().unwrap();
+        assert!(t.renamable_by_others().is_some());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let t = dir.trust().unwrap();
+        assert!(t.sticky() && t.renamable_by_others().is_none());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(dir.trust().unwrap().renamable_by_others().is_none());
+        std::fs::write(d.path().join("own"), b"x").unwrap();
+        let st = dir.stat("own").unwrap().unwrap();
+        assert_eq!(t.foreign_file(&st), None);
+        std::fs::hard_link(d.path().join("own"), d.path().join("link")).unwrap();
+        let st = dir.stat("own").unwrap().unwrap();
+        assert!(t.foreign_file(&st).unwrap().contains("hard link"));
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        let st = dir.stat("sub").unwrap().unwrap();
+        assert_eq!(t.foreign_file(&st).as_deref(), Some("directory"));
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(d.path().join("sub"), Some(65534), None).unwrap();
+            std::fs::write(d.path().join("theirs"), b"x").unwrap();
+            std::os::unix::fs::chown(d.path().join("theirs"), Some(65534), None).unwrap();
+            let st = dir.stat("theirs").unwrap().unwrap();
+            assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+        }
+    }
+
+    #[test]
+    fn read_small_reads_only_small_regular_files_and_never_hangs() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        assert!(dir.read_small("none", 64).unwrap().is_none());
+        std::fs::write(d.path().join("small"), b"12 34\n").unwrap();
+        let (b, st) = dir.read_small("small", 64).unwrap().unwrap();
+        assert_eq!((b.as_slice(), st.st_size), (&b"12 34\n"[..], 6));
+        // Sparse and huge: refused from its size, nothing read.
+        let f = std::fs::File::create(d.path().join("sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        assert!(matches!(
+            dir.read_small("sparse", 64),
+            Err(SmallReadError::TooLarge { size, .. }) if size == 1 << 40
+        ));
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(matches!(
+            dir.read_small("fifo", 64),
+            Err(SmallReadError::NotRegular { kind: "FIFO", .. })
+        ));
+        symlink(d.path().join("small"), d.path().join("link")).unwrap();
+        assert!(matches!(
+            dir.read_small("link", 64),
+            Err(SmallReadError::NotRegular {
+                kind: "symlink",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_symlink_is_never_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        symlink(&victim, logs.join("link")).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        assert!(dir.open_at("link", OFlag::O_RDONLY, Mode::empty()).is_err());
+        assert!(dir
+            .open_at("../victim", OFlag::O_RDONLY, Mode::empty())
+            .is_err());
+        assert!(dir.open_own("link", OFlag::O_RDONLY).unwrap().is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn a_planted_name_is_removed_and_never_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        symlink(&victim, logs.join("a")).unwrap();
+        std::fs::hard_link(&victim, logs.join("b")).unwrap();
+        nix::unistd::mkfifo(&logs.join("c"), Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::create_dir(logs.join("e")).unwrap();
+        std::fs::create_dir(logs.join("full")).unwrap();
+        std::fs::write(logs.join("full/x"), b"x").unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        for (name, kind) in [
+            ("a", "symlink"),
+            ("b", "regular file"),
+            ("c", "FIFO"),
+            ("e", "directory"),
+        ] {
+            match dir
+                .create_own(name, wr(), Mode::from_bits_truncate(0o644))
+                .unwrap()
+            {
+                Claim::Created { mut file, removed } => {
+                    assert_eq!(removed, vec![kind.to_owned()], "{name}");
+                    file.write_all(b"ours").unwrap();
+                }
+                Claim::Occupied { by, .. } => panic!("{name} occupied by {by}"),
+            }
+            assert_eq!(std::fs::read(logs.join(name)).unwrap(), b"ours");
+        }
+        assert!(matches!(
+            dir.create_own("full", wr(), Mode::from_bits_truncate(0o644))
+                .unwrap(),
+            Claim::Occupied { .. }
+        ));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(std::fs::metadata(&victim).unwrap().nlink(), 1);
+    }
+
+    #[test]
+    fn open_own_refuses_foreign_files() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        std::fs::write(d.path().join("mine"), b"hello").unwrap();
+        std::fs::write(d.path().join("other"), b"x").unwrap();
+        std::fs::hard_link(d.path().join("other"), d.path().join("other2")).unwrap();
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let mut f = dir
+            .open_own("mine", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        assert!(dir
+            .open_own("other", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap_err()
+            .contains("hard link"));
+        assert_eq!(
+            dir.open_own("fifo", OFlag::O_RDONLY).unwrap().unwrap_err(),
+            "FIFO"
+        );
+        assert!(dir
+            .open_own("none", OFlag::O_RDONLY)
+            .unwrap()
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn names_with_a_slash_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        for bad in ["a/b", "..", ".", ""] {
+            assert!(dir.stat(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_directory_renamed_away_is_still_the_one_used() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        std::fs::rename(&logs, d.path().join("moved")).unwrap();
+        let other = d.path().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        symlink(&other, &logs).unwrap();
+        match dir
+            .create_own("f", wr(), Mode::from_bits_truncate(0o644))
+            .unwrap()
+        {
+            Claim::Created { .. } => {}
+            Claim::Occupied { by, .. } => panic!("{by}"),
+        }
+        assert!(d.path().join("moved/f").exists());
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+        assert_eq!(dir.list().unwrap(), vec![OsString::from("f")]);
+    }
+
+    #[test]
+    fn make_sticky_adds_only_the_sticky_bit_and_says_why_not() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o2775)).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        assert!(!dir.trust().unwrap().sticky());
+        dir.make_sticky().unwrap();
+        let mode = std::fs::metadata(&logs).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o3775, "{mode:o}");
+        assert!(dir.trust().unwrap().sticky());
+        // Already sticky: nothing to do.
+        dir.make_sticky().unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Another owner, as root: root may (CAP_FOWNER).
+            std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o777)).unwrap();
+            std::os::unix::fs::chown(&logs, Some(65534), None).unwrap();
+            dir.make_sticky().unwrap();
+            assert_eq!(std::fs::metadata(&logs).unwrap().mode() & 0o7777, 0o1777);
+        } else {
+            // Not ours and not root: refused, saying whose it is.
+            let tmp = Dir::open(Path::new("/")).unwrap();
+            if !tmp.trust().unwrap().sticky() {
+                let e = tmp.make_sticky().unwrap_err();
+                assert!(e.to_string().contains("owned by uid 0"), "{e}");
+            }
+        }
+        // What sits at its name now, through the parent.
+        assert!(dir
+            .stat_at_name()
+            .is_some_and(|st| is_type(&st, SFlag::S_IFDIR)));
+        std::fs::remove_dir(&logs).unwrap();
+        assert!(dir.stat_at_name().is_none());
+        assert!(dir.first_notice_of_deletion());
+        assert!(!dir.first_notice_of_deletion());
+    }
+
+    #[test]
+    fn a_deleted_directory_is_recreated_through_its_parent() {
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        std::fs::remove_dir(&logs).unwrap();
+        assert!(dir.is_deleted());
+        let again = dir.recreate().unwrap();
+        assert!(!again.is_deleted());
+        assert!(logs.is_dir());
+        assert!(again.trust().unwrap().sticky());
+        // A symlink in its place is never followed.
+        std::fs::remove_dir(&logs).unwrap();
+        let other = d.path().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        symlink(&other, &logs).unwrap();
+        assert!(again.recreate().is_err());
+    }
+}

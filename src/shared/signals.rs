@@ -1,0 +1,181 @@
+//! Stop signals (SIGTERM, SIGINT) read from a signalfd: polled by the
+//! daemon's own event loop in `run` (with SIGIO, see `capture::sigio`), and
+//! by the tokio runtime in `logs` and `logmon-ship` (issue #16).
+//!
+//! Why not `tokio::signal`: with tokio's `signal` feature compiled in,
+//! every runtime with I/O builds tokio's signal driver, which makes a
+//! watch channel for each of the 65 signal numbers: about 24 KiB of heap,
+//! live for the life of each of the thousands of `run` instances on a node.
+//! Without the feature, that memory is gone; a signalfd costs one
+//! descriptor.
+//!
+//! How: [`Blocked::new`] blocks the signals in the calling thread and opens
+//! a signalfd for them; a process-directed SIGTERM then stays pending until
+//! [`Signals::recv`] reads it. A thread that did not block a signal would
+//! instead take its default action (termination, skipping the drain), so
+//! `Blocked::new` runs before any other thread exists: threads inherit
+//! the mask of the thread that creates them (`logs`' `notify` thread, the
+//! shipper's runtime). The previous mask comes back when the value is
+//! dropped, on the same thread (the type is not `Send`), so no program a
+//! logmon process might start inherits a blocked SIGTERM.
+//!
+//! Proven by `tests::a_blocked_signal_is_read_from_the_signalfd` here and,
+//! end to end, by every integration test that stops a daemon, a `logs -f`
+//! or a shipper with SIGTERM or SIGINT and then checks that nothing was
+//! lost (`tests/it/daemon/capture.rs`, `tests/it/readers/logs.rs`, `tests/it/ship/mod.rs`).
+
+use std::io;
+use std::marker::PhantomData;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use tokio::io::unix::AsyncFd;
+
+/// The signals `run`, `logs` and the shipper stop on.
+pub const STOP: [Signal; 2] = [Signal::SIGTERM, Signal::SIGINT];
+
+/// Restores the thread's signal mask when dropped.
+struct MaskGuard {
+    old: SigSet,
+    // The mask is per thread: restore it on the thread that changed it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for MaskGuard {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&self.old), None);
+    }
+}
+
+/// Signals blocked in this thread, with their signalfd; not yet registered
+/// with a runtime (see the module docs for when to create it).
+pub struct Blocked {
+    fd: SignalFd,
+    mask: MaskGuard,
+}
+
+impl Blocked {
+    /// Blocks `signals` in the calling thread and opens a signalfd for them.
+    pub fn new(signals: &[Signal]) -> io::Result<Self> {
+        let mut set = SigSet::empty();
+        for &s in signals {
+            set.add(s);
+        }
+        let mut old = SigSet::empty();
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old))?;
+        // From here the guard restores the mask, also if the signalfd fails.
+        let mask = MaskGuard {
+            old,
+            _not_send: PhantomData,
+        };
+        let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+        Ok(Self { fd, mask })
+    }
+
+    /// The signalfd, for a poller to watch (readable while one of the
+    /// signals is pending).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
+    /// Takes one pending signal off the signalfd, `None` when none is
+    /// pending (it never blocks).
+    pub fn take(&self) -> io::Result<Option<Signal>> {
+        Ok(self.fd.read_signal()?.map(|info| {
+            // The kernel only queues signals of the set it was given.
+            let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+            Signal::try_from(signo).unwrap_or(Signal::SIGTERM)
+        }))
+    }
+
+    /// Registers the signalfd with the current tokio runtime (call inside
+    /// it).
+    pub fn watch(self) -> io::Result<Signals> {
+        // SAFETY: the AsyncFd owns the signalfd, so it stays open exactly
+        // as long as its registration, and nothing else closes it.
+        let fd = unsafe { AsyncFd::register_with_interest(self.fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        Ok(Signals {
+            fd,
+            _mask: self.mask,
+        })
+    }
+}
+
+/// Blocked signals, awaited through the runtime.
+pub struct Signals {
+    fd: AsyncFd<SignalFd>,
+    _mask: MaskGuard,
+}
+
+impl Signals {
+    /// Waits for one of the signals and returns it.
+    pub async fn recv(&mut self) -> io::Result<Signal> {
+        loop {
+            let mut ready = self.fd.readable().await?;
+            match ready.get_inner().read_signal() {
+                Ok(Some(info)) => {
+                    // The kernel only queues signals of the set it was given.
+                    let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+                    return Ok(Signal::try_from(signo).unwrap_or(Signal::SIGTERM));
+                }
+                // Nothing pending (read again after the next readiness).
+                Ok(None) => ready.clear_ready(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread_mask() -> SigSet {
+        let mut cur = SigSet::empty();
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, None, Some(&mut cur))
+            .expect("read the mask");
+        cur
+    }
+
+    #[test]
+    fn a_blocked_signal_is_read_from_the_signalfd() {
+        // A thread of its own: the test harness runs tests on many threads,
+        // and the signal is directed at this one (never process-wide).
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .expect("runtime");
+            let blocked = Blocked::new(&[Signal::SIGUSR2]).expect("block");
+            assert!(thread_mask().contains(Signal::SIGUSR2));
+            rt.block_on(async {
+                let mut s = blocked.watch().expect("watch");
+                nix::sys::signal::raise(Signal::SIGUSR2)
+                    .expect("signal this thread (raise is thread-directed)");
+                assert_eq!(s.recv().await.expect("recv"), Signal::SIGUSR2);
+                drop(s);
+            });
+            // Unblocked again once dropped.
+            assert!(!thread_mask().contains(Signal::SIGUSR2));
+        })
+        .join()
+        .expect("the test thread ends");
+    }
+
+    #[test]
+    fn pending_signals_are_taken_without_blocking() {
+        std::thread::spawn(|| {
+            let blocked = Blocked::new(&[Signal::SIGUSR1, Signal::SIGUSR2]).expect("block");
+            assert_eq!(blocked.take().expect("take"), None);
+            nix::sys::signal::raise(Signal::SIGUSR1).expect("raise");
+            nix::sys::signal::raise(Signal::SIGUSR2).expect("raise");
+            let mut got = [blocked.take().expect("take"), blocked.take().expect("take")];
+            got.sort_by_key(|s| s.map(|s| s as i32));
+            assert_eq!(got, [Some(Signal::SIGUSR1), Some(Signal::SIGUSR2)]);
+            assert_eq!(blocked.take().expect("take"), None);
+        })
+        .join()
+        .expect("the test thread ends");
+    }
+}

@@ -1,0 +1,554 @@
+//! No import cycle between the modules of `src/` (issue #29): what a
+//! module takes, it takes from modules that do not take from it, so each
+//! side can be read, and changed, after what it stands on (`src/lib.rs`
+//! names the sides).
+//!
+//! **The rule.** A module is a file of `src/`: a folder's module is its
+//! `mod.rs`, `lib.rs` is the crate root; `main.rs` and `src/bin/` are
+//! binaries, outside the graph. Module A depends on module B when A's code
+//! — not its comments, strings or `#[cfg(test)]` items — names B, or an
+//! item inside B, by a path: `crate::…`, `super::…`, `self::…`, or a child
+//! A declares (`mod b;`, then `b::…`); in a `use` item (braces included)
+//! or inline. A path names the deepest module it reaches
+//! (`crate::shared::dir::Dir` names `shared::dir`, the file
+//! `src/shared/dir.rs`), and a path through a module the crate root
+//! re-exports (`crate::config`) names the module re-exported
+//! (`shared::config`). A dependency of a module on one of its own
+//! ancestors is not counted: a child using what its folder's `mod.rs`
+//! holds (`super::`) is the inside of that folder, not a cycle between
+//! modules. Every other dependency counts, and the check fails on each
+//! strongly connected component of two or more modules, naming them and
+//! the paths that tie them.
+//!
+//! Why a test of our own rather than a tool: `cargo modules dependencies
+//! --lib --no-externs --no-fns --no-traits --no-types --no-sysroot
+//! --acyclic` (cargo-modules 0.27) gives no verdict on modules: on this
+//! crate, free of module cycles by this rule, it stops at a "circular
+//! dependency" between a type and its own method
+//! (`logmon::shared::meta::Meta` and `Meta::new`); and installing it would
+//! cost CI about 7 minutes.
+//!
+//! Tests: `src_has_no_cycle_between_modules` checks `src/`;
+//! `a_planted_cycle_is_found_and_named` proves the check finds a cycle,
+//! also one through a re-export, and ignores what the rule ignores.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// A module: its path from the crate root (`shared::dir`); the root is
+/// empty.
+type Module = Vec<String>;
+
+fn show(m: &[String]) -> String {
+    if m.is_empty() {
+        "crate".to_owned()
+    } else {
+        m.join("::")
+    }
+}
+
+/// The module of a file of `src/` (given relative to it), or `None` for a
+/// binary.
+fn module_of(rel: &str) -> Option<Module> {
+    if rel == "main.rs" || rel.starts_with("bin/") {
+        return None;
+    }
+    let mut parts: Vec<String> = rel
+        .strip_suffix(".rs")?
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    Some(parts)
+}
+
+/// The code of a file without comments and without the contents of string
+/// and character literals (lifetimes are kept).
+fn code_only(src: &str) -> String {
+    let c: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
+    while i < c.len() {
+        let at = |k: usize| c.get(i + k).copied().unwrap_or('\0');
+        if at(0) == '/' && at(1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if at(0) == '/' && at(1) == '*' {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if (at(0) == 'r' || (at(0) == 'b' && at(1) == 'r'))
+            && (i == 0 || !ident(c[i - 1]))
+            && {
+                let start = if at(0) == 'b' { 2 } else { 1 };
+                let mut k = start;
+                while at(k) == '#' {
+                    k += 1;
+                }
+                at(k) == '"'
+            }
+        {
+            // A raw string: r"…", r#"…"#, br"…".
+            i += if at(0) == 'b' { 2 } else { 1 };
+            let mut hashes = 0;
+            while c[i] == '#' {
+                hashes += 1;
+                i += 1;
+            }
+            i += 1;
+            while i < c.len() {
+                if c[i] == '"' && (1..=hashes).all(|k| c.get(i + k) == Some(&'#')) {
+                    i += 1 + hashes;
+                    break;
+                }
+                i += 1;
+            }
+            out.push_str("\"\"");
+        } else if at(0) == '"' {
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                i += if c[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if at(0) == '\'' && (at(1) == '\\' || at(2) == '\'') {
+            // A character literal ('x', '\n', '\'', '\u{..}'), not a
+            // lifetime: past the quote and the first character (or its
+            // escape's backslash and next character), to the closing quote.
+            i += if at(1) == '\\' { 3 } else { 2 };
+            while i < c.len() && c[i] != '\'' {
+                i += 1;
+            }
+            i += 1;
+            out.push_str("' '");
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The tokens the rule reads: identifiers, `::` and single punctuation.
+fn tokens(code: &str) -> Vec<String> {
+    let c: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < c.len() {
+        if c[i].is_alphanumeric() || c[i] == '_' {
+            let start = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            out.push(c[start..i].iter().collect());
+        } else if c[i] == ':' && c.get(i + 1) == Some(&':') {
+            out.push("::".to_owned());
+            i += 2;
+        } else {
+            if !c[i].is_whitespace() {
+                out.push(c[i].to_string());
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The tokens without `#[cfg(test)]` items: the attribute, any attributes
+/// after it, and the item up to its `;` or through its `{…}` block.
+fn without_test_items(t: Vec<String>) -> Vec<String> {
+    let is_cfg_test = |i: usize| {
+        t.get(i..i + 7).is_some_and(|w| {
+            w.iter()
+                .map(String::as_str)
+                .eq(["#", "[", "cfg", "(", "test", ")", "]"])
+        })
+    };
+    let mut out = Vec::with_capacity(t.len());
+    let mut i = 0;
+    while i < t.len() {
+        if !is_cfg_test(i) {
+            out.push(t[i].clone());
+            i += 1;
+            continue;
+        }
+        i += 7;
+        let mut depth = 0i32;
+        while i < t.len() {
+            match t[i].as_str() {
+                "(" | "[" => depth += 1,
+                ")" | "]" => depth -= 1,
+                ";" if depth == 0 => {
+                    i += 1;
+                    break;
+                }
+                "{" if depth == 0 => {
+                    let mut braces = 0;
+                    while i < t.len() {
+                        match t[i].as_str() {
+                            "{" => braces += 1,
+                            "}" => braces -= 1,
+                            _ => {}
+                        }
+                        i += 1;
+                        if braces == 0 {
+                            break;
+                        }
+                    }
+                    break;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_ident(s: &str) -> bool {
+    s.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+/// Reads one path (or use tree) from `t[i]`, appending each full path to
+/// `out`; returns the index after it.
+fn path_tree(
+    t: &[String],
+    mut i: usize,
+    mut prefix: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
+    loop {
+        match t.get(i).map(String::as_str) {
+            Some("{") => {
+                i += 1;
+                while i < t.len() && t[i] != "}" {
+                    i = path_tree(t, i, prefix.clone(), out);
+                    if t.get(i).is_some_and(|s| s == ",") {
+                        i += 1;
+                    }
+                }
+                return i + 1;
+            }
+            Some(s) if is_ident(s) => {
+                prefix.push(s.to_owned());
+                i += 1;
+                if t.get(i).is_some_and(|s| s == "::") {
+                    i += 1;
+                } else {
+                    out.push(prefix);
+                    return i;
+                }
+            }
+            _ => {
+                out.push(prefix);
+                return i;
+            }
+        }
+    }
+}
+
+/// One file, read: its module, the children it declares, and the paths
+/// its code names (each with whether it is in a `use` item).
+struct File {
+    module: Module,
+    children: BTreeSet<String>,
+    paths: Vec<(Vec<String>, bool)>,
+}
+
+fn read(module: Module, src: &str) -> File {
+    let t = without_test_items(tokens(&code_only(src)));
+    let children: BTreeSet<String> = t
+        .windows(3)
+        .filter(|w| w[0] == "mod" && is_ident(&w[1]) && w[2] == ";")
+        .map(|w| w[1].clone())
+        .collect();
+    let mut paths = Vec::new();
+    let mut i = 0;
+    while i < t.len() {
+        let starts =
+            matches!(t[i].as_str(), "crate" | "super" | "self") || children.contains(&t[i]);
+        let after_sep = i > 0 && (t[i - 1] == "::" || t[i - 1] == ".");
+        if starts && !after_sep && t.get(i + 1).is_some_and(|s| s == "::") {
+            let in_use = i > 0 && t[i - 1] == "use";
+            let mut found = Vec::new();
+            i = path_tree(&t, i, Vec::new(), &mut found);
+            paths.extend(found.into_iter().map(|p| (p, in_use)));
+        } else {
+            i += 1;
+        }
+    }
+    File {
+        module,
+        children,
+        paths,
+    }
+}
+
+/// The path, made absolute from the module it is written in.
+fn absolute(me: &[String], children: &BTreeSet<String>, path: &[String]) -> Module {
+    let mut segs = path.iter();
+    let mut base: Module = match path[0].as_str() {
+        "crate" => {
+            segs.next();
+            Vec::new()
+        }
+        "self" => {
+            segs.next();
+            me.to_vec()
+        }
+        "super" => {
+            let mut b = me.to_vec();
+            while segs.as_slice().first().is_some_and(|s| s == "super") {
+                segs.next();
+                b.pop();
+            }
+            b
+        }
+        first if children.contains(first) => me.to_vec(),
+        _ => unreachable!("a path starts at crate, super, self or a child"),
+    };
+    base.extend(segs.filter(|s| *s != "self").cloned());
+    base
+}
+
+/// A path as written, without the `self` of a use tree (`e::{self}`).
+fn written(p: &[String]) -> String {
+    let mut segs: Vec<&str> = vec![p[0].as_str()];
+    segs.extend(p[1..].iter().map(String::as_str).filter(|s| *s != "self"));
+    segs.join("::")
+}
+
+/// The modules that tie a cycle, and each dependency between them (the
+/// path that makes it).
+#[derive(Debug, PartialEq)]
+struct Cycle {
+    modules: Vec<String>,
+    ties: Vec<String>,
+}
+
+/// The cycles between the modules of the crate whose files (paths relative
+/// to `src/`, and their text) are given.
+fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
+    let read: Vec<File> = files
+        .iter()
+        .filter_map(|(rel, src)| module_of(rel).map(|m| read(m, src)))
+        .collect();
+    let modules: BTreeSet<Module> = read.iter().map(|f| f.module.clone()).collect();
+    let deepest = |full: &Module| -> Module {
+        (0..=full.len())
+            .rev()
+            .map(|n| full[..n].to_vec())
+            .find(|m| modules.contains(m))
+            .unwrap_or_default()
+    };
+    // The crate root's re-exports of modules (`pub use shared::config;`).
+    let mut aliases: BTreeMap<String, Module> = BTreeMap::new();
+    for f in read.iter().filter(|f| f.module.is_empty()) {
+        for (p, in_use) in &f.paths {
+            let full = absolute(&f.module, &f.children, p);
+            if *in_use && full.len() > 1 && modules.contains(&full) {
+                aliases.insert(full.last().cloned().unwrap_or_default(), full);
+            }
+        }
+    }
+    let mut deps: BTreeMap<Module, BTreeMap<Module, String>> = BTreeMap::new();
+    for f in &read {
+        let out = deps.entry(f.module.clone()).or_default();
+        for (p, _) in &f.paths {
+            let mut full = absolute(&f.module, &f.children, p);
+            if let Some(target) = full.first().and_then(|s| aliases.get(s)) {
+                if !modules.contains(&full[..1]) {
+                    full.splice(..1, target.iter().cloned());
+                }
+            }
+            let to = deepest(&full);
+            if f.module.starts_with(&to) {
+                continue; // itself, or one of its ancestors
+            }
+            out.entry(to).or_insert_with(|| written(p));
+        }
+    }
+    let edges = deps.values().map(BTreeMap::len).sum();
+    let mut found: Vec<Cycle> = strongly_connected(&deps)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|c| Cycle {
+            modules: c.iter().map(|m| show(m)).collect(),
+            ties: c
+                .iter()
+                .flat_map(|a| {
+                    deps[a]
+                        .iter()
+                        .filter(|(b, _)| c.contains(b))
+                        .map(move |(b, via)| format!("{} -> {} ({via})", show(a), show(b)))
+                })
+                .collect(),
+        })
+        .collect();
+    found.sort_by(|a, b| a.modules.cmp(&b.modules));
+    (found, modules.len(), edges)
+}
+
+/// Tarjan's strongly connected components, each sorted.
+fn strongly_connected(g: &BTreeMap<Module, BTreeMap<Module, String>>) -> Vec<Vec<Module>> {
+    struct State<'a> {
+        g: &'a BTreeMap<Module, BTreeMap<Module, String>>,
+        index: BTreeMap<&'a Module, usize>,
+        low: BTreeMap<&'a Module, usize>,
+        stack: Vec<&'a Module>,
+        on_stack: BTreeSet<&'a Module>,
+        out: Vec<Vec<Module>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a Module) {
+        let n = s.index.len();
+        s.index.insert(v, n);
+        s.low.insert(v, n);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        for w in s.g.get(v).into_iter().flat_map(|e| e.keys()) {
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let lw = s.low[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if s.on_stack.contains(w) {
+                let iw = s.index[w];
+                let lv = s.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut comp = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                comp.push(w.clone());
+                if w == v {
+                    break;
+                }
+            }
+            comp.sort();
+            s.out.push(comp);
+        }
+    }
+    let mut s = State {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !s.index.contains_key(v) {
+            visit(&mut s, v);
+        }
+    }
+    s.out
+}
+
+/// Every `.rs` file under `dir`, by its path relative to `root`.
+fn rust_files(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(root, &p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            out.insert(rel, std::fs::read_to_string(&p).unwrap());
+        }
+    }
+}
+
+#[test]
+fn src_has_no_cycle_between_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = BTreeMap::new();
+    rust_files(&src, &src, &mut files);
+    let (found, modules, edges) = cycles(&files);
+    // A reader that saw nothing would pass: it must see the crate.
+    assert!(
+        modules > 50 && edges > 150,
+        "only {modules} modules and {edges} dependencies read"
+    );
+    let report: Vec<String> = found
+        .iter()
+        .map(|c| {
+            format!(
+                "cycle between {}:\n  {}",
+                c.modules.join(", "),
+                c.ties.join("\n  ")
+            )
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "import cycles in src/ (tests/it/architecture.rs says the rule; move what both \
+         sides take to a module both can take it from):\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn a_planted_cycle_is_found_and_named() {
+    let files: BTreeMap<String, String> = [
+        ("lib.rs", "mod a;\nmod b;\nmod c;\nmod e;\npub use c::d;\n"),
+        ("main.rs", "fn main() { logmon::a::f(); }"),
+        (
+            "a.rs",
+            "use crate::b::Thing;\n// crate::c::x, only in a comment\n/* crate::e::y /* nested */ */\n\
+             fn f() { let s = \"crate::c::y\"; let r = r#\"crate::e::z\"#; let q = '\"'; let e = '\\''; }\n",
+        ),
+        (
+            "b.rs",
+            "pub struct Thing;\nfn g<'a>(x: &'a str) { crate::a::h(); }\n\
+             #[cfg(test)]\nmod tests {\n    use crate::c::Z;\n}\n",
+        ),
+        // A parent and its child using each other: not a cycle.
+        ("c/mod.rs", "pub mod d;\nuse d::Q;\n"),
+        ("c/d.rs", "use super::X;\nuse crate::{e::{self, W}};\n"),
+        // Through the root's re-export of c::d.
+        ("e.rs", "fn k() { crate::d::Q::new(); }\n"),
+    ]
+    .into_iter()
+    .map(|(p, s)| (p.to_owned(), s.to_owned()))
+    .collect();
+    let (found, modules, _) = cycles(&files);
+    assert_eq!(modules, 6, "the binary is outside the graph");
+    assert_eq!(
+        found,
+        vec![
+            Cycle {
+                modules: vec!["a".into(), "b".into()],
+                ties: vec![
+                    "a -> b (crate::b::Thing)".into(),
+                    "b -> a (crate::a::h)".into()
+                ],
+            },
+            Cycle {
+                modules: vec!["c::d".into(), "e".into()],
+                ties: vec![
+                    "c::d -> e (crate::e)".into(),
+                    "e -> c::d (crate::d::Q::new)".into()
+                ],
+            },
+        ]
+    );
+}

@@ -5,16 +5,20 @@
 # curve.dat (scale.sh writes it): '#' comment lines, then rows
 #   N LOGGER CPU_SECONDS CPU_PERCENT PSS_MIB   (PSS "-" when not sampled)
 # loggers='logmon s6-log' (the default) names the lines, in that order; a
-# logger missing from the data draws nothing.
+# logger missing from the data draws nothing. ship='ship.dat' (scale.sh's
+# part 3, when it ran: N SHIPPER CPU_S_PER_GB rows) adds a third panel,
+# the shippers' CPU per GB over the largest N's files.
 if (!exists("data")) data = 'curve.dat'
 if (!exists("out")) out = 'curve.png'
 if (!exists("title")) title = 'logger CPU and memory against the number of tasks'
 if (!exists("loggers")) loggers = 'logmon s6-log'
-set terminal pngcairo size 900,900 font ",11"
+if (!exists("ship")) ship = ''
+has_ship = (ship ne '' && system(sprintf("test -s '%s' && echo 1 || echo 0", ship)) eq "1")
+set terminal pngcairo size 900, (has_ship ? 1250 : 900) font ",11"
 set output out
 set datafile missing "-"
 rows(lg) = sprintf("< awk '$1 !~ /^#/ && $2 == \"%s\"' '%s'", lg, data)
-set multiplot layout 2, 1 title title noenhanced
+set multiplot layout (has_ship ? 3 : 2), 1 title title noenhanced
 set logscale x 10
 set xlabel "tasks (N), each with its own logger"
 set key top left
@@ -25,4 +29,16 @@ set ylabel "logger CPU, seconds (summed over the N loggers)"
 plot for [lg in loggers] rows(lg) using 1:3 with linespoints lw 2 pt 7 title lg
 set ylabel "logger memory, MiB (PSS summed over the N loggers)"
 plot for [lg in loggers] rows(lg) using 1:5 with linespoints lw 2 pt 7 title lg
+if (has_ship) {
+    unset logscale x
+    unset offsets
+    set style data histograms
+    set style fill solid 0.8 border -1
+    set boxwidth 0.6
+    set xlabel sprintf("the shipper over the largest N's files (%s tasks)", system(sprintf("awk 'NR == 1 { print $1 }' '%s'", ship)))
+    set ylabel "shipper CPU s per GB shipped"
+    set yrange [0:*]
+    unset key
+    plot ship using 3:xtic(stringcolumn(2) eq "logmon" ? "logmon ship -> NATS" : "rsyslog imfile -> TCP") lc rgb "#2ca02c"
+}
 unset multiplot

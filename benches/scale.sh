@@ -46,6 +46,13 @@
 #   limits it needs (as root): kernel.pid_max, fs.pipe-user-pages-soft
 #   (2 enlarged FIFOs per instance), ulimit -n; each change is printed and
 #   the old values are restored on exit.
+# Part 3 (-S SECS, default 30; -S 0 skips it): the shipper over the
+#   largest N's tasks at that N's rate per task, through
+#   benches/ship-node.sh -n N -R RATE -d SECS: `logmon ship --watch` into a
+#   local nats-server, then rsyslog's imfile tailing the same files into a
+#   TCP sink; CPU per GB for both, lag p50/p99, every line shipped once
+#   (that script's header says how each is measured). The curve's third
+#   panel plots their CPU per GB.
 # Builds `cargo build --release` and the C tools (gcc) itself; installs s6
 # with apt-get if missing (root; -n to refuse).  Everything it starts is
 # stopped and its scratch dir removed on exit.
@@ -61,6 +68,7 @@ LOGGERS=${SCALE_LOGGERS:-"logmon s6-log"}
 MAX_DELAY=${SCALE_MAX_DELAY:-}
 IDLE_N=${SCALE_IDLE_N:-10000}
 IDLE_SECS=10
+SHIP_SECS=${SCALE_SHIP_SECS:-30}
 SCRATCH=${SCALE_DIR:-/var/tmp}
 INSTALL=1
 OUT=
@@ -76,16 +84,17 @@ usage: $0 [options]
   -M DELAY    logmon --max-delay (default: logmon's own; env SCALE_MAX_DELAY)
   -I N        idle instances for part 2 (default $IDLE_N; 0 = skip; env SCALE_IDLE_N)
   -i SECS     idle window for the wakeup count (default $IDLE_SECS)
+  -S SECS     part 3: the shipper over the largest N, for SECS (default $SHIP_SECS; 0 = skip; env SCALE_SHIP_SECS)
   -D DIR      parent of the scratch dir (default $SCRATCH)
   -o DIR      results dir (default target/bench-results/scale-DATE)
   -N          do not install s6 if missing
 EOF
     exit 2
 }
-while getopts "n:d:r:T:L:M:I:i:D:o:Nh" o; do
+while getopts "n:d:r:T:L:M:I:i:S:D:o:Nh" o; do
     case $o in
     n) NS=$OPTARG ;; d) SECS=$OPTARG ;; r) RATE=$OPTARG ;; T) TOTAL=$OPTARG ;; L) LOGGERS=$OPTARG ;; M) MAX_DELAY=$OPTARG ;;
-    I) IDLE_N=$OPTARG ;; i) IDLE_SECS=$OPTARG ;; D) SCRATCH=$OPTARG ;; o) OUT=$OPTARG ;; N) INSTALL=0 ;; *) usage ;;
+    I) IDLE_N=$OPTARG ;; i) IDLE_SECS=$OPTARG ;; S) SHIP_SECS=$OPTARG ;; D) SCRATCH=$OPTARG ;; o) OUT=$OPTARG ;; N) INSTALL=0 ;; *) usage ;;
     esac
 done
 
@@ -330,6 +339,19 @@ if ((IDLE_N > 0)); then
     IDLE_MD=$OUT/idle.md
 fi
 
+# ---- part 3: the shipper over the largest N -------------------------------------
+SHIP_MD=
+if [ "$SHIP_SECS" != 0 ]; then
+    SHIP_N=$(tr ' ' '\n' <<<"$NS" | sort -n | tail -1)
+    SHIP_RATE=$(awk -v r="$RATE" -v t="$TOTAL" -v n="$SHIP_N" 'BEGIN { x = t / n; if (r < x) x = r; printf "%g", x / 1e6 }')
+    say "part 3: the shipper over $SHIP_N tasks at $SHIP_RATE MB/s each for $SHIP_SECS s (benches/ship-node.sh)"
+    if "$ROOT/benches/ship-node.sh" -n "$SHIP_N" -R "$SHIP_RATE" -d "$SHIP_SECS" -D "$SCRATCH" -o "$OUT/ship" >"$OUT/ship.log" 2>&1; then
+        SHIP_MD=$OUT/ship/summary.md
+    else
+        say "ship-node.sh failed: see $OUT/ship.log"
+    fi
+fi
+
 # ---- summary -------------------------------------------------------------------
 # The cost curve as data (one row per N and logger) and, with gnuplot, a plot.
 CURVE=$OUT/curve.dat
@@ -337,8 +359,14 @@ CURVE=$OUT/curve.dat
     echo "# n logger cpu_s cpu_pct pss_mib ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $(date -I))"
     awk -F'\t' 'NR > 1 { printf "%s %s %s %s %s\n", $1, $2, $16, $7, ($9 == "" || $9 == "-") ? "-" : sprintf("%.1f", $9 / 1024) }' "$RAW"
 } >"$CURVE"
+# The shippers' CPU per GB at the largest N: N SHIPPER CPU_S_PER_GB.
+SHIPDAT=$OUT/ship.dat
+if [ -n "$SHIP_MD" ] && [ -f "$OUT/ship/summary.tsv" ]; then
+    awk -F'\t' -v n="$SHIP_N" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { print n, $col["shipper"], $col["cpu_s_per_gb"] }' "$OUT/ship/summary.tsv" >"$SHIPDAT"
+fi
 if command -v gnuplot >/dev/null; then
-    gnuplot -e "data='$CURVE'; out='$OUT/curve.png'; title='N tasks, 100-byte lines, $(awk -F'\t' 'NR == 2 { printf "%.0f", $3 * $1 / 1e6 }' "$RAW") MB/s in all, ${SECS} s; logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') (--max-delay $DELAY_TEXT), $(date -I)'" \
+    gnuplot -e "data='$CURVE'; ship='$SHIPDAT'; out='$OUT/curve.png'; title='N tasks, 100-byte lines, $(awk -F'\t' 'NR == 2 { printf "%.0f", $3 * $1 / 1e6 }' "$RAW") MB/s in all, ${SECS} s; logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') (--max-delay $DELAY_TEXT), $(date -I)'" \
         "$ROOT/benches/scale.gp" || say "gnuplot failed"
 fi
 {
@@ -371,6 +399,13 @@ fi
         echo "## $IDLE_N idle instances (benches/footprint.sh -n $IDLE_N -i $IDLE_SECS -c 200 -s 100 -6 0)"
         echo
         cat "$IDLE_MD"
+    fi
+    if [ -n "$SHIP_MD" ]; then
+        echo
+        echo "## The shipper over $SHIP_N tasks (benches/ship-node.sh -n $SHIP_N -R $SHIP_RATE -d $SHIP_SECS)"
+        echo
+        sed -n '/^| rep /,/^$/p' "$SHIP_MD"
+        echo "Details, its plot (lag over time) and the columns: $OUT/ship/."
     fi
 } | tee "$OUT/summary.md"
 say "summary: $OUT/summary.md (raw: $RAW)"

@@ -174,6 +174,18 @@ pub fn daemon_tunables(current: Option<&std::ffi::OsStr>) -> OsString {
 /// The `GLIBC_TUNABLES` name.
 const TUNABLES_ENV: &str = "GLIBC_TUNABLES";
 
+/// What systemd gives the main process of a unit about that unit: removed
+/// from a launched daemon's environment ([`daemon_command`]).
+pub const SERVICE_MANAGER_ENV: [&str; 7] = [
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "LOGS_DIRECTORY",
+];
+
 /// Set by `logmon-run` when it hands a command line it cannot read without
 /// clap back to `logmon run` (help, a typo, a value only clap judges):
 /// that `logmon` then serves or reports in its own process instead of
@@ -499,6 +511,14 @@ fn daemon_command(
             c
         }
     };
+    // The service manager's variables of the launcher's own unit (an
+    // agent running under systemd) address that unit, not the daemon: a
+    // logmon that kept them would send READY=1, STATUS=, its FIFOs
+    // (FDSTORE=1) and STOPPING=1 to the agent's service, and wake for
+    // status updates while idle.
+    for var in SERVICE_MANAGER_ENV {
+        cmd.env_remove(var);
+    }
     cmd
         // The flags carry the metadata; an inherited variable must not add
         // any when the configuration has none.

@@ -921,9 +921,11 @@ fn a_deleted_log_dir_systemd_does_not_create_is_waited_out_per_policy() {
 }
 
 /// A logmon that `launch` (or `ensure`) started is not the unit's main
-/// process, even when the agent that started it runs under systemd and
-/// passes its unit's variables on: it never exits for a restart that would
-/// not come; it waits per its policy, for `ensure` to replace it.
+/// process, even when the agent that started it runs under systemd: it
+/// does not inherit that unit's variables (it would tell the agent's unit
+/// READY, STATUS, STOPPING and hand it its FIFOs), sends it nothing, and
+/// never exits for a restart that would not come; it waits per its
+/// policy, for `ensure` to replace it.
 #[test]
 fn a_launched_logmon_does_not_exit_for_its_agents_unit() {
     let d = tempfile::tempdir().unwrap();
@@ -950,7 +952,17 @@ fn a_launched_logmon_does_not_exit_for_its_agents_unit() {
     support::assert_exit(&out, 0);
     let rc: logmon::protocol::ReattachConfig = serde_json::from_slice(&out.stdout).unwrap();
     let _guard = support::Detached(rc.clone());
-    fake.expect_stored_fifos();
+    // The agent's unit's variables are not the daemon's: it never tells
+    // that unit anything (READY, STATUS, its FIFOs, STOPPING).
+    let environ = std::fs::read(format!("/proc/{}/environ", rc.pid)).unwrap();
+    for var in ["NOTIFY_SOCKET=", "LOGS_DIRECTORY="] {
+        assert!(
+            !environ
+                .split(|b| *b == 0)
+                .any(|e| e.starts_with(var.as_bytes())),
+            "the launched logmon kept {var}"
+        );
+    }
     let task = logmon::internals::fifo::open_task_end(&fifo(&logs, "job", Stream::Stdout)).unwrap();
     std::fs::remove_dir_all(&logs).unwrap();
     write_to(&task, 0, 100);
@@ -967,4 +979,9 @@ fn a_launched_logmon_does_not_exit_for_its_agents_unit() {
         .unwrap()
         .stop(PATIENCE)
         .unwrap();
+    // Stopped: whatever it sent is in the socket, which the reader empties
+    // within its 50 ms read timeout; nothing came.
+    std::thread::sleep(Duration::from_millis(300));
+    let sent: Vec<String> = fake.rx.try_iter().map(|m| m.text).collect();
+    assert!(sent.is_empty(), "sent to the agent's unit: {sent:?}");
 }

@@ -196,33 +196,7 @@ enum Target {
 }
 
 fn connect(a: &TargetArgs) -> Result<Target, CliError> {
-    match (&a.state, &a.socket) {
-        (Some(path), _) => {
-            let state = client::read_state(path)?;
-            match client::reattach(&state) {
-                Ok(h) => Ok(Target::Handle(h)),
-                Err(e @ (ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. })) => {
-                    Ok(Target::Gone(format!("{}: {e}", e.name())))
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        (None, Some(sock)) => match Handle::connect_socket(sock, client::DEFAULT_TIMEOUT) {
-            Ok(h) => Ok(Target::Handle(h)),
-            Err(ClientError::Connect {
-                failure: ConnectFailure::Stale,
-                ..
-            }) => Ok(Target::Gone(format!(
-                "no logmon listens on {} (a stale socket of a logmon that exited)",
-                sock.display()
-            ))),
-            Err(e) => Err(e.into()),
-        },
-        (None, None) => Err(CliError::new(
-            EXIT_USAGE,
-            "pass --state FILE or --socket PATH",
-        )),
-    }
+    connect_or_state(a)?.map_err(|(_, e)| e.into())
 }
 
 /// `logmon status`.
@@ -244,11 +218,25 @@ pub fn status(a: &TargetArgs) -> CliResult {
 }
 
 /// `logmon stop`. A logmon that already stopped is success, said on stderr.
+/// With `--state`, a logmon that runs but whose socket was deleted (with
+/// its log directory) is stopped as the library's [`Hook::stop`] does:
+/// continued and sent SIGTERM (its own drain and exit), only if it holds a
+/// logmon task lock, killed only if it has not exited within the timeout
+/// (`tests/it/agent/ensure.rs::stop_by_state_ends_a_logmon_whose_log_directory_was_deleted`).
 pub fn stop(a: &TargetArgs) -> CliResult {
-    let h = match connect(a)? {
-        Target::Handle(h) => h,
-        Target::Gone(why) => {
+    let h = match connect_or_state(a)? {
+        Ok(Target::Handle(h)) => h,
+        Ok(Target::Gone(why)) => {
             note(format_args!("{why}: it already stopped, nothing to do"));
+            return Ok(0);
+        }
+        Err((state, r)) => {
+            note(format_args!(
+                "{}: {r}; asking it to stop by signal",
+                r.name()
+            ));
+            Hook::stop(&state, client::STOP_TIMEOUT)?;
+            out_line(&format!("stopped logmon pid {}", state.pid))?;
             return Ok(0);
         }
     };
@@ -256,6 +244,49 @@ pub fn stop(a: &TargetArgs) -> CliResult {
     h.stop(client::STOP_TIMEOUT)?;
     out_line(&format!("stopped logmon pid {pid}"))?;
     Ok(0)
+}
+
+/// What `--state | --socket` reached; with `--state`, a logmon that runs
+/// but whose socket was deleted is handed back with its state, for
+/// [`stop`] to end by signal.
+#[allow(clippy::type_complexity)]
+fn connect_or_state(
+    a: &TargetArgs,
+) -> Result<Result<Target, (crate::shared::protocol::ReattachConfig, ReattachError)>, CliError> {
+    match (&a.state, &a.socket) {
+        (Some(path), _) => {
+            let state = client::read_state(path)?;
+            match client::reattach(&state) {
+                Ok(h) => Ok(Ok(Target::Handle(h))),
+                Err(e @ (ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. })) => {
+                    Ok(Ok(Target::Gone(format!("{}: {e}", e.name()))))
+                }
+                // Running, its socket deleted (with its log directory):
+                // nothing else can reach it.
+                Err(e @ ReattachError::SocketGone { .. })
+                    if crate::shared::process::is_alive_with(state.pid, state.start_time) =>
+                {
+                    Ok(Err((state, e)))
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        (None, Some(sock)) => match Handle::connect_socket(sock, client::DEFAULT_TIMEOUT) {
+            Ok(h) => Ok(Ok(Target::Handle(h))),
+            Err(ClientError::Connect {
+                failure: ConnectFailure::Stale,
+                ..
+            }) => Ok(Ok(Target::Gone(format!(
+                "no logmon listens on {} (a stale socket of a logmon that exited)",
+                sock.display()
+            )))),
+            Err(e) => Err(e.into()),
+        },
+        (None, None) => Err(CliError::new(
+            EXIT_USAGE,
+            "pass --state FILE or --socket PATH",
+        )),
+    }
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> Result<i32, CliError> {

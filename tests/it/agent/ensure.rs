@@ -234,6 +234,37 @@ fn assert_all_lines(logs: &Path, n: u64) {
 
 const LINE: u64 = 56;
 
+/// A logmon whose log directory was deleted (and its socket with it) runs
+/// on, holding what it captures per its policy; `stop --state` still ends
+/// it (SIGTERM through a pidfd, once it is proven to hold a logmon lock),
+/// as the library's `Hook::stop` does, instead of a `SocketGone` that
+/// leaves it running.
+#[test]
+fn stop_by_state_ends_a_logmon_whose_log_directory_was_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let state = dir.path().join("state.json");
+    let (s, l) = (state.to_str().unwrap(), logs.to_str().unwrap());
+    let out = logmon(&["ensure", "--state", s, "--task", "t", "--log-dir", l])
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
+    let rc = logmon::client::read_state(&state).unwrap();
+    let _guard = support::Detached(rc.clone());
+    std::fs::remove_dir_all(&logs).unwrap();
+    let out = logmon(&["stop", "--state", s]).output().unwrap();
+    let err = assert_exit(&out, 0);
+    assert!(err.contains("SocketGone"), "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("stopped logmon pid {}", rc.pid)
+    );
+    assert!(!logmon::process::is_alive_with(rc.pid, rc.start_time));
+    // Already stopped: said, and still success.
+    assert_exit(&logmon(&["stop", "--state", s]).output().unwrap(), 0);
+}
+
 #[test]
 fn agent_restart_reattaches_to_the_same_logmon() {
     let a = Agent::new();

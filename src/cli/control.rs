@@ -193,16 +193,16 @@ enum Target {
     Handle(Handle),
     /// Proven gone: a state whose process is gone, or a stale socket.
     Gone(String),
-}
-
-fn connect(a: &TargetArgs) -> Result<Target, CliError> {
-    connect_or_state(a)?.map_err(|(_, e)| e.into())
+    /// `--state`: the logmon runs, but its socket was deleted (with its
+    /// log directory): nothing can reach it over the socket.
+    Unreachable(crate::shared::protocol::ReattachConfig, ReattachError),
 }
 
 /// `logmon status`.
 pub fn status(a: &TargetArgs) -> CliResult {
-    let mut h = match connect(a)? {
+    let mut h = match reach(a)? {
         Target::Handle(h) => h,
+        Target::Unreachable(_, e) => return Err(e.into()),
         Target::Gone(why) => {
             let code = if a.state.is_some() {
                 super::EXIT_TEMPFAIL
@@ -224,13 +224,13 @@ pub fn status(a: &TargetArgs) -> CliResult {
 /// logmon task lock, killed only if it has not exited within the timeout
 /// (`tests/it/agent/ensure.rs::stop_by_state_ends_a_logmon_whose_log_directory_was_deleted`).
 pub fn stop(a: &TargetArgs) -> CliResult {
-    let h = match connect_or_state(a)? {
-        Ok(Target::Handle(h)) => h,
-        Ok(Target::Gone(why)) => {
+    let h = match reach(a)? {
+        Target::Handle(h) => h,
+        Target::Gone(why) => {
             note(format_args!("{why}: it already stopped, nothing to do"));
             return Ok(0);
         }
-        Err((state, r)) => {
+        Target::Unreachable(state, r) => {
             note(format_args!(
                 "{}: {r}; asking it to stop by signal",
                 r.name()
@@ -246,40 +246,35 @@ pub fn stop(a: &TargetArgs) -> CliResult {
     Ok(0)
 }
 
-/// What `--state | --socket` reached; with `--state`, a logmon that runs
-/// but whose socket was deleted is handed back with its state, for
-/// [`stop`] to end by signal.
-#[allow(clippy::type_complexity)]
-fn connect_or_state(
-    a: &TargetArgs,
-) -> Result<Result<Target, (crate::shared::protocol::ReattachConfig, ReattachError)>, CliError> {
+/// What `--state | --socket` reached ([`Target`]).
+fn reach(a: &TargetArgs) -> Result<Target, CliError> {
     match (&a.state, &a.socket) {
         (Some(path), _) => {
             let state = client::read_state(path)?;
             match client::reattach(&state) {
-                Ok(h) => Ok(Ok(Target::Handle(h))),
+                Ok(h) => Ok(Target::Handle(h)),
                 Err(e @ (ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. })) => {
-                    Ok(Ok(Target::Gone(format!("{}: {e}", e.name()))))
+                    Ok(Target::Gone(format!("{}: {e}", e.name())))
                 }
                 // Running, its socket deleted (with its log directory):
                 // nothing else can reach it.
                 Err(e @ ReattachError::SocketGone { .. })
                     if crate::shared::process::is_alive_with(state.pid, state.start_time) =>
                 {
-                    Ok(Err((state, e)))
+                    Ok(Target::Unreachable(state, e))
                 }
                 Err(e) => Err(e.into()),
             }
         }
         (None, Some(sock)) => match Handle::connect_socket(sock, client::DEFAULT_TIMEOUT) {
-            Ok(h) => Ok(Ok(Target::Handle(h))),
+            Ok(h) => Ok(Target::Handle(h)),
             Err(ClientError::Connect {
                 failure: ConnectFailure::Stale,
                 ..
-            }) => Ok(Ok(Target::Gone(format!(
+            }) => Ok(Target::Gone(format!(
                 "no logmon listens on {} (a stale socket of a logmon that exited)",
                 sock.display()
-            )))),
+            ))),
             Err(e) => Err(e.into()),
         },
         (None, None) => Err(CliError::new(

@@ -173,7 +173,13 @@ fn section(w: &mut Vec<u8>, title: &str, text: &str) {
     if text.trim().is_empty() {
         return;
     }
-    w.extend_from_slice(format!(".SH \"{title}\"\n.nf\n").as_bytes());
+    // Quoted only where it must be: a title of more than one word.
+    let heading = if title.contains(' ') {
+        format!("\"{title}\"")
+    } else {
+        title.to_owned()
+    };
+    w.extend_from_slice(format!(".SH {heading}\n.nf\n").as_bytes());
     for line in text.lines() {
         w.extend_from_slice(verbatim(line).as_bytes());
         w.push(b'\n');

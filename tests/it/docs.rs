@@ -67,6 +67,7 @@ use crate::support::*;
 const PAGES: &[&str] = &[
     "README.md",
     "docs/guide.md",
+    "docs/operations.md",
     "docs/security.md",
     "docs/performance.md",
     "docs/design.md",

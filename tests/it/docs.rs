@@ -1294,9 +1294,9 @@ fn the_citation_check_finds_each_kind_and_spares_the_contract() {
     assert!(outside_citation(concat!("see DESIGN", ".md §9")).is_some());
     assert!(outside_citation(concat!("(DESIGN", " §8 says)")).is_some());
     assert!(outside_citation(concat!("in ../", "shared/x")).is_some());
-    assert!(outside_citation("fixed in issue #30").is_some());
-    assert!(outside_citation("(Issue 16: the runtime)").is_some());
-    assert!(outside_citation("issues #26.4, #26.7").is_some());
+    assert!(outside_citation(concat!("fixed in issue", " #30")).is_some());
+    assert!(outside_citation(concat!("(Issue", " 16: the runtime)")).is_some());
+    assert!(outside_citation(concat!("issues", " #26.4, #26.7")).is_some());
     assert_eq!(outside_citation("docs/design.md §9"), None);
     assert_eq!(outside_citation("an issue of the kernel, 2 ways"), None);
     assert_eq!(outside_citation("rsyslog/rsyslog#134"), None);

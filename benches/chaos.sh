@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benches/chaos.sh - the chaos run at node scale (issue #31): 100 tasks
+# benches/chaos.sh - the chaos run at node scale: 100 tasks
 # captured by logmon (started by an agent through `ensure`) and shipped by
 # one `logmon ship --watch` into an R3 stream on a 3-node nats-server
 # cluster, under 10 minutes of random faults (kill -9 and SIGSTOP of

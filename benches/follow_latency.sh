@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Write→output latency of `logmon logs -f` (issue #7), with the release binary.
+# Write→output latency of `logmon logs -f`, with the release binary.
 #
 # Ping-pong: write one line holding a timestamp, wait until `logmon logs -f`
 # prints it, record now − timestamp, pause so that the follower goes back to

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benches/ls.sh - `logmon ls` over many logmons: how long the node at a
-# glance takes to answer (issue #28: under a second for 1,000 logmons).
+# glance takes to answer (the aim: under a second for 1,000 logmons).
 #
 # Usage: benches/ls.sh [-n N] [-r RUNS] [-H K] [-t TIMEOUT] [-k]   (-h for help)
 #

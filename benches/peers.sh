@@ -663,14 +663,22 @@ summarize() {
     fi
 }
 summarize | tee "$OUT/summary.md"
-# The plot: median write MB/s and CPU s/GB per logger and mode.
-{
-    echo "# mode logger write_MBps cpu_s_per_GB ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $FSTYPE, $(date -I))"
+# The plot: median write MB/s and CPU s/GB per logger and mode, with the
+# lowest and highest repetition (the plot's whiskers).
+plot_data() { # RAW [HEADER]: plot.dat's rows from a raw.tsv
     awk -F'\t' 'NR > 1 { k = $2 " " $3; if (!(k in n)) o[++m] = k; n[k]++; w[k, n[k]] = $5; c[k, n[k]] = $8 }
-        function med(k, a,    i, j, t, v, q) { q = n[k]; for (i = 1; i <= q; i++) v[i] = a[k, i] + 0
+        function sorted(k, a, v,    i, j, t, q) { q = n[k]; for (i = 1; i <= q; i++) v[i] = a[k, i] + 0
             for (i = 2; i <= q; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
-            return (q % 2) ? v[(q + 1) / 2] : (v[q / 2] + v[q / 2 + 1]) / 2 }
-        END { for (i = 1; i <= m; i++) printf "%s %.1f %.3f\n", o[i], med(o[i], w), med(o[i], c) }' "$RAW"
+            return q }
+        function med(k, a,    v, q) { q = sorted(k, a, v); return (q % 2) ? v[(q + 1) / 2] : (v[q / 2] + v[q / 2 + 1]) / 2 }
+        function lo(k, a,    v) { sorted(k, a, v); return v[1] }
+        function hi(k, a,    v, q) { q = sorted(k, a, v); return v[q] }
+        END { for (i = 1; i <= m; i++) printf "%s %.1f %.3f %.1f %.1f %.3f %.3f\n", o[i], med(o[i], w), med(o[i], c),
+            lo(o[i], w), hi(o[i], w), lo(o[i], c), hi(o[i], c) }' "$1"
+}
+{
+    echo "# mode logger write_MBps cpu_s_per_GB write_min write_max cpu_min cpu_max ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'), $FSTYPE, $(date -I))"
+    plot_data "$RAW"
 } >"$OUT/plot.dat"
 if command -v gnuplot >/dev/null; then
     gnuplot -e "data='$OUT/plot.dat'; out='$OUT/peers.png'; title='FIFO to rotated files on $FSTYPE: logmon $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?') and its peers, medians of $REPS, $(date -I) (benches/peers.sh)'" \

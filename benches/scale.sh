@@ -35,7 +35,7 @@
 #   Each task's RATE is min(-r, -T / N): the total is capped (default
 #   40 MB/s) because 1,000 tasks at 200 KiB/s (2 M write(2)/s) is more than
 #   a 2-core machine can run, whoever logs; the table gives the rate used.
-#   Issue #30's curve (20 MB/s in all): -n "10 100 1000" -r 2000000 -T 20000000.
+#   The node-scale curve (20 MB/s in all): -n "10 100 1000" -r 2000000 -T 20000000.
 # Results: summary.md (the table), raw.tsv, and curve.dat (N, logger, CPU
 #   seconds summed over the loggers, CPU %, summed PSS MiB) plotted by
 #   benches/scale.gp into curve.png with gnuplot, when installed (CPU and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benches/ship-node.sh - the shipper on a busy node (DESIGN.md §12, issue #30):
+# benches/ship-node.sh - the shipper on a busy node (docs/design.md §12):
 # N tasks, each captured by its own `logmon run`, writing lines into their
 # alloc directories; `logmon ship --watch` into a local nats-server, then
 # rsyslog's imfile on the same workload forwarding over TCP; what each costs

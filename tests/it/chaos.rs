@@ -451,6 +451,7 @@ fn the_example_agent_loses_no_line_when_logmon_dies_before_its_task_ends() {
         .args(["--log-dir", logs.to_str().unwrap(), "--task", "t"])
         .args(["--", "sh", "-c", &script])
         .stdout(std::process::Stdio::piped())
+        .stderr(crate::support::diag_stdio())
         .spawn()
         .unwrap();
     let first_half: usize = (0..500).map(|i| format!("line {i}\n").len()).sum();

@@ -1175,3 +1175,129 @@ fn the_systemd_extractor_finds_exactly_the_sh_systemd_blocks() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), expected);
 }
+
+// ---------------------------------------------------------------------------
+// The repository stands alone (docs/design.md §17).
+
+/// Files and folders whose citations of documents outside the repository
+/// are still to be rewritten into citations of docs/design.md: the check
+/// below skips them, and fails once one of them no longer cites any, so
+/// that this list only shrinks. Empty, the check covers every file.
+const NOT_YET_STANDING_ALONE: &[&str] = &[
+    "src/",
+    "tests/",
+    "benches/capture.rs",
+    "benches/chaos.rs",
+    "clippy.toml",
+    "monitoring/logmon-alerts.yml",
+    "docs/history.md",
+    "docs/security.md",
+    "systemd/logmon-ship.service",
+];
+
+/// What cites a document outside the repository, found in `line`: the
+/// project's former specification by its file name, a path into the
+/// folder beside the checkout, or an issue number. (Spelled in pieces, so
+/// that this file does not cite them itself.)
+fn outside_citation(line: &str) -> Option<&'static str> {
+    const SPEC: &str = concat!("DESIGN", ".md");
+    const SPEC_SECTION: &str = concat!("DESIGN", " §");
+    const BESIDE: &str = concat!("../", "shared");
+    if line.contains(SPEC) || line.contains(SPEC_SECTION) {
+        return Some("the former specification (cite docs/design.md §N)");
+    }
+    if line.contains(BESIDE) {
+        return Some("a folder outside the checkout");
+    }
+    let lower = line.to_ascii_lowercase();
+    let mut rest = lower.as_str();
+    while let Some(i) = rest.find("issue") {
+        let after = rest[i + 5..].trim_start_matches('s');
+        let after = after.trim_start_matches(' ').trim_start_matches('#');
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            return Some("an issue number");
+        }
+        rest = &rest[i + 5..];
+    }
+    None
+}
+
+/// Every text file of the checkout (not `target/`, `.git/` or what
+/// .gitignore names), as a path relative to the root, with its text.
+fn repository_files() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(String, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let rel = path
+                .strip_prefix(root())
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            if matches!(rel.as_str(), "target" | ".git" | "logs") {
+                continue;
+            }
+            match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&path, out),
+                Ok(t) if t.is_file() => {
+                    if let Ok(text) = std::fs::read_to_string(&path) {
+                        out.push((rel, text));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root(), &mut out);
+    out
+}
+
+#[test]
+fn no_file_cites_a_document_outside_the_repository() {
+    let files = repository_files();
+    assert!(
+        files.len() > 100,
+        "only {} files found: is the walk broken?",
+        files.len()
+    );
+    let mut bad = Vec::new();
+    let mut still_citing = BTreeSet::new();
+    for (path, text) in &files {
+        let exempt = NOT_YET_STANDING_ALONE.iter().find(|p| path.starts_with(*p));
+        for (i, line) in text.lines().enumerate() {
+            if let Some(what) = outside_citation(line) {
+                match exempt {
+                    Some(p) => {
+                        still_citing.insert(*p);
+                    }
+                    None => bad.push(format!("{path}:{}: {what}: {}", i + 1, line.trim())),
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    let stale: Vec<_> = NOT_YET_STANDING_ALONE
+        .iter()
+        .filter(|p| !still_citing.contains(*p))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{stale:?} no longer cite anything outside the repository: take them off NOT_YET_STANDING_ALONE"
+    );
+}
+
+#[test]
+fn the_citation_check_finds_each_kind_and_spares_the_contract() {
+    assert!(outside_citation(concat!("see DESIGN", ".md §9")).is_some());
+    assert!(outside_citation(concat!("(DESIGN", " §8 says)")).is_some());
+    assert!(outside_citation(concat!("in ../", "shared/x")).is_some());
+    assert!(outside_citation(concat!("fixed in issue", " #30")).is_some());
+    assert!(outside_citation(concat!("(Issue", " 16: the runtime)")).is_some());
+    assert!(outside_citation(concat!("issues", " #26.4, #26.7")).is_some());
+    assert_eq!(outside_citation("docs/design.md §9"), None);
+    assert_eq!(outside_citation("an issue of the kernel, 2 ways"), None);
+    assert_eq!(outside_citation("rsyslog/rsyslog#134"), None);
+}

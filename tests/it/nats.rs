@@ -271,7 +271,7 @@ impl Shipper {
                     .open(p)
                     .unwrap(),
             ),
-            None => cmd.stderr(Stdio::inherit()),
+            None => cmd.stderr(crate::support::diag_stdio()),
         };
         if let Some(f) = &self.setup {
             f(&mut cmd);

@@ -59,6 +59,58 @@ pub fn copy_executable(from: &Path, to: &Path) {
     );
 }
 
+/// Where the processes a test starts write their diagnostics (their
+/// stderr): one file per test thread, shown under the test's output only
+/// if the test fails, so that a passing `cargo test` prints no daemon log.
+/// An append handle to it, for `Command::stderr`.
+pub fn diag_stdio() -> Stdio {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            show_diagnostics();
+        }));
+    });
+    DIAG.with(|d| {
+        let mut d = d.borrow_mut();
+        let file =
+            d.get_or_insert_with(|| tempfile::NamedTempFile::new().expect("a diagnostics file"));
+        match file.reopen() {
+            Ok(f) => Stdio::from(f),
+            Err(_) => Stdio::null(),
+        }
+    })
+}
+
+thread_local! {
+    /// This test thread's diagnostics file ([`diag_stdio`]), removed when
+    /// the thread ends.
+    static DIAG: std::cell::RefCell<Option<tempfile::NamedTempFile>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Prints the end of this test thread's diagnostics file (called by the
+/// panic hook, so under the failing test's captured output).
+fn show_diagnostics() {
+    const TAIL: usize = 64 * 1024;
+    let _ = DIAG.try_with(|d| {
+        let Ok(d) = d.try_borrow() else { return };
+        let Some(file) = d.as_ref() else { return };
+        let Ok(bytes) = std::fs::read(file.path()) else {
+            return;
+        };
+        if bytes.is_empty() {
+            return;
+        }
+        let from = bytes.len().saturating_sub(TAIL);
+        eprintln!(
+            "--- what the processes this test started said (stderr{}):\n{}--- end",
+            if from > 0 { ", its end" } else { "" },
+            String::from_utf8_lossy(&bytes[from..])
+        );
+    });
+}
+
 /// `logmon` with `args`, environment cleaned of `LOGMON_*`.
 pub fn logmon(args: &[&str]) -> Command {
     logmon_at(&bin(), args)
@@ -187,7 +239,7 @@ impl Daemon {
         let child = logmon(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(diag_stdio())
             .spawn()
             .expect("spawn logmon run");
         Daemon::from_child(child, String::new)

@@ -20,7 +20,11 @@
 #      /usr/bin, the units in /usr/lib/systemd/system with ExecStart= there
 #      (seen by systemd at once: the postinst's daemon-reload), the env
 #      examples as conffiles (the shipper's naming each of its variables),
-#      the man pages (`man -w logmon`, `logmon-ship`)
+#      the man pages (`man -w logmon`, `logmon-ship`; every page with NAME,
+#      SYNOPSIS, DESCRIPTION, OPTIONS, ENVIRONMENT, FILES, EXIT STATUS,
+#      EXAMPLES set verbatim and SEE ALSO; `man logmon` says what removal
+#      leaves running), the docs the installed README links to, the DEP-5
+#      copyright file, the changelog and Documentation= in every unit,
 #      and a bash completion that completes `logmon ship`'s own flags;
 #      logmon-ship.service neither enabled nor started;
 #   1. `systemctl start logmon@web` returns once logmon sent READY=1
@@ -52,6 +56,8 @@
 #      stream exactly once (the shipper's cursors survived its restart);
 #   7. `dpkg -r` stops the shipper and leaves logmon@web running and the
 #      conffiles in /etc/logmon.
+# Before booting, lintian checks the package (no error, no unjustified
+# warning) when it is installed.
 # Needs root with CAP_SYS_ADMIN, overlayfs, cgroup2 and cgroup namespaces,
 # systemd (Debian package `systemd`), util-linux, dpkg, nats-server and
 # python3. Takes ~20 s.
@@ -240,6 +246,33 @@ if [ "${1:-}" = --checks ]; then
         page=$(man -w "$p" 2>/dev/null) || fail "man -w $p finds no page"
         zcat "$page" | grep -q "^\.TH $p 1 " || fail "$page is not the page of $p"
     done
+    # Every page has the sections a man page needs, its examples set
+    # verbatim (no fill: a copied example runs), and says its name once.
+    for page in /usr/share/man/man1/logmon*.1.gz; do
+        for sec in NAME SYNOPSIS DESCRIPTION OPTIONS ENVIRONMENT FILES '"EXIT STATUS"' EXAMPLES '"SEE ALSO"'; do
+            zcat "$page" | grep -qx "\.SH $sec" || fail "$page has no $sec section"
+        done
+        zcat "$page" | sed -n '/^\.SH EXAMPLES$/,/^\.SH/p' | grep -qx '\.nf' || fail "$page's examples are reflowed (no .nf)"
+    done
+    name_line=$(zcat "$(man -w logmon-ship)" | sed -n '/^\.SH NAME$/{n;p}' | tr -d '\\')
+    [ "$(grep -oE 'logmon[- ]ship' <<<"$name_line" | wc -l)" = 1 ] || fail "logmon-ship's NAME line repeats its name: $name_line"
+    MANWIDTH=200 man logmon 2>/dev/null | grep -q "leaves every running logmon@TASK.service running" ||
+        fail "man logmon does not say what removing the package leaves running"
+    # The README and the pages it links to, in the same layout: every
+    # relative link of the installed README into docs/ resolves there.
+    doc=/usr/share/doc/logmon
+    links=$(grep -o '](docs/[^)#]*' "$doc/README.md" | sed 's/^](//' | sort -u)
+    [ -n "$links" ] || fail "the installed README links to no page"
+    for l in $links; do
+        [ -f "$doc/$l" ] || fail "the installed README links to $l, which is not in $doc"
+    done
+    [ -f "$doc/copyright" ] && grep -q '^Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' "$doc/copyright" ||
+        fail "no machine-readable $doc/copyright"
+    zcat "$doc/changelog.Debian.gz" | head -n 1 | grep -q "^logmon ($(dpkg-query -W -f='${Version}' logmon)) " ||
+        fail "the changelog's top entry is not this version"
+    for u in logmon@.service logmon@.socket logmon-ship.service; do
+        grep -q '^Documentation=man:' "/usr/lib/systemd/system/$u" || fail "$u has no Documentation="
+    done
     # bash completion: `logmon ship --create-s<TAB>` completes the
     # shipper's own flag.
     reply=$(bash -c 'source /usr/share/bash-completion/completions/logmon &&
@@ -250,7 +283,7 @@ if [ "${1:-}" = --checks ]; then
         /usr/share/fish/vendor_completions.d/logmon.fish; do
         [ -s "$f" ] || fail "no $f"
     done
-    ok "conffiles in /etc/logmon (ship.env.example names every setting); man logmon, logmon-run, logmon-ship; completions (bash completes logmon ship --create-stream)"
+    ok "conffiles in /etc/logmon (ship.env.example names every setting); man logmon, logmon-run, logmon-ship, every page with its sections and verbatim examples; the docs the README links to, the copyright file, the changelog, Documentation= in every unit; completions (bash completes logmon ship --create-stream)"
 
     # Many small files: the run rotates, and no file is deleted before the
     # check reads them all.
@@ -434,6 +467,15 @@ done
 grep -qw overlay /proc/filesystems || cannot "no overlayfs in the kernel"
 grep -qw cgroup2 /proc/filesystems || cannot "no cgroup2 in the kernel"
 [ -e /proc/self/ns/cgroup ] || cannot "no cgroup namespaces (Linux >= 4.6)"
+
+# The package as Debian's policy checker sees it: no error, and no warning
+# that pkg/debian/lintian-overrides does not justify.
+if command -v lintian >/dev/null; then
+    lintian --fail-on error,warning "$DEB" || { echo "FAIL: lintian rejects $DEB"; exit 1; }
+    echo "systemd-real: lintian: no error or warning"
+else
+    echo "systemd-real: LINTIAN NOT RUN: not installed (apt-get install lintian)"
+fi
 
 S=$(mktemp -d /tmp/logmon-systemd-real.XXXXXX)
 chmod 0700 "$S"

@@ -522,6 +522,8 @@ impl StreamCapture {
     }
 
     fn fail(&mut self, now: Instant, e: &io::Error) {
+        // No empty file left behind by a write that found no room.
+        self.rotator.write_failed();
         self.stats.write_errors += 1;
         self.stats.last_error = Some(e.to_string());
         match &mut self.failure {
@@ -556,8 +558,11 @@ impl StreamCapture {
                 }
                 self.ledger();
             }
-            Err(e) => tracing::error!(stream = %self.stream, dropped, error = %e,
-                "stopping; cannot write the marker for the dropped bytes"),
+            Err(e) => {
+                self.rotator.write_failed();
+                tracing::error!(stream = %self.stream, dropped, error = %e,
+                    "stopping; cannot write the marker for the dropped bytes");
+            }
         }
     }
 

@@ -146,6 +146,33 @@ impl Rotator {
         self.at_line_start = true;
     }
 
+    /// A write into the active file failed. If the file holds no byte —
+    /// on a full disk its name was created (that takes an inode, not a
+    /// block) for a write that then found no room — its name and its
+    /// index are removed through the directory handle, and the next write
+    /// creates the same index again: a full disk never leaves an empty
+    /// file behind, while logmon runs or after it stops
+    /// (`tests/it/daemon/faults.rs::a_disk_full_between_two_files_leaves_no_empty_file`).
+    /// The name is removed only while it still names the open file.
+    pub fn write_failed(&mut self) {
+        let Some(f) = &self.file else { return };
+        match f.metadata() {
+            Ok(m) if self.size == 0 && m.len() == 0 && self.still_named(&m) => {}
+            _ => return,
+        }
+        let name = self.active_name();
+        if let Err(e) = self.dir.remove(&name) {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot remove an empty log file");
+            return;
+        }
+        self.file = None;
+        self.ix = None;
+        self.remove_index(self.index);
+        self.batch = None;
+        self.reserved = 0;
+        self.inherited = false;
+    }
+
     /// Moves to the next file number. Rotation never gets near
     /// [`MAX_INDEX`] (2^63 files); only a forged start can (a file of
     /// logmon's own renamed to a huge index, or over the high-water mark,

@@ -6,7 +6,8 @@
 //! Guarantees kept here (proved by `tests/it/daemon/rotation_props.rs` and the unit
 //! tests below):
 //! - no file ever exceeds `max_file_size`, and no file is ever empty (a file is
-//!   created only when the first byte is about to go into it);
+//!   created only when the first byte is about to go into it, and removed
+//!   again when that write finds no room: [`Rotator::write_failed`]);
 //! - a file ends early only because the next line does not fit; a line longer
 //!   than the limit starts a new file and is cut into pieces of exactly the
 //!   limit ([`plan()`]);

@@ -559,6 +559,7 @@ fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
             ])
             .args(["--", "sh", "-c", extra])
             .stdout(std::process::Stdio::piped())
+            .stderr(crate::support::diag_stdio())
             .spawn()
             .unwrap()
     };

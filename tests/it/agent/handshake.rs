@@ -255,7 +255,7 @@ fn a_logmon_killed_in_the_handshake_is_process_gone() {
             .arg(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(crate::support::diag_stdio())
             .spawn()
             .unwrap(),
     );

@@ -918,6 +918,7 @@ fn exec_forwards_sigterm_to_the_command_and_exits_128_plus_15() {
         "120",
     ])
     .stdin(Stdio::null())
+    .stderr(crate::support::diag_stdio())
     .spawn()
     .unwrap();
     let exec_pid = child.id();
@@ -1277,7 +1278,7 @@ fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
     .gid(uid)
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
+    .stderr(support::diag_stdio())
     .spawn()
     .unwrap();
     let dm = Daemon::from_child(child, String::new);
@@ -1790,6 +1791,7 @@ fn a_held_line_waits_in_the_pipe_and_stop_drains_it_at_once() {
     .env("LOGMON_MAX_DELAY", HELD)
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
+    .stderr(crate::support::diag_stdio())
     .spawn()
     .unwrap();
     let dm = Daemon::from_child(child, String::new);

@@ -895,6 +895,7 @@ fn socket_is_0600_in_a_created_0700_directory() {
             .args(["-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
+            .stderr(crate::support::diag_stdio())
             .spawn()
             .unwrap(),
     );
@@ -996,7 +997,7 @@ fn without_metadata_the_ready_line_is_unchanged_and_a_stale_file_is_removed() {
     .env_remove("LOGMON_META")
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
+    .stderr(support::diag_stdio())
     .spawn()
     .unwrap();
     let mut line = String::new();
@@ -1031,7 +1032,7 @@ fn without_metadata_the_ready_line_is_unchanged_and_a_stale_file_is_removed() {
     cmd.env("LOGMON_META", "job=env,ns=prod,")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(support::diag_stdio());
     let d = support::Daemon::from_child(cmd.spawn().unwrap(), String::new);
     let out = cli(&["status", "--socket", d.ready.socket.to_str().unwrap()]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

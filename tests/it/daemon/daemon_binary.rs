@@ -98,7 +98,7 @@ fn a_logmon_without_its_daemon_binary_serves_in_its_own_process() {
         .env_remove("LOGMON_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(support::diag_stdio())
         .spawn()
         .unwrap();
     let d = Daemon::from_child(child, String::new);

@@ -457,6 +457,59 @@ fn file_size_limit_drop_policy_drops_counts_and_marks_rlimit() {
     disk_full_drop(true);
 }
 
+/// A disk that fills up between two files leaves no empty file: the next
+/// file's name is created (a tmpfs has inodes to spare) but not one byte
+/// fits into it, and logmon removes it again, while it runs and when it
+/// stops with the disk still full. Every file it leaves holds bytes.
+#[test]
+fn a_disk_full_between_two_files_leaves_no_empty_file() {
+    let d = tempfile::tempdir().unwrap();
+    let lay = Layout::new(d.path());
+    let Some(_mount) = Mount::tmpfs(&lay.logs, 64 * 1024) else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let dm = start(
+        &lay,
+        &[
+            "--on-write-error",
+            "drop",
+            "--max-file-size",
+            "4KiB",
+            "--max-files",
+            "100",
+        ],
+        None,
+    );
+    // Far more than 64 KiB: the disk fills, at a rotation sooner or later.
+    write_numbered(&lay.fifo(Stream::Stdout), 0, 4000);
+    let s = wait_accounted(&lay, 4000 * LINE);
+    assert!(s.bytes_dropped > 0, "the tmpfs never filled: {s:?}");
+    let empty = || -> Vec<String> {
+        std::fs::read_dir(&lay.logs)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.metadata().unwrap().len() == 0)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("t.stdout."))
+            .collect()
+    };
+    // A retry a second later fails again on the still-full disk.
+    std::thread::sleep(WRITE_RETRY + Duration::from_millis(300));
+    write_numbered(&lay.fifo(Stream::Stdout), 4000, 4100);
+    let s = wait_accounted(&lay, 4100 * LINE);
+    assert!(s.write_errors >= 2, "no retry on the full disk: {s:?}");
+    assert_eq!(
+        empty(),
+        Vec::<String>::new(),
+        "empty files while the disk is full"
+    );
+    // Stopped with the disk still full (the marker cannot be written).
+    stop(dm);
+    assert_eq!(empty(), Vec::<String>::new(), "empty files after the stop");
+    assert!(lay.file(Stream::Stdout, 0).exists());
+}
+
 /// CPU time (user + system, clock ticks) of `pid`.
 fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -691,8 +691,10 @@ fn the_systemd_unit_verifies() {
     let unit = unit.replace("/usr/bin/logmon-ship", ship.to_str().unwrap());
     let path = tmp.path().join("logmon-ship.service");
     std::fs::write(&path, unit).unwrap();
+    // --man=no: the pages Documentation= names come with the package
+    // (tests/systemd-real/run.sh checks them), not on the build machine.
     let out = Command::new("systemd-analyze")
-        .arg("verify")
+        .args(["verify", "--man=no"])
         .arg(&path)
         .output()
         .unwrap();

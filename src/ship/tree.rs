@@ -45,7 +45,7 @@ use nix::fcntl::OFlag;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::sys::stat::Mode;
 
-use super::scan::{glob_component, Pattern};
+use super::scan::Pattern;
 use crate::shared::dir::{Dir, FileId};
 
 /// What a log directory's watch reports.
@@ -173,6 +173,8 @@ pub struct Tree {
     /// looks at everything again now and then instead.
     pub degraded: bool,
     buf: Vec<u8>,
+    /// Paths already warned about (symlinks, names that are not UTF-8).
+    noted: std::collections::HashSet<PathBuf>,
 }
 
 impl Tree {
@@ -197,6 +199,7 @@ impl Tree {
             rescan: Vec::new(),
             degraded: false,
             buf: vec![0; 64 * 1024],
+            noted: Default::default(),
         };
         for p in given {
             let dir = Dir::open(p).map_err(|source| TreeError::Dir {
@@ -300,18 +303,27 @@ impl Tree {
     /// if it matches the last component, else a node to watch and walk
     /// (once: a node already watched was walked already).
     fn visit(&mut self, root: &Root, at: &Dir, rel: &mut Vec<OsString>, name: &OsStr, left: usize) {
-        let Some(pat) = root.pattern.components().get(rel.len()) else {
+        if left == 0 || !root.pattern.matches(rel.len(), name) {
             return;
-        };
-        if left == 0 || !glob_component(pat.as_bytes(), name.as_bytes()) {
+        }
+        if root.pattern.is_capture(rel.len()) && name.to_str().is_none() {
+            // A capture is a subject token: a name that is not UTF-8
+            // would have to be folded, and could then pass for another.
+            self.note(at, name, "skipping a directory under --watch whose name is not UTF-8 (a --subject capture could not name it exactly)");
             return;
         }
         let child = match at.open_child(name) {
             Ok(c) => c,
-            // A symlink (ELOOP) or not a directory: never followed.
+            // A symlink is never followed: said once, so that a tree of
+            // links is not a silent "no directories".
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                self.note(at, name, "not following a symlink under --watch (only real directories are shipped)");
+                return;
+            }
+            // Not a directory, or gone meanwhile.
             Err(e)
                 if matches!(e.raw_os_error(),
-                    Some(c) if c == nix::libc::ELOOP || c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
+                    Some(c) if c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
             {
                 return
             }
@@ -336,6 +348,14 @@ impl Tree {
             }
         }
         rel.pop();
+    }
+
+    /// A warning about `name` in `at`, once per path (a bounded number).
+    fn note(&mut self, at: &Dir, name: &OsStr, what: &'static str) {
+        let path = at.path().join(name);
+        if self.noted.len() < 1024 && self.noted.insert(path.clone()) {
+            tracing::warn!(path = %path.display(), "{what}");
+        }
     }
 
     /// Looks again where directories came or went (every node after an

@@ -275,11 +275,9 @@ fn check(args: &Args) -> Result<Checked, Failure> {
     let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
     let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
     match (&args.watch, &args.pattern) {
-        (Some(_), None) => {
-            return Err(usage(format!(
-                "{watch_name} needs --pattern GLOB (the log directories below it, e.g. */alloc/logs)"
-            )))
-        }
+        (Some(_), None) => return Err(usage(format!(
+            "{watch_name} needs --pattern GLOB (the log directories below it, e.g. */alloc/logs)"
+        ))),
         (None, Some(_)) => {
             return Err(usage(format!(
                 "{pattern_name} needs --watch ROOT (the directory it is relative to)"
@@ -322,7 +320,8 @@ fn check(args: &Args) -> Result<Checked, Failure> {
     let watch = match (&args.watch, &args.pattern) {
         (Some(root), Some(p)) => {
             check_dir(watch_name, root)?;
-            let pattern = Pattern::parse(p).map_err(|e| usage(named(e.to_string(), pattern_name)))?;
+            let pattern =
+                Pattern::parse(p).map_err(|e| usage(named(e.to_string(), pattern_name)))?;
             let root = std::path::absolute(root)
                 .map_err(|e| usage(format!("{watch_name} {}: {e}", root.display())))?;
             Some((root, pattern))

@@ -311,13 +311,23 @@ impl Shipper {
             .tree
             .degraded
             .then(|| Instant::now() + Duration::from_secs(10));
-        streams.chain(self.hold_until).chain(degraded).min()
+        // A directory gone from its path: looked for once a second.
+        let searching = self
+            .tree
+            .searching()
+            .then(|| Instant::now() + Duration::from_secs(1));
+        streams
+            .chain(self.hold_until)
+            .chain(degraded)
+            .chain(searching)
+            .min()
     }
 
     /// Takes in what inotify reported: streams to look at, directories to
     /// list, found or gone.
     fn absorb(&mut self) {
         let changes = self.tree.read_events();
+        let changes_empty = changes.is_empty();
         let mut everything =
             self.tree.degraded && self.next_deadline().is_some_and(|t| t <= Instant::now());
         for c in changes {
@@ -331,6 +341,9 @@ impl Shipper {
                 Change::Gone { dir, deleted } => self.dir_gone(dir, deleted),
                 Change::Overflow => everything = true,
             }
+        }
+        if self.tree.searching() || !changes_empty {
+            self.verify_tree(Instant::now());
         }
         if everything || self.tree.wants_rescan() {
             let before: HashSet<FileId> = self.tree.dirs().map(|d| d.id).collect();
@@ -395,25 +408,51 @@ impl Shipper {
             .then(|| u64::try_from(st.st_size).unwrap_or(0))
     }
 
-    /// A log directory went away: its streams stop. Deleted, its streams
-    /// leave the state (their files are gone); moved, they stay, to go on
-    /// where the directory is found again.
+    /// A log directory went away: its streams stop, and its handle and
+    /// watch are let go. Deleted (or a given one moved or replaced: its
+    /// path is looked at again), its streams leave the state, but for
+    /// those with bytes not shipped, kept with the bytes as a gap and the
+    /// cause as their last error; found under the root and moved, they
+    /// stay, to go on where the directory is found again.
     fn dir_gone(&mut self, dir: FileId, deleted: bool) {
-        let path = self.tree.get(&dir).map(|d| d.path.clone());
+        let Some((path, given)) = self.tree.get(&dir).map(|d| (d.path.clone(), d.given())) else {
+            return;
+        };
         self.tree.remove(&dir);
-        let keys = self.streams.drop_dir(&dir);
-        if !deleted {
+        let gone = self.streams.drop_dir(&dir);
+        if !deleted && !given {
             return;
         }
-        for k in keys {
-            if let Some(s) = self.state.streams.remove(&k) {
-                if s.pending.is_some() {
-                    tracing::warn!(dir = ?path, task = ?s.task, stream = %s.stream,
-                        "a log directory was removed before all of it was shipped");
-                }
-                self.changed.insert(k);
+        tracing::warn!(dir = %path.display(), streams = gone.len(),
+            "a log directory was removed, moved or replaced: its streams are let go{}",
+            if given { "; its path is looked at again every second" } else { "" });
+        for t in gone {
+            let Some(mut s) = self.state.streams.remove(&t.key) else {
+                continue;
+            };
+            let lost = t.unshipped(&s);
+            if lost > 0 || s.pending.is_some() {
+                tracing::warn!(dir = %path.display(), task = %s.task, stream = %s.stream, bytes = lost,
+                    "a log directory went before all of it was shipped: counted as a gap");
+                s.gap_bytes += lost;
+                s.pending = None;
+                s.last_error = Some(format!(
+                    "its log directory was removed or replaced with {lost} bytes not shipped"
+                ));
+                self.state.streams.insert(t.key.clone(), s);
             }
+            self.changed.insert(t.key);
         }
+    }
+
+    /// Looks whether a log directory or the root was replaced, and at
+    /// what came back (see [`Tree::verify`]).
+    fn verify_tree(&mut self, now: Instant) {
+        let v = self.tree.verify(now);
+        for id in v.gone {
+            self.dir_gone(id, true);
+        }
+        self.list_due.extend(v.found);
     }
 
     /// Lists a log directory: follows its new streams, refreshes the sizes

@@ -36,8 +36,11 @@ use crate::shared::dir::{Dir, FileId, Trust};
 
 /// Bytes read per window (one persisted plan, many messages).
 pub const WINDOW: u64 = 8 * 1024 * 1024;
-/// How long a partial last line waits for its newline before it is
-/// shipped as it is (capture itself writes one after 1 s).
+/// How often a partial last line of the active file is looked at again
+/// while it waits for its newline: it is shipped as it is only once its
+/// task's logmon is gone (the file will not grow), never while the file
+/// may still be completed (capture writes a partial line after 1 s, and
+/// a full disk can cut a line mid-write for as long as it stays full).
 pub const PARTIAL_WAIT: Duration = Duration::from_millis(1500);
 /// Backoff bounds after a stream's window failed.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -533,11 +536,16 @@ impl Tracked {
             None if want >= max_msg => max_msg,
             None if final_file() => want,
             None => {
-                // A partial line in the active file: give it its newline
-                // time, then ship it as it is.
+                // A partial line in the active file: it waits for its
+                // newline while its logmon may still write it (a message
+                // never ends mid-line), looked at again now and then.
                 let since = *self.partial_since.get_or_insert(now);
                 if now.duration_since(since) < PARTIAL_WAIT {
                     return Ok(Planned::Partial(since + PARTIAL_WAIT));
+                }
+                if self.writer_alive(dir) {
+                    self.partial_since = Some(now);
+                    return Ok(Planned::Partial(now + PARTIAL_WAIT));
                 }
                 want
             }
@@ -551,6 +559,38 @@ impl Tracked {
             max_msg,
             gap: None,
         }))
+    }
+}
+
+impl Tracked {
+    /// The bytes of its files past the cursor of `st`, as last seen (a
+    /// lower bound): what is lost if its directory goes.
+    pub fn unshipped(&self, st: &StreamState) -> u64 {
+        let files: std::collections::BTreeSet<u64> = self
+            .sizes
+            .range(st.file..)
+            .chain(self.learnt.range(st.file..))
+            .map(|(n, _)| *n)
+            .collect();
+        let total: u64 = files
+            .iter()
+            .map(|n| {
+                let a = self.sizes.get(n).copied().unwrap_or(0);
+                a.max(self.learnt.get(n).copied().unwrap_or(0))
+            })
+            .sum();
+        total.saturating_sub(st.offset)
+    }
+
+    /// Whether the task's logmon still holds its lock in `dir` (so the
+    /// active file may still grow): read from /proc/locks, never by
+    /// taking the lock.
+    fn writer_alive(&self, dir: &Dir) -> bool {
+        let name = format!(".{}.logmon.lock", self.task.as_str());
+        match dir.stat(&name) {
+            Ok(Some(st)) => crate::shared::fifo::flock_holder(st.st_dev, st.st_ino).is_some(),
+            _ => false,
+        }
     }
 }
 
@@ -620,18 +660,20 @@ impl Streams {
     }
 
     /// Stops following the streams of directory `dir`.
-    pub fn drop_dir(&mut self, dir: &FileId) -> Vec<String> {
-        let gone: Vec<String> = self
+    pub fn drop_dir(&mut self, dir: &FileId) -> Vec<Tracked> {
+        let keys: Vec<String> = self
             .map
             .values()
             .filter(|t| t.dir == *dir)
             .map(|t| t.key.clone())
             .collect();
-        for k in &gone {
+        let mut gone = Vec::with_capacity(keys.len());
+        for k in &keys {
             if let Some(t) = self.map.remove(k) {
                 if t.open.is_some() {
                     self.open -= 1;
                 }
+                gone.push(t);
             }
         }
         gone

@@ -28,6 +28,13 @@
 //!   merges repeated events while the shipper waits out its delay, and one
 //!   read takes up to 64 KiB of them; a queue overflow means "look at
 //!   everything again", never a missed change;
+//! - **a directory replaced under it is taken again** — a `--log-dir`
+//!   or the `--watch` root removed, renamed or replaced (its watch's
+//!   `IN_DELETE_SELF`/`IN_MOVE_SELF`, no link left, another inode at its
+//!   path) is let go, with its watch and handle, and its path is looked
+//!   at every second until a directory is there again, which is then
+//!   followed and said in the log
+//!   (`tests/it/ship/silent.rs::a_log_directory_removed_and_recreated_is_shipped_again_and_said`);
 //! - **trust** — a directory that others could rename names in (writable
 //!   by others without the sticky bit, [`crate::shared::dir::Trust`]) is not
 //!   shipped from: a task there could have renamed another task's files or
@@ -120,6 +127,13 @@ pub struct LogDir {
     used: u64,
 }
 
+impl LogDir {
+    /// Whether it was given with `--log-dir` (not found under the root).
+    pub fn given(&self) -> bool {
+        matches!(self.origin, Origin::Given)
+    }
+}
+
 /// A change inotify reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -148,11 +162,23 @@ pub enum Change {
 struct Root {
     dir: Dir,
     pattern: Pattern,
+    /// The operator's path, to find the root again once replaced.
+    path: PathBuf,
+}
+
+/// What [`Tree::verify`] found.
+#[derive(Debug, Default)]
+pub struct Verified {
+    /// Log directories let go: removed, or replaced at their path.
+    pub gone: Vec<FileId>,
+    /// Log directories taken (again) at a path whose directory had gone.
+    pub found: Vec<FileId>,
 }
 
 /// A watched directory above the log directories.
 struct Node {
     rel: Vec<OsString>,
+    wd: WatchDescriptor,
 }
 
 /// The log directories and their watches (see the module docs).
@@ -175,6 +201,11 @@ pub struct Tree {
     buf: Vec<u8>,
     /// Paths already warned about (symlinks, names that are not UTF-8).
     noted: std::collections::HashSet<PathBuf>,
+    /// Given directories gone from their path, looked for again.
+    lost: Vec<PathBuf>,
+    /// The root was removed or moved: looked for again at its path.
+    root_lost: bool,
+    last_verify: Option<std::time::Instant>,
 }
 
 impl Tree {
@@ -200,6 +231,9 @@ impl Tree {
             degraded: false,
             buf: vec![0; 64 * 1024],
             noted: Default::default(),
+            lost: Vec::new(),
+            root_lost: false,
+            last_verify: None,
         };
         for p in given {
             let dir = Dir::open(p).map_err(|source| TreeError::Dir {
@@ -213,7 +247,11 @@ impl Tree {
                 path: root.to_path_buf(),
                 source,
             })?;
-            t.root = Some(Root { dir, pattern });
+            t.root = Some(Root {
+                dir,
+                pattern,
+                path: root.to_path_buf(),
+            });
             t.rediscover(true);
         }
         Ok(t)
@@ -317,7 +355,11 @@ impl Tree {
             // A symlink is never followed: said once, so that a tree of
             // links is not a silent "no directories".
             Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-                self.note(at, name, "not following a symlink under --watch (only real directories are shipped)");
+                self.note(
+                    at,
+                    name,
+                    "not following a symlink under --watch (only real directories are shipped)",
+                );
                 return;
             }
             // Not a directory, or gone meanwhile.
@@ -341,7 +383,13 @@ impl Tree {
             match self.watch(&child, tree_mask()) {
                 Some(wd) if self.nodes.contains_key(&wd.as_raw()) => {}
                 Some(wd) => {
-                    self.nodes.insert(wd.as_raw(), Node { rel: rel.clone() });
+                    self.nodes.insert(
+                        wd.as_raw(),
+                        Node {
+                            rel: rel.clone(),
+                            wd,
+                        },
+                    );
                     self.walk(root, &child, rel, left - 1);
                 }
                 None => self.walk(root, &child, rel, left - 1),
@@ -361,6 +409,11 @@ impl Tree {
     /// Looks again where directories came or went (every node after an
     /// overflow, or in degraded mode): finds new log directories.
     pub fn rediscover(&mut self, everything: bool) {
+        if self.root_lost {
+            // Nothing is found under a root that went away.
+            self.rescan.clear();
+            return;
+        }
         let Some(root) = self.root.take() else {
             return;
         };
@@ -375,7 +428,13 @@ impl Tree {
             self.nodes.clear();
             todo = vec![(Vec::new(), None)];
             if let Some(wd) = self.watch(&root.dir, tree_mask()) {
-                self.nodes.insert(wd.as_raw(), Node { rel: Vec::new() });
+                self.nodes.insert(
+                    wd.as_raw(),
+                    Node {
+                        rel: Vec::new(),
+                        wd,
+                    },
+                );
             }
         }
         todo.sort();
@@ -452,9 +511,13 @@ impl Tree {
         }
     }
 
-    /// Stops following log directory `id` (gone, or replaced).
+    /// Stops following log directory `id` (gone, or replaced); a given
+    /// one is looked for again at its path.
     pub fn remove(&mut self, id: &FileId) {
         if let Some(d) = self.logs.remove(id) {
+            if matches!(d.origin, Origin::Given) && !self.lost.contains(&d.path) {
+                self.lost.push(d.path.clone());
+            }
             if let Some(wd) = d.wd {
                 self.by_wd.remove(&wd.as_raw());
                 let _ = self.inotify.rm_watch(wd);
@@ -550,7 +613,14 @@ impl Tree {
             }
             return;
         }
-        if self.nodes.contains_key(&ev.wd) {
+        if let Some(n) = self.nodes.get(&ev.wd) {
+            if n.rel.is_empty()
+                && mask.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF)
+            {
+                tracing::warn!("the --watch root was removed or moved away: its directories are let go, and it is looked for again at its path");
+                self.root_lost = true;
+                self.last_verify = None;
+            }
             if mask.contains(AddWatchFlags::IN_IGNORED) {
                 self.nodes.remove(&ev.wd);
             } else if mask.contains(AddWatchFlags::IN_ISDIR)
@@ -562,9 +632,108 @@ impl Tree {
         }
     }
 
+    /// Whether a directory is being looked for again (a timer is then
+    /// due: [`Tree::verify`] once a second).
+    pub fn searching(&self) -> bool {
+        !self.lost.is_empty() || self.root_lost
+    }
+
+    /// Looks (at most once a second) whether a given directory or the
+    /// root was replaced at its path or has no link left, and whether a
+    /// directory is back where one had gone: lets the old go, takes the
+    /// new, and says so.
+    pub fn verify(&mut self, now: std::time::Instant) -> Verified {
+        let mut v = Verified::default();
+        if self
+            .last_verify
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
+        {
+            return v;
+        }
+        self.last_verify = Some(now);
+        for d in self.logs.values() {
+            if matches!(d.origin, Origin::Given) && replaced(d.handle.as_deref(), &d.path, d.id) {
+                v.gone.push(d.id);
+            }
+        }
+        if let Some(r) = &self.root {
+            if replaced(Some(&r.dir), &r.path, r.dir.id()) {
+                self.root_lost = true;
+            }
+        }
+        for path in std::mem::take(&mut self.lost) {
+            match Dir::open(&path) {
+                Ok(dir) if !self.logs.contains_key(&dir.id()) => {
+                    tracing::info!(dir = %path.display(),
+                        "a log directory is back at its path (removed, or replaced, and made again): shipping it");
+                    v.found
+                        .extend(self.add_log_dir(dir, Origin::Given, Vec::new()));
+                }
+                Ok(_) => {}
+                Err(_) => self.lost.push(path),
+            }
+        }
+        if self.root_lost {
+            self.retake_root(&mut v);
+        }
+        v
+    }
+
+    /// The root was removed or moved: once a directory is at its path
+    /// again, the directories found under the old one are let go and the
+    /// new one is watched and walked.
+    fn retake_root(&mut self, v: &mut Verified) {
+        let Some(path) = self.root.as_ref().map(|r| r.path.clone()) else {
+            return;
+        };
+        let old: Vec<FileId> = self
+            .logs
+            .values()
+            .filter(|d| matches!(d.origin, Origin::Found(_)))
+            .map(|d| d.id)
+            .collect();
+        v.gone.extend(old);
+        let Ok(dir) = Dir::open(&path) else {
+            return;
+        };
+        let Some(mut root) = self.root.take() else {
+            return;
+        };
+        if dir.id() == root.dir.id() {
+            self.root = Some(root);
+            self.root_lost = false;
+            return;
+        }
+        tracing::info!(root = %path.display(),
+            "the --watch root is back at its path (removed, or replaced, and made again): watching it");
+        for (_, n) in self.nodes.drain() {
+            let _ = self.inotify.rm_watch(n.wd);
+        }
+        root.dir = dir;
+        self.root = Some(root);
+        self.root_lost = false;
+        let before: std::collections::HashSet<FileId> = self.logs.keys().copied().collect();
+        self.rediscover(true);
+        v.found
+            .extend(self.logs.keys().filter(|id| !before.contains(id)).copied());
+    }
+
     /// Whether tree nodes wait to be listed again.
     pub fn wants_rescan(&self) -> bool {
         !self.rescan.is_empty()
+    }
+}
+
+/// Whether the directory `id` (open as `handle`) has no link left, or
+/// another directory (or nothing) is at its `path` now.
+fn replaced(handle: Option<&Dir>, path: &Path, id: FileId) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if handle.is_some_and(Dir::is_deleted) {
+        return true;
+    }
+    match std::fs::metadata(path) {
+        Ok(m) => m.dev() != id.dev || m.ino() != id.ino,
+        Err(_) => true,
     }
 }
 

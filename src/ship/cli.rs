@@ -275,9 +275,11 @@ fn check(args: &Args) -> Result<Checked, Failure> {
     let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
     let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
     match (&args.watch, &args.pattern) {
-        (Some(_), None) => return Err(usage(format!(
+        (Some(_), None) => {
+            return Err(usage(format!(
             "{watch_name} needs --pattern GLOB (the log directories below it, e.g. */alloc/logs)"
-        ))),
+        )))
+        }
         (None, Some(_)) => {
             return Err(usage(format!(
                 "{pattern_name} needs --watch ROOT (the directory it is relative to)"

@@ -572,11 +572,25 @@ impl Tracked {
             .chain(self.learnt.range(st.file..))
             .map(|(n, _)| *n)
             .collect();
+        // The cursor's file, when open, says its size now (it may have
+        // grown since an event was read, and is readable though deleted).
+        let open = match &self.open {
+            Some(Open {
+                file: Some((k, f)), ..
+            }) if *k == st.file => nix::sys::stat::fstat(f)
+                .ok()
+                .map(|s| u64::try_from(s.st_size).unwrap_or(0)),
+            _ => None,
+        };
         let total: u64 = files
             .iter()
+            .chain(open.is_some().then_some(&st.file))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .map(|n| {
                 let a = self.sizes.get(n).copied().unwrap_or(0);
-                a.max(self.learnt.get(n).copied().unwrap_or(0))
+                let b = if *n == st.file { open.unwrap_or(0) } else { 0 };
+                a.max(b).max(self.learnt.get(n).copied().unwrap_or(0))
             })
             .sum();
         total.saturating_sub(st.offset)

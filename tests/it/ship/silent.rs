@@ -1,0 +1,437 @@
+//! What the shipper once did silently, or not at all, against real
+//! `nats-server`s and real `logmon run`s: a log directory or `--watch`
+//! root removed and made again, a stream that does not bind the subject,
+//! a second SIGTERM while it stops, a stray `LOGMON_SHIP_STATUS`, a comma
+//! in a directory's name, subjects of directories whose names differ only
+//! in characters a subject cannot hold, and a partial line waiting for its
+//! newline. Each started process is killed by a guard on drop.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::nats::*;
+use crate::support::*;
+use logmon::config::Stream;
+
+/// A shipper with its diagnostics (at info) in `dir/ship.log`.
+fn shipper(dir: &Path, args: &[&str]) -> Shipper {
+    let mut s = Shipper::new(args);
+    s.log = Some(dir.join("ship.log"));
+    s.env = vec![("LOGMON_LOG".into(), "info".into())];
+    s.spawn();
+    s
+}
+
+fn stream_status<'a>(
+    st: &'a serde_json::Value,
+    task: &str,
+    stream: &str,
+) -> Vec<&'a serde_json::Value> {
+    st["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["task"] == task && s["stream"] == stream)
+        .collect()
+}
+
+#[test]
+fn a_log_directory_removed_and_recreated_is_shipped_again_and_said() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut srv = Server::single(&tmp.path().join("js"));
+    let one = Daemon::start(&logs, "one", &[]);
+    let mut ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--subject",
+            "x.{task}.{stream}",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+    );
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("one", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    // The server goes away; lines are written that cannot be shipped;
+    // the directory is removed with them: a gap of exactly those bytes.
+    srv.kill();
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 100, 200);
+    assert!(wait_until(Duration::from_secs(10), || read_stream(
+        &logs,
+        "one",
+        Stream::Stdout
+    )
+    .len()
+        == line_bytes(0, 200)));
+    stop(one);
+    std::fs::remove_dir_all(&logs).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || ship
+            .diagnostics()
+            .contains("counted as a gap")),
+        "{}",
+        ship.diagnostics()
+    );
+    srv.restart();
+    std::fs::create_dir_all(&logs).unwrap();
+    let two = Daemon::start(&logs, "two", &[]);
+    write_numbered(&fifo(&logs, "two", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(
+            &[("two", "stdout", line_bytes(0, 100))],
+            Duration::from_secs(30)
+        ),
+        "the recreated directory is shipped: {}",
+        ship.diagnostics()
+    );
+    assert_numbered(&r.bytes_of("two", "stdout"), 0, 100);
+    assert!(ship.diagnostics().contains("back at its path"));
+    let st = status(&state);
+    let gone = stream_status(&st, "one", "stdout");
+    assert_eq!(gone.len(), 1, "{st}");
+    assert_eq!(gone[0]["gap_bytes"], line_bytes(100, 200) as u64, "{st}");
+    assert!(gone[0]["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("removed or replaced"));
+    assert_eq!(
+        stream_status(&st, "two", "stdout")[0]["shipped_bytes"],
+        line_bytes(0, 100) as u64
+    );
+    assert_eq!(ship.sigterm(), Some(0));
+    drop(two);
+}
+
+#[test]
+fn a_watch_root_renamed_and_recreated_is_watched_again() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(root.join("a")).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let a = Daemon::start(&root.join("a"), "ta", &[]);
+    let mut ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--subject",
+            "x.{1}.{task}.{stream}",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--watch",
+            root.to_str().unwrap(),
+            "--pattern",
+            "*",
+        ],
+    );
+    write_numbered(&fifo(&root.join("a"), "ta", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("ta", "stdout", line_bytes(0, 50))],
+        Duration::from_secs(30)
+    ));
+    stop(a);
+    std::fs::rename(&root, tmp.path().join("root.old")).unwrap();
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    let b = Daemon::start(&root.join("b"), "tb", &[]);
+    write_numbered(&fifo(&root.join("b"), "tb", Stream::Stdout), 0, 50);
+    assert!(
+        r.wait_for(
+            &[("tb", "stdout", line_bytes(0, 50))],
+            Duration::from_secs(30)
+        ),
+        "{}",
+        ship.diagnostics()
+    );
+    assert!(r.of("tb", "stdout").all(|m| m.subject == "x.b.tb.stdout"));
+    assert!(ship.diagnostics().contains("--watch root is back"));
+    assert_eq!(ship.sigterm(), Some(0));
+    drop(b);
+}
+
+#[test]
+fn a_stream_that_does_not_bind_the_subject_is_refused_at_start_naming_both() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    create_stream(&srv.url(), "LOGS", "logmon.*.*", 1);
+    let url = srv.url();
+    for extra in [&[][..], &["--create-stream"][..]] {
+        let state = tmp.path().join(format!("state{}", extra.len()));
+        let mut a = vec![
+            "ship",
+            "--nats",
+            &url,
+            "--stream",
+            "LOGS",
+            "--subject",
+            "other.{task}.{stream}",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        let mut cmd = logmon(&a);
+        cmd.env("LOGMON_LOG", "warn");
+        let out = finish(cmd);
+        let err = assert_exit_naming(&out, 2, "\"LOGS\"");
+        assert!(err.contains("other.*.*"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    // A subject the stream binds still ships.
+    let state = tmp.path().join("state-ok");
+    let _d = Daemon::start(&logs, "t", &[]);
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 10))],
+        Duration::from_secs(30)
+    ));
+}
+
+#[test]
+fn a_second_sigterm_while_stopping_still_exits_0() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    for i in 0..8 {
+        let state = tmp.path().join(format!("state{i}"));
+        let dir = tmp.path().join(format!("run{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ship = shipper(
+            &dir,
+            &[
+                "--nats",
+                &srv.url(),
+                "--stream",
+                "LOGS",
+                "--create-stream",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--log-dir",
+                logs.to_str().unwrap(),
+            ],
+        );
+        assert!(wait_until(Duration::from_secs(20), || ship
+            .diagnostics()
+            .contains("shipping")));
+        let mut c = ship.child.take().unwrap();
+        let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+        for _ in 0..2 {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        }
+        let st = c.wait().unwrap();
+        assert_eq!(st.code(), Some(0), "run {i}: {st:?}");
+    }
+}
+
+#[test]
+fn a_stray_status_variable_never_stops_the_shipping_and_a_comma_is_part_of_a_name() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A directory whose name holds a comma; no directory "C" exists.
+    let logs = tmp.path().join("C,D");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(&logs, "t", &[]);
+    let port = free_port();
+    let mut ship = Shipper::new(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--metrics-listen",
+        &format!(":{port}"),
+    ]);
+    ship.log = Some(tmp.path().join("ship.log"));
+    ship.env = vec![
+        ("LOGMON_SHIP_STATUS".into(), "1".into()),
+        ("LOGMON_LOG".into(), "info".into()),
+    ];
+    ship.spawn();
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(
+            &[("t", "stdout", line_bytes(0, 10))],
+            Duration::from_secs(30)
+        ),
+        "{}",
+        ship.diagnostics()
+    );
+    let d = ship.diagnostics();
+    assert!(d.contains("LOGMON_SHIP_STATUS is ignored"), "{d}");
+    assert!(
+        d.contains(&format!("http://127.0.0.1:{port}/metrics")),
+        "the metrics address is logged: {d}"
+    );
+    assert_eq!(ship.sigterm(), Some(0));
+    // `--status` is unaffected by the shipping variables.
+    let mut cmd = logmon(&["ship", "--status", "--state-dir", state.to_str().unwrap()]);
+    cmd.env("LOGMON_SHIP_PATTERN", "*")
+        .env("LOGMON_SHIP_LOG_DIR", tmp.path().join("missing"));
+    let out = finish(cmd);
+    assert_exit(&out, 0);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stream_status(&st, "t", "stdout").len(), 1);
+}
+
+#[test]
+fn directories_whose_names_differ_only_in_unsafe_characters_never_share_a_subject() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    let names = [
+        "web.1", "web 1", "web*1", "web>1", "web\t1", "web\n1", "web_1",
+    ];
+    let mut daemons = Vec::new();
+    for n in names {
+        std::fs::create_dir_all(root.join(n)).unwrap();
+        daemons.push(Daemon::start(&root.join(n), "t", &[]));
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--subject",
+        "lg.{1}.{task}.{stream}",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--watch",
+        root.to_str().unwrap(),
+        "--pattern",
+        "*",
+    ]);
+    for n in names {
+        let f = fifo(&root.join(n), "t", Stream::Stdout);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .and_then(|mut w| std::io::Write::write_all(&mut w, format!("{n:?}\n").as_bytes()))
+            .unwrap();
+    }
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    let total: usize = names.iter().map(|n| format!("{n:?}\n").len()).sum();
+    assert!(r.wait_for(&[("t", "stdout", total)], Duration::from_secs(30)));
+    let mut by_subject = std::collections::BTreeMap::new();
+    for m in r.of("t", "stdout") {
+        by_subject
+            .entry(m.subject.clone())
+            .or_insert_with(Vec::new)
+            .push(String::from_utf8_lossy(&m.payload).into_owned());
+    }
+    assert_eq!(by_subject.len(), names.len(), "{by_subject:?}");
+    for (subject, lines) in &by_subject {
+        assert_eq!(lines.len(), 1, "{subject}: {lines:?}");
+    }
+    assert_eq!(by_subject["lg.web_1.t.stdout"], vec!["\"web_1\"\n"]);
+    assert_eq!(by_subject["lg.web%2E1.t.stdout"], vec!["\"web.1\"\n"]);
+    assert_eq!(by_subject["lg.web%0A1.t.stdout"], vec!["\"web\\n1\"\n"]);
+}
+
+#[test]
+fn a_partial_line_waits_for_its_newline_while_its_logmon_lives() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let d = Daemon::start(&logs, "t", &[]);
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    let f = fifo(&logs, "t", Stream::Stdout);
+    let mut w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    use std::io::Write as _;
+    // The first half of a line reaches the file (capture writes a
+    // partial line after 1 s, as a full disk can cut one mid-write) and
+    // stays alone there for longer than the shipper once waited.
+    w.write_all(b"first half|").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || read_stream(
+        &logs,
+        "t",
+        Stream::Stdout
+    ) == b"first half|"));
+    std::thread::sleep(Duration::from_secs(4));
+    w.write_all(b"second half\nlast, unended").unwrap();
+    drop(w);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(&[("t", "stdout", 23)], Duration::from_secs(30)));
+    // A logmon gone: its file is no longer active, the rest is shipped.
+    stop(d);
+    assert!(r.wait_for(&[("t", "stdout", 23 + 13)], Duration::from_secs(30)));
+    let msgs: Vec<Vec<u8>> = r.of("t", "stdout").map(|m| m.payload.clone()).collect();
+    assert_eq!(msgs[0], b"first half|second half\n", "{msgs:?}");
+    assert_eq!(
+        r.bytes_of("t", "stdout"),
+        b"first half|second half\nlast, unended"
+    );
+}

@@ -260,10 +260,15 @@ fn a_second_sigterm_while_stopping_still_exits_0() {
             .contains("shipping")));
         let mut c = ship.child.take().unwrap();
         let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-        for _ in 0..2 {
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        }
-        let st = c.wait().unwrap();
+        // SIGTERMs keep coming until it has exited (as from an impatient
+        // supervisor): none may find it between its handling and its exit.
+        let st = loop {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            if let Some(st) = c.try_wait().unwrap() {
+                break st;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
         assert_eq!(st.code(), Some(0), "run {i}: {st:?}");
     }
 }

@@ -266,12 +266,10 @@ fn block_stop_signals() -> Result<(), Failure> {
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))
 }
 
-/// Everything about the flags that can be judged before connecting.
-fn check(args: &Args) -> Result<Checked, Failure> {
+/// That there is something to ship, and `--watch` and `--pattern` come
+/// together.
+fn check_scope(args: &Args) -> Result<(), Failure> {
     let usage = |m: String| fail(EXIT_USAGE, m);
-    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
-        return Err(usage("--nats and --stream are required".into()));
-    };
     let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
     let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
     match (&args.watch, &args.pattern) {
@@ -293,6 +291,45 @@ fn check(args: &Args) -> Result<Checked, Failure> {
                 .into(),
         ));
     }
+    Ok(())
+}
+
+/// The log directories, the root and its pattern, and the subject.
+fn check_tree(args: &Args) -> Result<(Option<(PathBuf, Pattern)>, Template), Failure> {
+    let usage = |m: String| fail(EXIT_USAGE, m);
+    let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
+    let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
+    for d in &args.log_dirs {
+        check_dir(args.shown("--log-dir", LOG_DIR_VAR), d)?;
+    }
+    let watch = match (&args.watch, &args.pattern) {
+        (Some(root), Some(p)) => {
+            check_dir(watch_name, root)?;
+            let pattern =
+                Pattern::parse(p).map_err(|e| usage(named(e.to_string(), pattern_name)))?;
+            let root = std::path::absolute(root)
+                .map_err(|e| usage(format!("{watch_name} {}: {e}", root.display())))?;
+            Some((root, pattern))
+        }
+        _ => None,
+    };
+    let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
+    let subject = Template::parse(&args.subject, captures).map_err(|e| {
+        usage(named(
+            e.to_string(),
+            args.shown("--subject", "LOGMON_SHIP_SUBJECT"),
+        ))
+    })?;
+    Ok((watch, subject))
+}
+
+/// Everything about the flags that can be judged before connecting.
+fn check(args: &Args) -> Result<Checked, Failure> {
+    let usage = |m: String| fail(EXIT_USAGE, m);
+    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
+        return Err(usage("--nats and --stream are required".into()));
+    };
+    check_scope(args)?;
     let mut addrs = Vec::new();
     for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let a: async_nats::ServerAddr = u
@@ -316,27 +353,7 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             check_readable(flag, f)?;
         }
     }
-    for d in &args.log_dirs {
-        check_dir(args.shown("--log-dir", LOG_DIR_VAR), d)?;
-    }
-    let watch = match (&args.watch, &args.pattern) {
-        (Some(root), Some(p)) => {
-            check_dir(watch_name, root)?;
-            let pattern =
-                Pattern::parse(p).map_err(|e| usage(named(e.to_string(), pattern_name)))?;
-            let root = std::path::absolute(root)
-                .map_err(|e| usage(format!("{watch_name} {}: {e}", root.display())))?;
-            Some((root, pattern))
-        }
-        _ => None,
-    };
-    let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
-    let subject = Template::parse(&args.subject, captures).map_err(|e| {
-        usage(named(
-            e.to_string(),
-            args.shown("--subject", "LOGMON_SHIP_SUBJECT"),
-        ))
-    })?;
+    let (watch, subject) = check_tree(args)?;
     let metrics = match args.metrics_listen {
         Some(a) => Some(
             std::net::TcpListener::bind(a)

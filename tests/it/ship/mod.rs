@@ -81,10 +81,12 @@ fn single_node_ships_every_line_once_in_order_with_headers() {
     );
     check_headers(&r, &logs, "web.v2", "stdout", t0, &[("job", "api")]);
     check_headers(&r, &logs, "db", "stdout", t0, &[]);
-    // Subjects from the template: a dotted task is one token; a missing key is `_`.
+    // Subjects from the template: a dotted task is one token, its dot
+    // escaped (never folded: `web_v2` would be another task); a missing
+    // key is `_`.
     assert!(r
         .of("web.v2", "stdout")
-        .all(|m| m.subject == "logs.api.web_v2.stdout"));
+        .all(|m| m.subject == "logs.api.web%2Ev2.stdout"));
     assert!(r
         .of("db", "stdout")
         .all(|m| m.subject == "logs._.db.stdout"));

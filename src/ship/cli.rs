@@ -1,6 +1,9 @@
 //! The command line of `logmon-ship` (`logmon ship` execs it): flags, each
-//! also a `LOGMON_SHIP_*` variable (a bad value names the variable it came
-//! from); everything checkable is checked before connecting — the pattern,
+//! but `--status` also a `LOGMON_SHIP_*` variable (a bad value names the
+//! variable it came from; `LOGMON_SHIP_LOG_DIR` is comma-separated and
+//! read only without `--log-dir`, where a comma is part of the name; a
+//! `LOGMON_SHIP_STATUS` is ignored with a warning, so the unit always
+//! ships); everything checkable is checked before connecting — the pattern,
 //! the subject, the files the flags name, the state directory, its lock
 //! and its state — and fails with one line and exit 2 naming the flag;
 //! then connection and authentication (1 refused by the server or a failed
@@ -8,6 +11,9 @@
 //!
 //! Tests: `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
 //! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
+//! `tests/it/ship/silent.rs` (a stream not binding the subject, a second
+//! SIGTERM, a stray `LOGMON_SHIP_STATUS`, a comma in a `--log-dir`, the
+//! metrics address in the log);
 //! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
 use std::io::Write;

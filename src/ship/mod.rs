@@ -34,7 +34,14 @@
 //! - **nothing lost silently** — a file purged before it was shipped is
 //!   announced by a gap record (headers `Logmon-Gap-Bytes`,
 //!   `Logmon-Gap-Files`, no payload) and counted; the file being shipped is
-//!   held open, so purging it mid-read loses nothing (`purge_racing_…`);
+//!   held open, so purging it mid-read loses nothing (`purge_racing_…`); a
+//!   log directory or `--watch` root removed or replaced under it is let
+//!   go (its unshipped bytes counted as a gap in the status, with the
+//!   cause) and taken again once back at its path, said in the log
+//!   (`silent.rs::a_log_directory_removed_and_recreated_…`,
+//!   `silent.rs::a_watch_root_renamed_and_recreated_…`); a `--subject` the
+//!   stream does not bind is refused at start
+//!   (`silent.rs::a_stream_that_does_not_bind_the_subject_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a

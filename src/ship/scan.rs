@@ -378,8 +378,7 @@ fn placeholder(key: &str, captures: usize) -> Result<Piece, String> {
     Ok(Piece::Meta(key.to_owned()))
 }
 
-/// Appends `value` as (part of) one subject token: bytes NATS subjects
-/// reserve (`.`, `*`, `>`, whitespace, controls) become `_`.
+/// Appends `value` as (part of) one subject token ([`subject_token`]).
 fn push_token(out: &mut String, value: &str) {
     subject_token(out, value);
 }

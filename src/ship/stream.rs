@@ -19,6 +19,14 @@
 //! than its cap are open (the least recently used first); the next window
 //! opens them again. The cursor's file is held open while it is in use,
 //! so a purge mid-read loses nothing.
+//!
+//! A message never ends mid-line: a partial last line of the active file
+//! (capture writes one after 1 s; a full disk cuts one mid-write) waits
+//! for its newline while the task's logmon holds its lock (read from
+//! /proc/locks, never taken), and is shipped as it is only once the file
+//! is no longer active: a later file exists, or its logmon is gone
+//! (`tests/it/ship/silent.rs::a_partial_line_waits_for_its_newline_while_its_logmon_lives`).
+//! Only a line longer than the largest message is cut.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

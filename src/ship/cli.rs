@@ -245,6 +245,9 @@ fn run(args: Args) -> Result<(), Failure> {
         return super::status::print(&args.state_dir);
     }
     let checked = check(&args)?;
+    // Held until the process exits; taken first, so that a refusal makes
+    // no state directory.
+    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
     let locked = lock_state(&args.state_dir)?;
     // The stop signals stay blocked until the process exits (the guard
     // below restores this mask, not the one before): a second SIGTERM
@@ -259,6 +262,28 @@ fn run(args: Args) -> Result<(), Failure> {
         .build()
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
     rt.block_on(serve(args, checked, locked, signals))
+}
+
+/// Takes the lock of each `--log-dir` (one shipper per log directory):
+/// another shipper's is a refusal naming it (exit 1); a lock that cannot
+/// be made (a directory this user cannot write) is a warning.
+fn lock_log_dirs(
+    dirs: &[PathBuf],
+    state_dir: &Path,
+) -> Result<Vec<super::dirlock::DirLock>, Failure> {
+    use super::dirlock::{take, DirLockError};
+    let mut held = Vec::new();
+    for d in dirs {
+        let Ok(dir) = crate::shared::dir::Dir::open(d) else {
+            continue;
+        };
+        match take(&dir, state_dir) {
+            Ok(l) => held.push(l),
+            Err(e @ DirLockError::Held { .. }) => return Err(fail(EXIT_FAILURE, e.to_string())),
+            Err(e) => tracing::warn!(error = %e, "shipping without the log directory's lock"),
+        }
+    }
+    Ok(held)
 }
 
 /// Blocks the stop signals in this thread (and the threads it starts)

@@ -62,6 +62,7 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+pub mod dirlock;
 mod exit;
 mod round;
 pub mod scan;
@@ -349,7 +350,13 @@ impl Shipper {
                 Change::Overflow => everything = true,
             }
         }
-        if self.tree.searching() || !changes_empty {
+        if !changes_empty {
+            // Files went or came: a directory may have gone with them (a
+            // directory held open reports its own removal only once
+            // closed; its nlink says it at once).
+            self.tree.want_verify();
+        }
+        if self.tree.searching() {
             self.verify_tree(Instant::now());
         }
         if everything || self.tree.wants_rescan() {

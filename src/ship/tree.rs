@@ -206,6 +206,13 @@ pub struct Tree {
     /// The root was removed or moved: looked for again at its path.
     root_lost: bool,
     last_verify: Option<std::time::Instant>,
+    /// A look was asked for while the last was under a second ago.
+    verify_wanted: bool,
+    /// Watches on the parents of given directories (by watch), with the
+    /// names of the given directories in each: a directory held open
+    /// reports its own removal only once closed, so its removal, or a
+    /// rename over it, is seen in its parent.
+    parents: HashMap<i32, Vec<OsString>>,
 }
 
 impl Tree {
@@ -234,6 +241,8 @@ impl Tree {
             lost: Vec::new(),
             root_lost: false,
             last_verify: None,
+            verify_wanted: false,
+            parents: HashMap::new(),
         };
         for p in given {
             let dir = Dir::open(p).map_err(|source| TreeError::Dir {
@@ -301,6 +310,9 @@ impl Tree {
             self.by_wd.insert(wd.as_raw(), id);
         }
         let keep = matches!(origin, Origin::Given);
+        if keep {
+            self.watch_parent(&dir);
+        }
         self.open += 1;
         self.clock += 1;
         self.logs.insert(
@@ -319,6 +331,26 @@ impl Tree {
         );
         self.trim();
         Some(id)
+    }
+
+    /// Watches the parent of given directory `dir` for its name going or
+    /// coming.
+    fn watch_parent(&mut self, dir: &Dir) {
+        let (Some(parent), Some(name)) = (dir.parent_fd(), dir.path().file_name()) else {
+            return;
+        };
+        let path = format!("/proc/self/fd/{}", parent.as_raw_fd());
+        let mask = AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_ONLYDIR;
+        if let Ok(wd) = self.inotify.add_watch(path.as_str(), mask) {
+            let names = self.parents.entry(wd.as_raw()).or_default();
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
     }
 
     /// Walks down from `at` (the directory at `rel` below the root) to
@@ -613,6 +645,12 @@ impl Tree {
             }
             return;
         }
+        if let Some(names) = self.parents.get(&ev.wd) {
+            if names.iter().any(|n| n.as_bytes() == ev.name) {
+                self.verify_wanted = true;
+            }
+            return;
+        }
         if let Some(n) = self.nodes.get(&ev.wd) {
             if n.rel.is_empty()
                 && mask.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF)
@@ -635,7 +673,12 @@ impl Tree {
     /// Whether a directory is being looked for again (a timer is then
     /// due: [`Tree::verify`] once a second).
     pub fn searching(&self) -> bool {
-        !self.lost.is_empty() || self.root_lost
+        !self.lost.is_empty() || self.root_lost || self.verify_wanted
+    }
+
+    /// Asks for a look at the next [`Tree::verify`].
+    pub fn want_verify(&mut self) {
+        self.verify_wanted = true;
     }
 
     /// Looks (at most once a second) whether a given directory or the
@@ -648,9 +691,11 @@ impl Tree {
             .last_verify
             .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
         {
+            self.verify_wanted = true;
             return v;
         }
         self.last_verify = Some(now);
+        self.verify_wanted = false;
         for d in self.logs.values() {
             if matches!(d.origin, Origin::Given) && replaced(d.handle.as_deref(), &d.path, d.id) {
                 v.gone.push(d.id);

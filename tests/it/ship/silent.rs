@@ -440,3 +440,118 @@ fn a_partial_line_waits_for_its_newline_while_its_logmon_lives() {
         b"first half|second half\nlast, unended"
     );
 }
+
+#[test]
+fn a_second_shipper_on_one_log_directory_is_refused_naming_the_first() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _d = Daemon::start(&logs, "t", &[]);
+    let first_state = tmp.path().join("state-1");
+    let first = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            first_state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+    );
+    assert!(wait_until(Duration::from_secs(20), || first
+        .diagnostics()
+        .contains("shipping")));
+    // A planted name where a lock would be is never a reason to fail or
+    // to follow it.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", other.join(".logmon-ship.lock")).unwrap();
+    let url = srv.url();
+    let second_state = tmp.path().join("state-2");
+    let mut cmd = logmon(&[
+        "ship",
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--state-dir",
+        second_state.to_str().unwrap(),
+        "--log-dir",
+        other.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    cmd.env("LOGMON_LOG", "error");
+    let out = finish(cmd);
+    let err = assert_exit_naming(&out, 1, &format!("pid {}", first.pid()));
+    assert!(err.contains(first_state.to_str().unwrap()), "{err}");
+    assert!(err.contains("one shipper per log directory"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        std::fs::symlink_metadata(other.join(".logmon-ship.lock"))
+            .unwrap()
+            .is_file(),
+        "the planted symlink was replaced by the shipper's own lock"
+    );
+    // The first ships on.
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 10))],
+        Duration::from_secs(30)
+    ));
+}
+
+#[test]
+fn an_empty_log_directory_removed_and_made_again_is_followed() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+    );
+    assert!(wait_until(Duration::from_secs(20), || ship
+        .diagnostics()
+        .contains("shipping")));
+    // No file in it: no event of its own while the shipper holds it open.
+    std::fs::remove_dir(&logs).unwrap();
+    std::fs::create_dir(&logs).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || ship
+            .diagnostics()
+            .contains("back at its path")),
+        "{}",
+        ship.diagnostics()
+    );
+    let _d = Daemon::start(&logs, "t", &[]);
+    write_numbered(&fifo(&logs, "t", Stream::Stdout), 0, 10);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, 10))],
+        Duration::from_secs(30)
+    ));
+}

@@ -537,8 +537,9 @@ fn an_empty_log_directory_removed_and_made_again_is_followed() {
     assert!(wait_until(Duration::from_secs(20), || ship
         .diagnostics()
         .contains("shipping")));
-    // No file in it: no event of its own while the shipper holds it open.
-    std::fs::remove_dir(&logs).unwrap();
+    // No task's file in it (only the shipper's lock): no event of its own
+    // while the shipper holds it open.
+    std::fs::remove_dir_all(&logs).unwrap();
     std::fs::create_dir(&logs).unwrap();
     assert!(
         wait_until(Duration::from_secs(20), || ship

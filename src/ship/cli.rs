@@ -245,10 +245,10 @@ fn run(args: Args) -> Result<(), Failure> {
         return super::status::print(&args.state_dir);
     }
     let checked = check(&args)?;
-    // Held until the process exits; taken first, so that a refusal makes
-    // no state directory.
-    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
     let locked = lock_state(&args.state_dir)?;
+    // Held until the process exits; after the state's lock, so that a
+    // second shipper on one state directory is told that first.
+    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
     // The stop signals stay blocked until the process exits (the guard
     // below restores this mask, not the one before): a second SIGTERM
     // while the first is being handled, or after, is read or dropped,
@@ -385,6 +385,15 @@ fn check(args: &Args) -> Result<Checked, Failure> {
         }
     }
     let (watch, subject) = check_tree(args)?;
+    if (args.log_dirs.len() + usize::from(watch.is_some()) > 1
+        || watch.as_ref().is_some_and(|(_, p)| p.captures() > 0))
+        && !subject.has_capture()
+    {
+        // Tasks of one name in two directories would share a subject;
+        // only the headers would tell them apart.
+        tracing::warn!(subject = %args.subject,
+            "--subject has no capture of --pattern ({{1}}…) while several directories are shipped: tasks of the same name in different directories share a subject (give each directory its own --watch capture in --subject)");
+    }
     let metrics = match args.metrics_listen {
         Some(a) => Some(
             std::net::TcpListener::bind(a)

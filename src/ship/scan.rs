@@ -319,6 +319,15 @@ impl Template {
             .join(".")
     }
 
+    /// Whether the template uses a capture of `--pattern` (`{1}`…): what
+    /// tells directories apart in a subject.
+    pub fn has_capture(&self) -> bool {
+        self.tokens
+            .iter()
+            .flatten()
+            .any(|p| matches!(p, Piece::Capture(_)))
+    }
+
     /// The metadata keys the template uses.
     pub fn meta_keys(&self) -> BTreeSet<&str> {
         self.tokens

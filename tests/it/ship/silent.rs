@@ -556,3 +556,51 @@ fn an_empty_log_directory_removed_and_made_again_is_followed() {
         Duration::from_secs(30)
     ));
 }
+
+#[test]
+fn a_subject_that_cannot_tell_directories_apart_is_warned_about() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let closed = format!("nats://127.0.0.1:{}", free_port());
+    let state = tmp.path().join("state");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "ship",
+            "--nats",
+            &closed,
+            "--stream",
+            "S",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let mut cmd = logmon(&args);
+        cmd.env("LOGMON_LOG", "warn");
+        let out = finish(cmd);
+        assert_exit(&out, 75);
+        text(&out.stderr)
+    };
+    let two = run(&[
+        "--log-dir",
+        a.to_str().unwrap(),
+        "--log-dir",
+        b.to_str().unwrap(),
+    ]);
+    assert!(two.contains("share a subject"), "{two}");
+    let root = tmp.path().to_str().unwrap();
+    let watched = run(&["--watch", root, "--pattern", "*"]);
+    assert!(watched.contains("share a subject"), "{watched}");
+    let told_apart = run(&[
+        "--watch",
+        root,
+        "--pattern",
+        "*",
+        "--subject",
+        "l.{1}.{task}.{stream}",
+    ]);
+    assert!(!told_apart.contains("share a subject"), "{told_apart}");
+    let one = run(&["--log-dir", a.to_str().unwrap()]);
+    assert!(!one.contains("share a subject"), "{one}");
+}

@@ -604,3 +604,107 @@ fn a_subject_that_cannot_tell_directories_apart_is_warned_about() {
     let one = run(&["--log-dir", a.to_str().unwrap()]);
     assert!(!one.contains("share a subject"), "{one}");
 }
+
+/// Unmounts a test's tmpfs when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the file system of `dir` with `name` until it is full.
+fn fill(dir: &Path, name: &str) {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(dir.join(name)).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+}
+
+#[test]
+fn a_line_torn_by_a_full_disk_never_ends_a_message() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs"])
+        .arg(&logs)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping: cannot mount a tmpfs here");
+        return;
+    }
+    let _umount = Mounted(logs.clone());
+    let srv = Server::single(&tmp.path().join("js"));
+    let d = Daemon::start(
+        &logs,
+        "t",
+        &[
+            "--on-write-error",
+            "block",
+            "--max-file-size",
+            "256KiB",
+            "--max-files",
+            "100",
+        ],
+    );
+    let _ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    const N: u64 = 20_000;
+    let f = fifo(&logs, "t", Stream::Stdout);
+    let writer = std::thread::spawn(move || {
+        for k in 0..100 {
+            write_numbered(&f, k * N / 100, (k + 1) * N / 100);
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    });
+    // The disk is full three times, for longer than capture holds a
+    // partial line: a line cut mid-write waits in the file meanwhile.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(700));
+        fill(tmp.path().join("logs").as_path(), "filler");
+        std::thread::sleep(Duration::from_millis(2500));
+        std::fs::remove_file(logs.join("filler")).unwrap();
+    }
+    writer.join().unwrap();
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("t", "stdout", line_bytes(0, N))],
+        Duration::from_secs(60)
+    ));
+    assert_numbered(&r.bytes_of("t", "stdout"), 0, N);
+    let torn: Vec<(String, String)> = r
+        .of("t", "stdout")
+        .filter(|m| !m.payload.ends_with(b"\n"))
+        .map(|m| {
+            (
+                format!(
+                    "{}@{}",
+                    m.headers["Logmon-File"], m.headers["Logmon-Offset"]
+                ),
+                String::from_utf8_lossy(&m.payload[m.payload.len().saturating_sub(20)..])
+                    .into_owned(),
+            )
+        })
+        .collect();
+    assert!(torn.is_empty(), "messages ending mid-line: {torn:?}");
+    stop(d);
+}

@@ -338,9 +338,16 @@ impl Shipper {
         let changes_empty = changes.is_empty();
         let mut everything =
             self.tree.degraded && self.next_deadline().is_some_and(|t| t <= Instant::now());
+        // Directories whose names changed: one removed while the shipper
+        // holds it open reports its own removal only once closed, so its
+        // link count is looked at (the files go first in `rm -rf`).
+        let mut touched = HashSet::new();
         for c in changes {
             match c {
-                Change::File { dir, name, closed } => self.file_changed(dir, &name, closed),
+                Change::File { dir, name, closed } => {
+                    touched.insert(dir);
+                    self.file_changed(dir, &name, closed);
+                }
                 Change::Attrib(dir) => {
                     if self.tree.recheck_trust(&dir) {
                         self.list_due.insert(dir);
@@ -350,10 +357,14 @@ impl Shipper {
                 Change::Overflow => everything = true,
             }
         }
+        for dir in touched {
+            if self.tree.is_gone(&dir) {
+                self.dir_gone(dir, true);
+            }
+        }
         if !changes_empty {
-            // Files went or came: a directory may have gone with them (a
-            // directory held open reports its own removal only once
-            // closed; its nlink says it at once).
+            // Files went or came: a given directory or the root may have
+            // gone with them.
             self.tree.want_verify();
         }
         if self.tree.searching() {

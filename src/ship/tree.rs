@@ -35,6 +35,11 @@
 //!   at every second until a directory is there again, which is then
 //!   followed and said in the log
 //!   (`tests/it/ship/silent.rs::a_log_directory_removed_and_recreated_is_shipped_again_and_said`);
+//!   a directory held open reports its own removal only once closed, so
+//!   its removal is also seen by its link count when names in it change,
+//!   and (for a given one) in its parent: a removed directory's handle and
+//!   watch go within seconds
+//!   (`tests/it/ship/silent.rs::a_removed_directory_under_watch_is_let_go_within_seconds`);
 //! - **trust** — a directory that others could rename names in (writable
 //!   by others without the sticky bit, [`crate::shared::dir::Trust`]) is not
 //!   shipped from: a task there could have renamed another task's files or
@@ -674,6 +679,24 @@ impl Tree {
     /// due: [`Tree::verify`] once a second).
     pub fn searching(&self) -> bool {
         !self.lost.is_empty() || self.root_lost || self.verify_wanted
+    }
+
+    /// Whether log directory `id` was removed: no link left on its
+    /// handle, or (let go) nothing of its identity at its place.
+    pub fn is_gone(&self, id: &FileId) -> bool {
+        let Some(d) = self.logs.get(id) else {
+            return false;
+        };
+        if let Some(h) = &d.handle {
+            return h.is_deleted();
+        }
+        match (&d.origin, &self.root) {
+            (Origin::Found(rel), Some(root)) => match reopen(&root.dir, rel) {
+                Ok(dir) => dir.id() != d.id,
+                Err(e) => e.raw_os_error() == Some(nix::libc::ENOENT),
+            },
+            _ => false,
+        }
     }
 
     /// Asks for a look at the next [`Tree::verify`].

@@ -708,3 +708,82 @@ fn a_line_torn_by_a_full_disk_never_ends_a_message() {
     assert!(torn.is_empty(), "messages ending mid-line: {torn:?}");
     stop(d);
 }
+
+/// The descriptors of process `pid` open on something under `under`,
+/// and its inotify watches.
+fn fds_and_watches(pid: u32, under: &Path) -> (usize, usize) {
+    let mut fds = 0;
+    let mut watches = 0;
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return (0, 0);
+    };
+    for e in entries.flatten() {
+        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(under)) {
+            fds += 1;
+        }
+        let info = format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy());
+        if let Ok(text) = std::fs::read_to_string(info) {
+            watches += text
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
+        }
+    }
+    (fds, watches)
+}
+
+#[test]
+fn a_removed_directory_under_watch_is_let_go_within_seconds() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let a = Daemon::start(&root.join("a"), "ta", &[]);
+    let _b = Daemon::start(&root.join("b"), "tb", &[]);
+    let ship = Shipper::start(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--subject",
+        "x.{1}.{task}.{stream}",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--watch",
+        root.to_str().unwrap(),
+        "--pattern",
+        "*",
+    ]);
+    write_numbered(&fifo(&root.join("a"), "ta", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("ta", "stdout", line_bytes(0, 50))],
+        Duration::from_secs(30)
+    ));
+    stop(a);
+    let (fds, watches) = fds_and_watches(ship.pid(), &root.join("a"));
+    assert!(fds > 0, "the shipper holds the directory it ships");
+    std::fs::remove_dir_all(root.join("a")).unwrap();
+    // Its descriptors and its watch go within a few seconds.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let (f, w) = fds_and_watches(ship.pid(), &root.join("a"));
+            f == 0 && w < watches
+        }),
+        "still held: {:?} (watches before: {watches})",
+        fds_and_watches(ship.pid(), &root.join("a"))
+    );
+    // The other directory ships on.
+    write_numbered(&fifo(&root.join("b"), "tb", Stream::Stdout), 0, 50);
+    assert!(r.wait_for(
+        &[("tb", "stdout", line_bytes(0, 50))],
+        Duration::from_secs(30)
+    ));
+}

@@ -11,7 +11,10 @@
 //! owner), looked at before it is opened (a FIFO or a device is never
 //! opened) and checked again on the descriptor opened (non-blocking, so a
 //! file under a lease fails at once instead of hanging). Anything else at
-//! a stream's name is counted in `foreign_files` and never shipped.
+//! a stream's name is counted in `foreign_files` and never shipped; so is
+//! a sparse file (a hole before its end, `SEEK_HOLE`), whose holes would
+//! ship as data costing no disk
+//! (`tests/it/ship/silent.rs::a_sparse_file_at_a_stream_name_never_ships_its_holes`).
 //!
 //! Descriptors are bounded: each stream's open file, position writer and
 //! capture-time stamper (with the index of the cursor's file, and of the
@@ -242,7 +245,7 @@ impl Tracked {
             Err(e) => return Err(read(e)),
         };
         let st = nix::sys::stat::fstat(&f).map_err(|e| read(e.into()))?;
-        if trust.foreign_file(&st).is_some() {
+        if trust.foreign_file(&st).is_some() || has_hole(&f, &st) {
             *foreign += 1;
             return Ok(None);
         }
@@ -614,6 +617,16 @@ impl Tracked {
             _ => false,
         }
     }
+}
+
+/// Whether `f` has a hole before its end (`SEEK_HOLE`): logmon writes its
+/// files front to back, so a sparse file at a stream's name is not its
+/// own, and its holes would ship as zeros costing no disk (a file system
+/// without hole support reports none).
+fn has_hole(f: &File, st: &nix::sys::stat::FileStat) -> bool {
+    use std::os::fd::AsFd;
+    let hole = nix::unistd::lseek(f.as_fd(), 0, nix::unistd::Whence::SeekHole);
+    matches!(hole, Ok(h) if h < st.st_size)
 }
 
 /// Every followed stream, and the cap on their open descriptors.

@@ -389,22 +389,24 @@ impl Tree {
         }
         let child = match at.open_child(name) {
             Ok(c) => c,
-            // A symlink is never followed: said once, so that a tree of
-            // links is not a silent "no directories".
-            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
-                self.note(
-                    at,
-                    name,
-                    "not following a symlink under --watch (only real directories are shipped)",
-                );
-                return;
-            }
-            // Not a directory, or gone meanwhile.
+            // A symlink (ELOOP, or ENOTDIR with O_DIRECTORY) is never
+            // followed: said once, so that a tree of links is not a
+            // silent "no directories". Not a directory, or gone: skipped.
             Err(e)
                 if matches!(e.raw_os_error(),
-                    Some(c) if c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
+                    Some(c) if c == nix::libc::ELOOP || c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
             {
-                return
+                let link = at.stat(name).ok().flatten().is_some_and(|st| {
+                    crate::shared::dir::is_type(&st, nix::sys::stat::SFlag::S_IFLNK)
+                });
+                if link {
+                    self.note(
+                        at,
+                        name,
+                        "not following a symlink under --watch (only real directories are shipped)",
+                    );
+                }
+                return;
             }
             Err(e) => {
                 tracing::warn!(dir = ?at.path().join(name), error = %e,

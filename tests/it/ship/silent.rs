@@ -833,3 +833,43 @@ fn a_sparse_file_at_a_stream_name_never_ships_its_holes() {
     let st = status(&state);
     assert_eq!(stream_status(&st, "x", "stdout")[0]["shipped_bytes"], 0);
 }
+
+#[test]
+fn a_symlink_under_watch_is_named_in_the_log_not_silently_skipped() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("linked")).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let state = tmp.path().join("state");
+    let mut ship = Shipper::new(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--subject",
+        "x.{1}.{task}.{stream}",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--watch",
+        root.to_str().unwrap(),
+        "--pattern",
+        "*",
+    ]);
+    ship.log = Some(tmp.path().join("ship.log"));
+    ship.spawn();
+    assert!(
+        wait_until(Duration::from_secs(20), || ship
+            .diagnostics()
+            .contains("not following a symlink under --watch")),
+        "{}",
+        ship.diagnostics()
+    );
+    assert!(ship.diagnostics().contains("linked"));
+}

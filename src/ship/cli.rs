@@ -1,6 +1,9 @@
 //! The command line of `logmon-ship` (`logmon ship` execs it): flags, each
-//! also a `LOGMON_SHIP_*` variable (a bad value names the variable it came
-//! from); everything checkable is checked before connecting — the pattern,
+//! but `--status` also a `LOGMON_SHIP_*` variable (a bad value names the
+//! variable it came from; `LOGMON_SHIP_LOG_DIR` is comma-separated and
+//! read only without `--log-dir`, where a comma is part of the name; a
+//! `LOGMON_SHIP_STATUS` is ignored with a warning, so the unit always
+//! ships); everything checkable is checked before connecting — the pattern,
 //! the subject, the files the flags name, the state directory, its lock
 //! and its state — and fails with one line and exit 2 naming the flag;
 //! then connection and authentication (1 refused by the server or a failed
@@ -8,6 +11,9 @@
 //!
 //! Tests: `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
 //! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
+//! `tests/it/ship/silent.rs` (a stream not binding the subject, a second
+//! SIGTERM, a stray `LOGMON_SHIP_STATUS`, a comma in a `--log-dir`, the
+//! metrics address in the log);
 //! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
 
 use std::io::Write;
@@ -38,16 +44,18 @@ pub struct Args {
     /// Directory of the shipper's cursors and status (created if missing).
     #[arg(long, env = "LOGMON_SHIP_STATE_DIR")]
     pub state_dir: PathBuf,
-    /// A log directory to ship (repeatable; the variable is comma-separated).
-    #[arg(long = "log-dir", env = "LOGMON_SHIP_LOG_DIR", value_delimiter = ',')]
+    /// A log directory to ship (repeatable; a comma is part of the name).
+    /// LOGMON_SHIP_LOG_DIR, used when no --log-dir is given, is a
+    /// comma-separated list (empty: none, to clear a default).
+    #[arg(long = "log-dir")]
     pub log_dirs: Vec<PathBuf>,
     /// A root watched (inotify) for log directories matching --pattern.
-    #[arg(long, env = "LOGMON_SHIP_WATCH", requires = "pattern")]
+    #[arg(long, env = "LOGMON_SHIP_WATCH")]
     pub watch: Option<PathBuf>,
     /// Glob of a log directory's path relative to --watch (e.g. */alloc/logs),
     /// with the wildcards `*` and `?` within a component; each component
     /// holding one is a capture for --subject: {1}, {2}, …
-    #[arg(long, env = "LOGMON_SHIP_PATTERN", requires = "watch")]
+    #[arg(long, env = "LOGMON_SHIP_PATTERN")]
     pub pattern: Option<String>,
     /// Subject template: {task}, {stream}, {1}…{9} (captures of --pattern), any --meta key.
     #[arg(
@@ -98,11 +106,78 @@ pub struct Args {
     /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
     /// loopback (e.g. :9464). Loopback unless you name another address.
     #[arg(long, env = "LOGMON_SHIP_METRICS_LISTEN", value_name = "ADDR",
-          value_parser = crate::node::serve::parse_listen)]
+          value_parser = parse_metrics_listen)]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Print the state in --state-dir as JSON and exit.
-    #[arg(long, env = "LOGMON_SHIP_STATUS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    /// Print the state in --state-dir as JSON and exit. Only this flag
+    /// does: a LOGMON_SHIP_STATUS variable is ignored with a warning (one
+    /// stray line in ship.env must not stop the unit shipping).
+    #[arg(long)]
     pub status: bool,
+    /// The settings whose value came from their variable, not the command
+    /// line: an error about one names the variable.
+    #[arg(skip)]
+    pub from_env: Vec<&'static str>,
+}
+
+/// The variable of `--log-dir`: comma-separated, read only when no
+/// `--log-dir` is given.
+const LOG_DIR_VAR: &str = "LOGMON_SHIP_LOG_DIR";
+
+impl Args {
+    /// Parses the command line and the `LOGMON_SHIP_*` variables.
+    pub fn parse_all() -> Result<Args, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let m = Args::command().try_get_matches()?;
+        let mut args = Args::from_arg_matches(&m)?;
+        for (id, var) in [
+            ("watch", "LOGMON_SHIP_WATCH"),
+            ("pattern", "LOGMON_SHIP_PATTERN"),
+            ("subject", "LOGMON_SHIP_SUBJECT"),
+            ("state_dir", "LOGMON_SHIP_STATE_DIR"),
+            ("metrics_listen", "LOGMON_SHIP_METRICS_LISTEN"),
+        ] {
+            if m.value_source(id) == Some(clap::parser::ValueSource::EnvVariable) {
+                args.from_env.push(var);
+            }
+        }
+        if args.log_dirs.is_empty() {
+            if let Some(v) = std::env::var_os(LOG_DIR_VAR) {
+                let v = v.to_string_lossy().into_owned();
+                args.log_dirs = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .collect();
+                if !args.log_dirs.is_empty() {
+                    args.from_env.push(LOG_DIR_VAR);
+                }
+            }
+        }
+        Ok(args)
+    }
+
+    /// How an error names a setting: its flag, or the variable it came
+    /// from.
+    fn shown(&self, flag: &'static str, var: &'static str) -> &'static str {
+        if self.from_env.contains(&var) {
+            var
+        } else {
+            flag
+        }
+    }
+}
+
+/// `--metrics-listen`: an address with a port to listen on; port 0 (a
+/// port no scraper could know) is refused.
+fn parse_metrics_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    let a = crate::node::serve::parse_listen(s)?;
+    if a.port() == 0 {
+        return Err(format!(
+            "{s:?} has no port (0 would be a random one no scraper knows): give :PORT for loopback (e.g. :9464) or IP:PORT"
+        ));
+    }
+    Ok(a)
 }
 
 /// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
@@ -113,7 +188,7 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
 
 /// The whole `logmon-ship` program.
 pub fn main() -> ! {
-    let args = match Args::try_parse() {
+    let args = match Args::parse_all() {
         Ok(a) => a,
         Err(e) => std::process::exit(crate::cli::clap_failure_of(
             &e,
@@ -122,6 +197,9 @@ pub fn main() -> ! {
         )),
     };
     init_tracing();
+    if !args.status && std::env::var_os("LOGMON_SHIP_STATUS").is_some() {
+        tracing::warn!("LOGMON_SHIP_STATUS is ignored: only the --status flag prints the status; remove the variable (from ship.env)");
+    }
     let code = match run(args) {
         Ok(()) => 0,
         Err(f) => {
@@ -168,6 +246,14 @@ fn run(args: Args) -> Result<(), Failure> {
     }
     let checked = check(&args)?;
     let locked = lock_state(&args.state_dir)?;
+    // Held until the process exits; after the state's lock, so that a
+    // second shipper on one state directory is told that first.
+    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
+    // The stop signals stay blocked until the process exits (the guard
+    // below restores this mask, not the one before): a second SIGTERM
+    // while the first is being handled, or after, is read or dropped,
+    // never the default action (exit 143 with cursors unsaved).
+    block_stop_signals()?;
     // Before the runtime and any thread it may start: see crate::shared::signals.
     let signals = crate::shared::signals::Blocked::new(&crate::shared::signals::STOP)
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
@@ -178,18 +264,103 @@ fn run(args: Args) -> Result<(), Failure> {
     rt.block_on(serve(args, checked, locked, signals))
 }
 
-/// Everything about the flags that can be judged before connecting.
-fn check(args: &Args) -> Result<Checked, Failure> {
+/// Takes the lock of each `--log-dir` (one shipper per log directory):
+/// another shipper's is a refusal naming it (exit 1); a lock that cannot
+/// be made (a directory this user cannot write) is a warning.
+fn lock_log_dirs(
+    dirs: &[PathBuf],
+    state_dir: &Path,
+) -> Result<Vec<super::dirlock::DirLock>, Failure> {
+    use super::dirlock::{take, DirLockError};
+    let mut held = Vec::new();
+    for d in dirs {
+        let Ok(dir) = crate::shared::dir::Dir::open(d) else {
+            continue;
+        };
+        match take(&dir, state_dir) {
+            Ok(l) => held.push(l),
+            Err(e @ DirLockError::Held { .. }) => return Err(fail(EXIT_FAILURE, e.to_string())),
+            Err(e) => tracing::warn!(error = %e, "shipping without the log directory's lock"),
+        }
+    }
+    Ok(held)
+}
+
+/// Blocks the stop signals in this thread (and the threads it starts)
+/// for good.
+fn block_stop_signals() -> Result<(), Failure> {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for s in crate::shared::signals::STOP {
+        set.add(s);
+    }
+    nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&set), None)
+        .map_err(|e| fail(EXIT_FAILURE, format!("cannot handle signals: {e}")))
+}
+
+/// That there is something to ship, and `--watch` and `--pattern` come
+/// together.
+fn check_scope(args: &Args) -> Result<(), Failure> {
     let usage = |m: String| fail(EXIT_USAGE, m);
-    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
-        return Err(usage("--nats and --stream are required".into()));
-    };
+    let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
+    let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
+    match (&args.watch, &args.pattern) {
+        (Some(_), None) => {
+            return Err(usage(format!(
+            "{watch_name} needs --pattern GLOB (the log directories below it, e.g. */alloc/logs)"
+        )))
+        }
+        (None, Some(_)) => {
+            return Err(usage(format!(
+                "{pattern_name} needs --watch ROOT (the directory it is relative to)"
+            )))
+        }
+        _ => {}
+    }
     if args.log_dirs.is_empty() && args.watch.is_none() {
         return Err(usage(
             "nothing to ship: give --log-dir DIR (repeatable) or --watch ROOT --pattern GLOB"
                 .into(),
         ));
     }
+    Ok(())
+}
+
+/// The log directories, the root and its pattern, and the subject.
+fn check_tree(args: &Args) -> Result<(Option<(PathBuf, Pattern)>, Template), Failure> {
+    let usage = |m: String| fail(EXIT_USAGE, m);
+    let watch_name = args.shown("--watch", "LOGMON_SHIP_WATCH");
+    let pattern_name = args.shown("--pattern", "LOGMON_SHIP_PATTERN");
+    for d in &args.log_dirs {
+        check_dir(args.shown("--log-dir", LOG_DIR_VAR), d)?;
+    }
+    let watch = match (&args.watch, &args.pattern) {
+        (Some(root), Some(p)) => {
+            check_dir(watch_name, root)?;
+            let pattern =
+                Pattern::parse(p).map_err(|e| usage(named(e.to_string(), pattern_name)))?;
+            let root = std::path::absolute(root)
+                .map_err(|e| usage(format!("{watch_name} {}: {e}", root.display())))?;
+            Some((root, pattern))
+        }
+        _ => None,
+    };
+    let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
+    let subject = Template::parse(&args.subject, captures).map_err(|e| {
+        usage(named(
+            e.to_string(),
+            args.shown("--subject", "LOGMON_SHIP_SUBJECT"),
+        ))
+    })?;
+    Ok((watch, subject))
+}
+
+/// Everything about the flags that can be judged before connecting.
+fn check(args: &Args) -> Result<Checked, Failure> {
+    let usage = |m: String| fail(EXIT_USAGE, m);
+    let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
+        return Err(usage("--nats and --stream are required".into()));
+    };
+    check_scope(args)?;
     let mut addrs = Vec::new();
     for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let a: async_nats::ServerAddr = u
@@ -213,26 +384,26 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             check_readable(flag, f)?;
         }
     }
-    for d in &args.log_dirs {
-        check_dir("--log-dir", d)?;
+    let (watch, subject) = check_tree(args)?;
+    if (args.log_dirs.len() + usize::from(watch.is_some()) > 1
+        || watch.as_ref().is_some_and(|(_, p)| p.captures() > 0))
+        && !subject.has_capture()
+    {
+        // Tasks of one name in two directories would share a subject;
+        // only the headers would tell them apart.
+        tracing::warn!(subject = %args.subject,
+            "--subject has no capture of --pattern ({{1}}…) while several directories are shipped: tasks of the same name in different directories share a subject (give each directory its own --watch capture in --subject)");
     }
-    let watch = match (&args.watch, &args.pattern) {
-        (Some(root), Some(p)) => {
-            check_dir("--watch", root)?;
-            let pattern = Pattern::parse(p).map_err(|e| usage(e.to_string()))?;
-            let root = std::path::absolute(root)
-                .map_err(|e| usage(format!("--watch {}: {e}", root.display())))?;
-            Some((root, pattern))
-        }
-        _ => None,
-    };
-    let captures = watch.as_ref().map_or(0, |(_, p)| p.captures());
-    let subject = Template::parse(&args.subject, captures).map_err(|e| usage(e.to_string()))?;
     let metrics = match args.metrics_listen {
         Some(a) => Some(
             std::net::TcpListener::bind(a)
                 .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .map_err(|e| usage(format!("--metrics-listen {a}: cannot listen there: {e}")))?,
+                .map_err(|e| {
+                    usage(format!(
+                        "{} {a}: cannot listen there: {e}",
+                        args.shown("--metrics-listen", "LOGMON_SHIP_METRICS_LISTEN")
+                    ))
+                })?,
         ),
         None => None,
     };
@@ -250,6 +421,17 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             fd_budget: raise_open_file_limit(),
         },
     })
+}
+
+/// `message` (which starts with the flag) naming the variable instead
+/// when the value came from it.
+fn named(message: String, shown: &str) -> String {
+    match message.split_once(' ') {
+        Some((flag, rest)) if flag.starts_with("--") && !shown.starts_with("--") => {
+            format!("{shown} {rest}")
+        }
+        _ => message,
+    }
 }
 
 /// A directory a flag names: there, and a directory.
@@ -407,6 +589,9 @@ async fn serve(
     if let Some(l) = checked.metrics {
         let l = tokio::net::TcpListener::from_std(l)
             .map_err(|e| fail(EXIT_FAILURE, format!("--metrics-listen: {e}")))?;
+        if let Ok(a) = l.local_addr() {
+            tracing::info!(address = %a, "serving metrics at http://{a}/metrics");
+        }
         let exporter =
             crate::node::serve::Exporter::new(scope, args.state_dir.clone(), shipper.gauges());
         tokio::spawn(crate::node::serve::serve(l, std::sync::Arc::new(exporter)));
@@ -462,6 +647,30 @@ async fn connect(
     Ok((js, max_payload))
 }
 
+/// That an existing stream binds the subjects of `subject`: refused
+/// (exit 2, naming both) when none of them can be bound, for the server
+/// would refuse every message, forever; a warning when only some can.
+fn check_binds(name: &str, bound: &[String], subject: &Template) -> Result<(), Failure> {
+    let want = subject.filter();
+    if bound.iter().any(|b| super::scan::subject_covers(b, &want)) {
+        return Ok(());
+    }
+    if bound
+        .iter()
+        .any(|b| super::scan::subjects_overlap(b, &want))
+    {
+        tracing::warn!(stream = name, bound = ?bound, subject = %want,
+            "the stream binds only some of the subjects --subject makes: messages of the others are refused and retried");
+        return Ok(());
+    }
+    Err(fail(
+        EXIT_USAGE,
+        format!(
+            "JetStream stream {name:?} binds {bound:?}, not the subjects {want:?} of --subject: give a --subject the stream binds, or add {want:?} to the stream's subjects"
+        ),
+    ))
+}
+
 /// The TLS (rustls) error inside a connection's io error, if that is why
 /// it failed.
 fn tls_error(e: &async_nats::ConnectError) -> Option<&async_nats::rustls::Error> {
@@ -496,7 +705,8 @@ fn tls_failure(shown: &str, e: &async_nats::rustls::Error) -> String {
     }
 }
 
-/// Checks that `name` exists (or creates it with --create-stream).
+/// Checks that `name` exists (or creates it with --create-stream) and
+/// binds the subjects the shipper publishes to.
 async fn ensure_stream(
     js: &async_nats::jetstream::Context,
     name: &str,
@@ -506,7 +716,7 @@ async fn ensure_stream(
     use async_nats::jetstream::context::GetStreamErrorKind as G;
     use async_nats::jetstream::ErrorCode;
     match js.get_stream(name).await {
-        Ok(_) => Ok(()),
+        Ok(s) => check_binds(name, &s.cached_info().config.subjects, subject),
         Err(e) => match e.kind() {
             G::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => {
                 if !args.create_stream {

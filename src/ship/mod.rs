@@ -34,7 +34,14 @@
 //! - **nothing lost silently** — a file purged before it was shipped is
 //!   announced by a gap record (headers `Logmon-Gap-Bytes`,
 //!   `Logmon-Gap-Files`, no payload) and counted; the file being shipped is
-//!   held open, so purging it mid-read loses nothing (`purge_racing_…`);
+//!   held open, so purging it mid-read loses nothing (`purge_racing_…`); a
+//!   log directory or `--watch` root removed or replaced under it is let
+//!   go (its unshipped bytes counted as a gap in the status, with the
+//!   cause) and taken again once back at its path, said in the log
+//!   (`silent.rs::a_log_directory_removed_and_recreated_…`,
+//!   `silent.rs::a_watch_root_renamed_and_recreated_…`); a `--subject` the
+//!   stream does not bind is refused at start
+//!   (`silent.rs::a_stream_that_does_not_bind_the_subject_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
@@ -55,6 +62,7 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+pub mod dirlock;
 mod exit;
 mod round;
 pub mod scan;
@@ -311,18 +319,35 @@ impl Shipper {
             .tree
             .degraded
             .then(|| Instant::now() + Duration::from_secs(10));
-        streams.chain(self.hold_until).chain(degraded).min()
+        // A directory gone from its path: looked for once a second.
+        let searching = self
+            .tree
+            .searching()
+            .then(|| Instant::now() + Duration::from_secs(1));
+        streams
+            .chain(self.hold_until)
+            .chain(degraded)
+            .chain(searching)
+            .min()
     }
 
     /// Takes in what inotify reported: streams to look at, directories to
     /// list, found or gone.
     fn absorb(&mut self) {
         let changes = self.tree.read_events();
+        let changes_empty = changes.is_empty();
         let mut everything =
             self.tree.degraded && self.next_deadline().is_some_and(|t| t <= Instant::now());
+        // Directories whose names changed: one removed while the shipper
+        // holds it open reports its own removal only once closed, so its
+        // link count is looked at (the files go first in `rm -rf`).
+        let mut touched = HashSet::new();
         for c in changes {
             match c {
-                Change::File { dir, name, closed } => self.file_changed(dir, &name, closed),
+                Change::File { dir, name, closed } => {
+                    touched.insert(dir);
+                    self.file_changed(dir, &name, closed);
+                }
                 Change::Attrib(dir) => {
                     if self.tree.recheck_trust(&dir) {
                         self.list_due.insert(dir);
@@ -331,6 +356,19 @@ impl Shipper {
                 Change::Gone { dir, deleted } => self.dir_gone(dir, deleted),
                 Change::Overflow => everything = true,
             }
+        }
+        for dir in touched {
+            if self.tree.is_gone(&dir) {
+                self.dir_gone(dir, true);
+            }
+        }
+        if !changes_empty {
+            // Files went or came: a given directory or the root may have
+            // gone with them.
+            self.tree.want_verify();
+        }
+        if self.tree.searching() {
+            self.verify_tree(Instant::now());
         }
         if everything || self.tree.wants_rescan() {
             let before: HashSet<FileId> = self.tree.dirs().map(|d| d.id).collect();
@@ -395,25 +433,51 @@ impl Shipper {
             .then(|| u64::try_from(st.st_size).unwrap_or(0))
     }
 
-    /// A log directory went away: its streams stop. Deleted, its streams
-    /// leave the state (their files are gone); moved, they stay, to go on
-    /// where the directory is found again.
+    /// A log directory went away: its streams stop, and its handle and
+    /// watch are let go. Deleted (or a given one moved or replaced: its
+    /// path is looked at again), its streams leave the state, but for
+    /// those with bytes not shipped, kept with the bytes as a gap and the
+    /// cause as their last error; found under the root and moved, they
+    /// stay, to go on where the directory is found again.
     fn dir_gone(&mut self, dir: FileId, deleted: bool) {
-        let path = self.tree.get(&dir).map(|d| d.path.clone());
+        let Some((path, given)) = self.tree.get(&dir).map(|d| (d.path.clone(), d.given())) else {
+            return;
+        };
         self.tree.remove(&dir);
-        let keys = self.streams.drop_dir(&dir);
-        if !deleted {
+        let gone = self.streams.drop_dir(&dir);
+        if !deleted && !given {
             return;
         }
-        for k in keys {
-            if let Some(s) = self.state.streams.remove(&k) {
-                if s.pending.is_some() {
-                    tracing::warn!(dir = ?path, task = ?s.task, stream = %s.stream,
-                        "a log directory was removed before all of it was shipped");
-                }
-                self.changed.insert(k);
+        tracing::warn!(dir = %path.display(), streams = gone.len(),
+            "a log directory was removed, moved or replaced: its streams are let go{}",
+            if given { "; its path is looked at again every second" } else { "" });
+        for t in gone {
+            let Some(mut s) = self.state.streams.remove(&t.key) else {
+                continue;
+            };
+            let lost = t.unshipped(&s);
+            if lost > 0 || s.pending.is_some() {
+                tracing::warn!(dir = %path.display(), task = %s.task, stream = %s.stream, bytes = lost,
+                    "a log directory went before all of it was shipped: counted as a gap");
+                s.gap_bytes += lost;
+                s.pending = None;
+                s.last_error = Some(format!(
+                    "its log directory was removed or replaced with {lost} bytes not shipped"
+                ));
+                self.state.streams.insert(t.key.clone(), s);
             }
+            self.changed.insert(t.key);
         }
+    }
+
+    /// Looks whether a log directory or the root was replaced, and at
+    /// what came back (see [`Tree::verify`]).
+    fn verify_tree(&mut self, now: Instant) {
+        let v = self.tree.verify(now);
+        for id in v.gone {
+            self.dir_gone(id, true);
+        }
+        self.list_due.extend(v.found);
     }
 
     /// Lists a log directory: follows its new streams, refreshes the sizes

@@ -4,22 +4,29 @@
 //! is validated here before the shipper connects (exit 2 naming the flag).
 //!
 //! - **`--pattern`** is a relative path of components separated by `/`,
-//!   each literal or holding the wildcards `*` (any run of bytes) and `?`
-//!   (one byte) within that component. Refused: an empty pattern, an
-//!   absolute one, `.`/`..` or empty components, and glob syntax it does
-//!   not support (`[`, `]`, `{`, `}`, `\`) — never silently a pattern
-//!   that matches nothing. Each component holding a wildcard is a
+//!   each literal or holding the wildcards `*` (any run of characters) and
+//!   `?` (one character) within that component, matched by `globset`.
+//!   Refused: an empty pattern, an absolute one, `.`/`..` or empty
+//!   components, `**` (a component matches one directory level, and `**`
+//!   would silently match just one), and glob syntax it does not support
+//!   (`[`, `]`, `{`, `}`, `\`) — never silently a pattern that matches
+//!   nothing or less than it says. Each component holding a wildcard is a
 //!   *capture*, numbered from 1: the name it matched is an identity the
 //!   directory tree gives, which no task can forge.
 //! - **`--subject`** is a NATS subject with placeholders: `{task}`,
 //!   `{stream}`, `{1}`…`{9}` (the captures of `--pattern`), and any other
 //!   `{key}` (the task's `--meta` value of that key; `_` when it has none).
-//!   Each value is made one subject token (`.`, `*`, `>`, whitespace and
-//!   controls become `_`). Refused: an empty template or token (`a..b`),
+//!   Each value is made one subject token by [`subject_token`], which
+//!   escapes (never folds): `%`, `.`, `*`, `>`, `$`, whitespace and
+//!   controls become `%XX` (their UTF-8 bytes in hex), a value `_` becomes
+//!   `%5F` and an empty one `_`; so two different values never share a
+//!   token (`web.1`, `web 1`, `web*1` and `web_1` are `web%2E1`,
+//!   `web%201`, `web%2A1` and `web_1`), and percent-decoding gives the
+//!   value back. Refused: an empty template or token (`a..b`),
 //!   whitespace, the wildcards `*` and `>`, an unclosed `{`, a stray `}`, a
-//!   placeholder that is not a valid key, a capture the pattern does not
-//!   have, and subjects starting with `$` (reserved by the server: `$JS`,
-//!   `$SYS`, …).
+//!   placeholder that is not a valid key or is a number out of `{1}`…`{9}`
+//!   (`{-1}`), a capture the pattern does not have, and subjects starting
+//!   with `$` (reserved by the server: `$JS`, `$SYS`, …).
 //!
 //! Tests: the unit tests below; `tests/it/ship/mod.rs` (the error matrix,
 //! `--watch` with captures in the subject).
@@ -39,10 +46,20 @@ pub struct PatternError {
 }
 
 /// A validated `--pattern`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Pattern {
     comps: Vec<String>,
+    /// Each component's matcher.
+    matchers: Vec<globset::GlobMatcher>,
 }
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.comps == other.comps
+    }
+}
+
+impl Eq for Pattern {}
 
 impl Pattern {
     /// Validates `pattern` (see the module docs).
@@ -85,9 +102,33 @@ impl Pattern {
                     "uses {ch:?}, which is not supported: use * (any run of characters) and ? (one character) within a component"
                 )));
             }
+            if c.contains("**") {
+                return Err(bad(
+                    "uses **, which is not supported: each component matches exactly one directory level; write one component per level, such as */alloc/logs",
+                ));
+            }
             comps.push(c.to_owned());
         }
-        Ok(Pattern { comps })
+        let matchers = comps
+            .iter()
+            .map(|c| {
+                globset::GlobBuilder::new(c)
+                    .literal_separator(true)
+                    .backslash_escape(false)
+                    .build()
+                    .map(|g| g.compile_matcher())
+                    .map_err(|e| bad(&format!("is not a glob: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Pattern { comps, matchers })
+    }
+
+    /// Whether the name of a directory at depth `i` (0: a child of the
+    /// root) matches component `i`.
+    pub fn matches(&self, i: usize, name: &std::ffi::OsStr) -> bool {
+        self.matchers
+            .get(i)
+            .is_some_and(|m| m.is_match(std::path::Path::new(name)))
     }
 
     /// The components.
@@ -278,6 +319,15 @@ impl Template {
             .join(".")
     }
 
+    /// Whether the template uses a capture of `--pattern` (`{1}`…): what
+    /// tells directories apart in a subject.
+    pub fn has_capture(&self) -> bool {
+        self.tokens
+            .iter()
+            .flatten()
+            .any(|p| matches!(p, Piece::Capture(_)))
+    }
+
     /// The metadata keys the template uses.
     pub fn meta_keys(&self) -> BTreeSet<&str> {
         self.tokens
@@ -304,6 +354,9 @@ fn placeholder(key: &str, captures: usize) -> Result<Piece, String> {
         "task" => return Ok(Piece::Task),
         "stream" => return Ok(Piece::Stream),
         _ => {}
+    }
+    if key.parse::<i128>().is_ok() && key.parse::<usize>().is_err() {
+        return Err(format!("has {{{key}}}: captures are {{1}} to {{9}}"));
     }
     if let Ok(n) = key.parse::<usize>() {
         if !(1..=9).contains(&n) || key.starts_with('0') {
@@ -334,16 +387,62 @@ fn placeholder(key: &str, captures: usize) -> Result<Piece, String> {
     Ok(Piece::Meta(key.to_owned()))
 }
 
-/// Appends `value` as (part of) one subject token: bytes NATS subjects
-/// reserve (`.`, `*`, `>`, whitespace, controls) become `_`.
+/// Appends `value` as (part of) one subject token ([`subject_token`]).
 fn push_token(out: &mut String, value: &str) {
-    out.extend(value.chars().map(|c| {
-        if c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() {
-            '_'
+    subject_token(out, value);
+}
+
+/// Appends `value` to a subject token, escaped so that the mapping is
+/// injective and reversible (percent-decoding; `_` alone is the empty
+/// value): see the module docs. The one place a value becomes subject
+/// text.
+pub fn subject_token(out: &mut String, value: &str) {
+    use std::fmt::Write as _;
+    match value {
+        "" => return out.push('_'),
+        "_" => return out.push_str("%5F"),
+        _ => {}
+    }
+    for c in value.chars() {
+        if matches!(c, '%' | '.' | '*' | '>' | '$') || c.is_whitespace() || c.is_control() {
+            let mut b = [0u8; 4];
+            for byte in c.encode_utf8(&mut b).bytes() {
+                let _ = write!(out, "%{byte:02X}");
+            }
         } else {
-            c
+            out.push(c);
         }
-    }));
+    }
+}
+
+/// Whether every subject `filter` matches (NATS wildcards `*`, `>`) is
+/// matched by `bound` too.
+pub fn subject_covers(bound: &str, filter: &str) -> bool {
+    let mut b = bound.split('.');
+    let mut f = filter.split('.');
+    loop {
+        match (b.next(), f.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some(_), Some(">")) => return false,
+            (Some("*"), Some(_)) => {}
+            (Some(x), Some(y)) if x == y && y != "*" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Whether some subject matches both `a` and `b` (NATS wildcards).
+pub fn subjects_overlap(a: &str, b: &str) -> bool {
+    let mut a = a.split('.');
+    let mut b = b.split('.');
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) | (None, None) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+            _ => return false,
+        }
+    }
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
@@ -417,6 +516,8 @@ mod tests {
             "*/alloc/[a-z]ogs",
             "{a,b}",
             "a\\*",
+            "**/logs",
+            "a/**",
         ] {
             let e = Pattern::parse(bad).unwrap_err();
             assert!(e.to_string().starts_with("--pattern"), "{bad}: {e}");
@@ -450,14 +551,14 @@ mod tests {
             meta: &m,
         };
         let t = Template::parse("logs.{job}.{ns}.{task}.{stream}", 0).unwrap();
-        assert_eq!(t.render(&v), "logs.api_v2._.a_b.stdout");
+        assert_eq!(t.render(&v), "logs.api%2Ev2._.a%20b.stdout");
         assert_eq!(t.filter(), "logs.*.*.*.*");
         assert_eq!(
             t.meta_keys().into_iter().collect::<Vec<_>>(),
             vec!["job", "ns"]
         );
         let t = Template::parse("u.{1}.x-{task}", 1).unwrap();
-        assert_eq!(t.render(&v), "u.alloc-9.x-a_b");
+        assert_eq!(t.render(&v), "u.alloc-9.x-a%20b");
         assert_eq!(t.filter(), "u.*.*");
     }
 
@@ -477,10 +578,74 @@ mod tests {
             ("a.{1}", 0, "no --pattern"),
             ("a.{2}", 1, "only 1"),
             ("a.{0}", 1, "{1} to {9}"),
+            ("logs.{-1}", 1, "{1} to {9}"),
         ] {
             let e = Template::parse(bad, caps).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn tokens_are_distinct_for_distinct_values_and_decode_back() {
+        let values = [
+            "web.1", "web 1", "web*1", "web>1", "web\t1", "web\n1", "web_1", "web%1", "web%2E1",
+            "_", "", "$JS", "wéb",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for v in values {
+            let mut t = String::new();
+            subject_token(&mut t, v);
+            assert!(
+                !t.is_empty() && !t.contains(['.', '*', '>', ' ', '\t', '\n', '$']),
+                "{v:?} -> {t:?}"
+            );
+            assert!(seen.insert(t.clone()), "{v:?} shares {t:?}");
+            assert_eq!(decode(&t), v, "{t:?} decodes back");
+        }
+    }
+
+    /// The inverse of [`subject_token`] (what a consumer would do).
+    fn decode(t: &str) -> String {
+        if t == "_" {
+            return String::new();
+        }
+        let b = t.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&t[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn pattern_components_match_one_level_with_globset() {
+        let p = Pattern::parse("ns-*/?eb/logs").unwrap();
+        let os = std::ffi::OsStr::new;
+        assert!(p.matches(0, os("ns-a")) && !p.matches(0, os("ns")));
+        assert!(p.matches(1, os("web")) && !p.matches(1, os("wweb")));
+        assert!(p.matches(2, os("logs")) && !p.matches(2, os("log")));
+        assert!(!p.matches(3, os("logs")));
+    }
+
+    #[test]
+    fn subject_binding_is_judged_with_wildcards() {
+        assert!(subject_covers("logmon.*.*", "logmon.*.*"));
+        assert!(subject_covers("logmon.>", "logmon.*.*"));
+        assert!(subject_covers(">", "a.*"));
+        assert!(!subject_covers("logmon.*.*", "other.*.*"));
+        assert!(!subject_covers("logmon.a.*", "logmon.*.*"));
+        assert!(!subject_covers("logmon.*", "logmon.*.*"));
+        assert!(subjects_overlap("logmon.a.*", "logmon.*.*"));
+        assert!(!subjects_overlap("logmon.*.*", "other.*.*"));
+        assert!(!subjects_overlap("logmon.*", "logmon.*.*"));
+        assert!(subjects_overlap("logmon.>", "logmon.*.*"));
     }
 
     #[test]

@@ -11,7 +11,10 @@
 //! owner), looked at before it is opened (a FIFO or a device is never
 //! opened) and checked again on the descriptor opened (non-blocking, so a
 //! file under a lease fails at once instead of hanging). Anything else at
-//! a stream's name is counted in `foreign_files` and never shipped.
+//! a stream's name is counted in `foreign_files` and never shipped; so is
+//! a sparse file (a hole before its end, `SEEK_HOLE`), whose holes would
+//! ship as data costing no disk
+//! (`tests/it/ship/silent.rs::a_sparse_file_at_a_stream_name_never_ships_its_holes`).
 //!
 //! Descriptors are bounded: each stream's open file, position writer and
 //! capture-time stamper (with the index of the cursor's file, and of the
@@ -19,6 +22,14 @@
 //! than its cap are open (the least recently used first); the next window
 //! opens them again. The cursor's file is held open while it is in use,
 //! so a purge mid-read loses nothing.
+//!
+//! A message never ends mid-line: a partial last line of the active file
+//! (capture writes one after 1 s; a full disk cuts one mid-write) waits
+//! for its newline while the task's logmon holds its lock (read from
+//! /proc/locks, never taken), and is shipped as it is only once the file
+//! is no longer active: a later file exists, or its logmon is gone
+//! (`tests/it/ship/silent.rs::a_partial_line_waits_for_its_newline_while_its_logmon_lives`).
+//! Only a line longer than the largest message is cut.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -36,8 +47,11 @@ use crate::shared::dir::{Dir, FileId, Trust};
 
 /// Bytes read per window (one persisted plan, many messages).
 pub const WINDOW: u64 = 8 * 1024 * 1024;
-/// How long a partial last line waits for its newline before it is
-/// shipped as it is (capture itself writes one after 1 s).
+/// How often a partial last line of the active file is looked at again
+/// while it waits for its newline: it is shipped as it is only once its
+/// task's logmon is gone (the file will not grow), never while the file
+/// may still be completed (capture writes a partial line after 1 s, and
+/// a full disk can cut a line mid-write for as long as it stays full).
 pub const PARTIAL_WAIT: Duration = Duration::from_millis(1500);
 /// Backoff bounds after a stream's window failed.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -231,7 +245,7 @@ impl Tracked {
             Err(e) => return Err(read(e)),
         };
         let st = nix::sys::stat::fstat(&f).map_err(|e| read(e.into()))?;
-        if trust.foreign_file(&st).is_some() {
+        if trust.foreign_file(&st).is_some() || has_hole(&f, &st) {
             *foreign += 1;
             return Ok(None);
         }
@@ -533,11 +547,16 @@ impl Tracked {
             None if want >= max_msg => max_msg,
             None if final_file() => want,
             None => {
-                // A partial line in the active file: give it its newline
-                // time, then ship it as it is.
+                // A partial line in the active file: it waits for its
+                // newline while its logmon may still write it (a message
+                // never ends mid-line), looked at again now and then.
                 let since = *self.partial_since.get_or_insert(now);
                 if now.duration_since(since) < PARTIAL_WAIT {
                     return Ok(Planned::Partial(since + PARTIAL_WAIT));
+                }
+                if self.writer_alive(dir) {
+                    self.partial_since = Some(now);
+                    return Ok(Planned::Partial(now + PARTIAL_WAIT));
                 }
                 want
             }
@@ -552,6 +571,62 @@ impl Tracked {
             gap: None,
         }))
     }
+}
+
+impl Tracked {
+    /// The bytes of its files past the cursor of `st`, as last seen (a
+    /// lower bound): what is lost if its directory goes.
+    pub fn unshipped(&self, st: &StreamState) -> u64 {
+        let files: std::collections::BTreeSet<u64> = self
+            .sizes
+            .range(st.file..)
+            .chain(self.learnt.range(st.file..))
+            .map(|(n, _)| *n)
+            .collect();
+        // The cursor's file, when open, says its size now (it may have
+        // grown since an event was read, and is readable though deleted).
+        let open = match &self.open {
+            Some(Open {
+                file: Some((k, f)), ..
+            }) if *k == st.file => nix::sys::stat::fstat(f)
+                .ok()
+                .map(|s| u64::try_from(s.st_size).unwrap_or(0)),
+            _ => None,
+        };
+        let total: u64 = files
+            .iter()
+            .chain(open.is_some().then_some(&st.file))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|n| {
+                let a = self.sizes.get(n).copied().unwrap_or(0);
+                let b = if *n == st.file { open.unwrap_or(0) } else { 0 };
+                a.max(b).max(self.learnt.get(n).copied().unwrap_or(0))
+            })
+            .sum();
+        total.saturating_sub(st.offset)
+    }
+
+    /// Whether the task's logmon still holds its lock in `dir` (so the
+    /// active file may still grow): read from /proc/locks, never by
+    /// taking the lock.
+    fn writer_alive(&self, dir: &Dir) -> bool {
+        let name = format!(".{}.logmon.lock", self.task.as_str());
+        match dir.stat(&name) {
+            Ok(Some(st)) => crate::shared::fifo::flock_holder(st.st_dev, st.st_ino).is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// Whether `f` has a hole before its end (`SEEK_HOLE`): logmon writes its
+/// files front to back, so a sparse file at a stream's name is not its
+/// own, and its holes would ship as zeros costing no disk (a file system
+/// without hole support reports none).
+fn has_hole(f: &File, st: &nix::sys::stat::FileStat) -> bool {
+    use std::os::fd::AsFd;
+    let hole = nix::unistd::lseek(f.as_fd(), 0, nix::unistd::Whence::SeekHole);
+    matches!(hole, Ok(h) if h < st.st_size)
 }
 
 /// Every followed stream, and the cap on their open descriptors.
@@ -620,18 +695,20 @@ impl Streams {
     }
 
     /// Stops following the streams of directory `dir`.
-    pub fn drop_dir(&mut self, dir: &FileId) -> Vec<String> {
-        let gone: Vec<String> = self
+    pub fn drop_dir(&mut self, dir: &FileId) -> Vec<Tracked> {
+        let keys: Vec<String> = self
             .map
             .values()
             .filter(|t| t.dir == *dir)
             .map(|t| t.key.clone())
             .collect();
-        for k in &gone {
+        let mut gone = Vec::with_capacity(keys.len());
+        for k in &keys {
             if let Some(t) = self.map.remove(k) {
                 if t.open.is_some() {
                     self.open -= 1;
                 }
+                gone.push(t);
             }
         }
         gone

@@ -28,6 +28,18 @@
 //!   merges repeated events while the shipper waits out its delay, and one
 //!   read takes up to 64 KiB of them; a queue overflow means "look at
 //!   everything again", never a missed change;
+//! - **a directory replaced under it is taken again** — a `--log-dir`
+//!   or the `--watch` root removed, renamed or replaced (its watch's
+//!   `IN_DELETE_SELF`/`IN_MOVE_SELF`, no link left, another inode at its
+//!   path) is let go, with its watch and handle, and its path is looked
+//!   at every second until a directory is there again, which is then
+//!   followed and said in the log
+//!   (`tests/it/ship/silent.rs::a_log_directory_removed_and_recreated_is_shipped_again_and_said`);
+//!   a directory held open reports its own removal only once closed, so
+//!   its removal is also seen by its link count when names in it change,
+//!   and (for a given one) in its parent: a removed directory's handle and
+//!   watch go within seconds
+//!   (`tests/it/ship/silent.rs::a_removed_directory_under_watch_is_let_go_within_seconds`);
 //! - **trust** — a directory that others could rename names in (writable
 //!   by others without the sticky bit, [`crate::shared::dir::Trust`]) is not
 //!   shipped from: a task there could have renamed another task's files or
@@ -45,7 +57,7 @@ use nix::fcntl::OFlag;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::sys::stat::Mode;
 
-use super::scan::{glob_component, Pattern};
+use super::scan::Pattern;
 use crate::shared::dir::{Dir, FileId};
 
 /// What a log directory's watch reports.
@@ -120,6 +132,13 @@ pub struct LogDir {
     used: u64,
 }
 
+impl LogDir {
+    /// Whether it was given with `--log-dir` (not found under the root).
+    pub fn given(&self) -> bool {
+        matches!(self.origin, Origin::Given)
+    }
+}
+
 /// A change inotify reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -148,11 +167,23 @@ pub enum Change {
 struct Root {
     dir: Dir,
     pattern: Pattern,
+    /// The operator's path, to find the root again once replaced.
+    path: PathBuf,
+}
+
+/// What [`Tree::verify`] found.
+#[derive(Debug, Default)]
+pub struct Verified {
+    /// Log directories let go: removed, or replaced at their path.
+    pub gone: Vec<FileId>,
+    /// Log directories taken (again) at a path whose directory had gone.
+    pub found: Vec<FileId>,
 }
 
 /// A watched directory above the log directories.
 struct Node {
     rel: Vec<OsString>,
+    wd: WatchDescriptor,
 }
 
 /// The log directories and their watches (see the module docs).
@@ -173,6 +204,20 @@ pub struct Tree {
     /// looks at everything again now and then instead.
     pub degraded: bool,
     buf: Vec<u8>,
+    /// Paths already warned about (symlinks, names that are not UTF-8).
+    noted: std::collections::HashSet<PathBuf>,
+    /// Given directories gone from their path, looked for again.
+    lost: Vec<PathBuf>,
+    /// The root was removed or moved: looked for again at its path.
+    root_lost: bool,
+    last_verify: Option<std::time::Instant>,
+    /// A look was asked for while the last was under a second ago.
+    verify_wanted: bool,
+    /// Watches on the parents of given directories (by watch), with the
+    /// names of the given directories in each: a directory held open
+    /// reports its own removal only once closed, so its removal, or a
+    /// rename over it, is seen in its parent.
+    parents: HashMap<i32, Vec<OsString>>,
 }
 
 impl Tree {
@@ -197,6 +242,12 @@ impl Tree {
             rescan: Vec::new(),
             degraded: false,
             buf: vec![0; 64 * 1024],
+            noted: Default::default(),
+            lost: Vec::new(),
+            root_lost: false,
+            last_verify: None,
+            verify_wanted: false,
+            parents: HashMap::new(),
         };
         for p in given {
             let dir = Dir::open(p).map_err(|source| TreeError::Dir {
@@ -210,7 +261,11 @@ impl Tree {
                 path: root.to_path_buf(),
                 source,
             })?;
-            t.root = Some(Root { dir, pattern });
+            t.root = Some(Root {
+                dir,
+                pattern,
+                path: root.to_path_buf(),
+            });
             t.rediscover(true);
         }
         Ok(t)
@@ -260,6 +315,9 @@ impl Tree {
             self.by_wd.insert(wd.as_raw(), id);
         }
         let keep = matches!(origin, Origin::Given);
+        if keep {
+            self.watch_parent(&dir);
+        }
         self.open += 1;
         self.clock += 1;
         self.logs.insert(
@@ -278,6 +336,26 @@ impl Tree {
         );
         self.trim();
         Some(id)
+    }
+
+    /// Watches the parent of given directory `dir` for its name going or
+    /// coming.
+    fn watch_parent(&mut self, dir: &Dir) {
+        let (Some(parent), Some(name)) = (dir.parent_fd(), dir.path().file_name()) else {
+            return;
+        };
+        let path = format!("/proc/self/fd/{}", parent.as_raw_fd());
+        let mask = AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_ONLYDIR;
+        if let Ok(wd) = self.inotify.add_watch(path.as_str(), mask) {
+            let names = self.parents.entry(wd.as_raw()).or_default();
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
     }
 
     /// Walks down from `at` (the directory at `rel` below the root) to
@@ -300,20 +378,35 @@ impl Tree {
     /// if it matches the last component, else a node to watch and walk
     /// (once: a node already watched was walked already).
     fn visit(&mut self, root: &Root, at: &Dir, rel: &mut Vec<OsString>, name: &OsStr, left: usize) {
-        let Some(pat) = root.pattern.components().get(rel.len()) else {
+        if left == 0 || !root.pattern.matches(rel.len(), name) {
             return;
-        };
-        if left == 0 || !glob_component(pat.as_bytes(), name.as_bytes()) {
+        }
+        if root.pattern.is_capture(rel.len()) && name.to_str().is_none() {
+            // A capture is a subject token: a name that is not UTF-8
+            // would have to be folded, and could then pass for another.
+            self.note(at, name, "skipping a directory under --watch whose name is not UTF-8 (a --subject capture could not name it exactly)");
             return;
         }
         let child = match at.open_child(name) {
             Ok(c) => c,
-            // A symlink (ELOOP) or not a directory: never followed.
+            // A symlink (ELOOP, or ENOTDIR with O_DIRECTORY) is never
+            // followed: said once, so that a tree of links is not a
+            // silent "no directories". Not a directory, or gone: skipped.
             Err(e)
                 if matches!(e.raw_os_error(),
                     Some(c) if c == nix::libc::ELOOP || c == nix::libc::ENOTDIR || c == nix::libc::ENOENT) =>
             {
-                return
+                let link = at.stat(name).ok().flatten().is_some_and(|st| {
+                    crate::shared::dir::is_type(&st, nix::sys::stat::SFlag::S_IFLNK)
+                });
+                if link {
+                    self.note(
+                        at,
+                        name,
+                        "not following a symlink under --watch (only real directories are shipped)",
+                    );
+                }
+                return;
             }
             Err(e) => {
                 tracing::warn!(dir = ?at.path().join(name), error = %e,
@@ -329,7 +422,13 @@ impl Tree {
             match self.watch(&child, tree_mask()) {
                 Some(wd) if self.nodes.contains_key(&wd.as_raw()) => {}
                 Some(wd) => {
-                    self.nodes.insert(wd.as_raw(), Node { rel: rel.clone() });
+                    self.nodes.insert(
+                        wd.as_raw(),
+                        Node {
+                            rel: rel.clone(),
+                            wd,
+                        },
+                    );
                     self.walk(root, &child, rel, left - 1);
                 }
                 None => self.walk(root, &child, rel, left - 1),
@@ -338,9 +437,22 @@ impl Tree {
         rel.pop();
     }
 
+    /// A warning about `name` in `at`, once per path (a bounded number).
+    fn note(&mut self, at: &Dir, name: &OsStr, what: &'static str) {
+        let path = at.path().join(name);
+        if self.noted.len() < 1024 && self.noted.insert(path.clone()) {
+            tracing::warn!(path = %path.display(), "{what}");
+        }
+    }
+
     /// Looks again where directories came or went (every node after an
     /// overflow, or in degraded mode): finds new log directories.
     pub fn rediscover(&mut self, everything: bool) {
+        if self.root_lost {
+            // Nothing is found under a root that went away.
+            self.rescan.clear();
+            return;
+        }
         let Some(root) = self.root.take() else {
             return;
         };
@@ -355,7 +467,13 @@ impl Tree {
             self.nodes.clear();
             todo = vec![(Vec::new(), None)];
             if let Some(wd) = self.watch(&root.dir, tree_mask()) {
-                self.nodes.insert(wd.as_raw(), Node { rel: Vec::new() });
+                self.nodes.insert(
+                    wd.as_raw(),
+                    Node {
+                        rel: Vec::new(),
+                        wd,
+                    },
+                );
             }
         }
         todo.sort();
@@ -432,9 +550,13 @@ impl Tree {
         }
     }
 
-    /// Stops following log directory `id` (gone, or replaced).
+    /// Stops following log directory `id` (gone, or replaced); a given
+    /// one is looked for again at its path.
     pub fn remove(&mut self, id: &FileId) {
         if let Some(d) = self.logs.remove(id) {
+            if matches!(d.origin, Origin::Given) && !self.lost.contains(&d.path) {
+                self.lost.push(d.path.clone());
+            }
             if let Some(wd) = d.wd {
                 self.by_wd.remove(&wd.as_raw());
                 let _ = self.inotify.rm_watch(wd);
@@ -530,7 +652,20 @@ impl Tree {
             }
             return;
         }
-        if self.nodes.contains_key(&ev.wd) {
+        if let Some(names) = self.parents.get(&ev.wd) {
+            if names.iter().any(|n| n.as_bytes() == ev.name) {
+                self.verify_wanted = true;
+            }
+            return;
+        }
+        if let Some(n) = self.nodes.get(&ev.wd) {
+            if n.rel.is_empty()
+                && mask.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF)
+            {
+                tracing::warn!("the --watch root was removed or moved away: its directories are let go, and it is looked for again at its path");
+                self.root_lost = true;
+                self.last_verify = None;
+            }
             if mask.contains(AddWatchFlags::IN_IGNORED) {
                 self.nodes.remove(&ev.wd);
             } else if mask.contains(AddWatchFlags::IN_ISDIR)
@@ -542,9 +677,133 @@ impl Tree {
         }
     }
 
+    /// Whether a directory is being looked for again (a timer is then
+    /// due: [`Tree::verify`] once a second).
+    pub fn searching(&self) -> bool {
+        !self.lost.is_empty() || self.root_lost || self.verify_wanted
+    }
+
+    /// Whether log directory `id` was removed: no link left on its
+    /// handle, or (let go) nothing of its identity at its place.
+    pub fn is_gone(&self, id: &FileId) -> bool {
+        let Some(d) = self.logs.get(id) else {
+            return false;
+        };
+        if let Some(h) = &d.handle {
+            return h.is_deleted();
+        }
+        match (&d.origin, &self.root) {
+            (Origin::Found(rel), Some(root)) => match reopen(&root.dir, rel) {
+                Ok(dir) => dir.id() != d.id,
+                Err(e) => e.raw_os_error() == Some(nix::libc::ENOENT),
+            },
+            _ => false,
+        }
+    }
+
+    /// Asks for a look at the next [`Tree::verify`].
+    pub fn want_verify(&mut self) {
+        self.verify_wanted = true;
+    }
+
+    /// Looks (at most once a second) whether a given directory or the
+    /// root was replaced at its path or has no link left, and whether a
+    /// directory is back where one had gone: lets the old go, takes the
+    /// new, and says so.
+    pub fn verify(&mut self, now: std::time::Instant) -> Verified {
+        let mut v = Verified::default();
+        if self
+            .last_verify
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
+        {
+            self.verify_wanted = true;
+            return v;
+        }
+        self.last_verify = Some(now);
+        self.verify_wanted = false;
+        for d in self.logs.values() {
+            if matches!(d.origin, Origin::Given) && replaced(d.handle.as_deref(), &d.path, d.id) {
+                v.gone.push(d.id);
+            }
+        }
+        if let Some(r) = &self.root {
+            if replaced(Some(&r.dir), &r.path, r.dir.id()) {
+                self.root_lost = true;
+            }
+        }
+        for path in std::mem::take(&mut self.lost) {
+            match Dir::open(&path) {
+                Ok(dir) if !self.logs.contains_key(&dir.id()) => {
+                    tracing::info!(dir = %path.display(),
+                        "a log directory is back at its path (removed, or replaced, and made again): shipping it");
+                    v.found
+                        .extend(self.add_log_dir(dir, Origin::Given, Vec::new()));
+                }
+                Ok(_) => {}
+                Err(_) => self.lost.push(path),
+            }
+        }
+        if self.root_lost {
+            self.retake_root(&mut v);
+        }
+        v
+    }
+
+    /// The root was removed or moved: once a directory is at its path
+    /// again, the directories found under the old one are let go and the
+    /// new one is watched and walked.
+    fn retake_root(&mut self, v: &mut Verified) {
+        let Some(path) = self.root.as_ref().map(|r| r.path.clone()) else {
+            return;
+        };
+        let old: Vec<FileId> = self
+            .logs
+            .values()
+            .filter(|d| matches!(d.origin, Origin::Found(_)))
+            .map(|d| d.id)
+            .collect();
+        v.gone.extend(old);
+        let Ok(dir) = Dir::open(&path) else {
+            return;
+        };
+        let Some(mut root) = self.root.take() else {
+            return;
+        };
+        if dir.id() == root.dir.id() {
+            self.root = Some(root);
+            self.root_lost = false;
+            return;
+        }
+        tracing::info!(root = %path.display(),
+            "the --watch root is back at its path (removed, or replaced, and made again): watching it");
+        for (_, n) in self.nodes.drain() {
+            let _ = self.inotify.rm_watch(n.wd);
+        }
+        root.dir = dir;
+        self.root = Some(root);
+        self.root_lost = false;
+        let before: std::collections::HashSet<FileId> = self.logs.keys().copied().collect();
+        self.rediscover(true);
+        v.found
+            .extend(self.logs.keys().filter(|id| !before.contains(id)).copied());
+    }
+
     /// Whether tree nodes wait to be listed again.
     pub fn wants_rescan(&self) -> bool {
         !self.rescan.is_empty()
+    }
+}
+
+/// Whether the directory `id` (open as `handle`) has no link left, or
+/// another directory (or nothing) is at its `path` now.
+fn replaced(handle: Option<&Dir>, path: &Path, id: FileId) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if handle.is_some_and(Dir::is_deleted) {
+        return true;
+    }
+    match std::fs::metadata(path) {
+        Ok(m) => m.dev() != id.dev || m.ino() != id.ino,
+        Err(_) => true,
     }
 }
 

@@ -11,6 +11,8 @@
 
 // The shipper against a hostile task and a node's worth of streams.
 mod hostile;
+// What the shipper used to do silently (or not at all).
+mod silent;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,10 +81,12 @@ fn single_node_ships_every_line_once_in_order_with_headers() {
     );
     check_headers(&r, &logs, "web.v2", "stdout", t0, &[("job", "api")]);
     check_headers(&r, &logs, "db", "stdout", t0, &[]);
-    // Subjects from the template: a dotted task is one token; a missing key is `_`.
+    // Subjects from the template: a dotted task is one token, its dot
+    // escaped (never folded: `web_v2` would be another task); a missing
+    // key is `_`.
     assert!(r
         .of("web.v2", "stdout")
-        .all(|m| m.subject == "logs.api.web_v2.stdout"));
+        .all(|m| m.subject == "logs.api.web%2Ev2.stdout"));
     assert!(r
         .of("db", "stdout")
         .all(|m| m.subject == "logs._.db.stdout"));
@@ -1652,6 +1656,12 @@ fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
         // Files the flags name.
         mistake(&["--tls-ca", &missing], 2, "--tls-ca"),
         mistake(&["--creds", &missing], 2, "--creds"),
+        // Accepted nonsense before: a random metrics port, a `**` that
+        // matched one level, a capture number that became `_`.
+        mistake(&["--metrics-listen", "0"], 2, "--metrics-listen"),
+        mistake(&["--metrics-listen", ":0"], 2, "--metrics-listen"),
+        mistake(&["--watch", &l, "--pattern", "**/logs"], 2, "**"),
+        mistake(&["--subject", "logs.{-1}"], 2, "{1} to {9}"),
     ];
     for c in &mut cases {
         c.args.extend(["--log-dir".to_string(), l.clone()]);
@@ -1659,6 +1669,29 @@ fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
     let mut from_env = mistake(&["--log-dir", &l], 2, "LOGMON_SHIP_REPLICAS");
     from_env.env.push(("LOGMON_SHIP_REPLICAS", "0".into()));
     cases.push(from_env);
+    // A value from a variable is named as the variable; an empty
+    // LOGMON_SHIP_LOG_DIR clears it (nothing left to ship).
+    for (var, value, needle) in [
+        (
+            "LOGMON_SHIP_PATTERN",
+            "*".to_string(),
+            "LOGMON_SHIP_PATTERN",
+        ),
+        (
+            "LOGMON_SHIP_LOG_DIR",
+            missing.clone(),
+            "LOGMON_SHIP_LOG_DIR",
+        ),
+        ("LOGMON_SHIP_LOG_DIR", String::new(), "nothing to ship"),
+        ("LOGMON_SHIP_SUBJECT", "a..b".into(), "LOGMON_SHIP_SUBJECT"),
+    ] {
+        let mut c = mistake(&[], 2, needle);
+        if var == "LOGMON_SHIP_SUBJECT" {
+            c.args.extend(["--log-dir".to_string(), l.clone()]);
+        }
+        c.env.push((var, value));
+        cases.push(c);
+    }
     let run = |c: &Mistake, state: &Path| {
         let mut a = vec!["ship", "--nats", &closed, "--stream", "S"];
         a.extend(c.args.iter().map(String::as_str));

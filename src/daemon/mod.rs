@@ -46,7 +46,8 @@
 //!
 //! Its parts are the modules below: `capture` (pipes into files), `rotate`
 //! (where each byte goes), `server` (the control socket), `reactor` (the
-//! one epoll), `systemd` (readiness, the fd store, socket activation) and
+//! one epoll), `systemd` (readiness, the fd store, socket activation),
+//! `source` (where the pipes come from: the one seam that knows) and
 //! `memory` (start-up's heap handed back).
 
 pub mod capture;

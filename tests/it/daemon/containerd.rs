@@ -397,6 +397,10 @@ fn by_hand(program: &Path, args: &[&str], env: &[(&str, &str)], fds: bool) -> (O
     (child.wait_with_output().unwrap(), !byte.is_empty())
 }
 
+/// What is wrong, the arguments, the environment, whether fd 3-5 are
+/// given, and what the error must name.
+type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, bool, &'a str);
+
 #[test]
 fn bad_input_is_one_line_and_no_ready_byte() {
     let tmp = tempfile::tempdir().unwrap();
@@ -406,7 +410,7 @@ fn bad_input_is_one_line_and_no_ready_byte() {
     std::fs::write(&file, "").unwrap();
     let log_dir = format!("--log-dir={}", logs.display());
     let env = [("CONTAINER_ID", "c"), ("CONTAINER_NAMESPACE", "default")];
-    let cases: Vec<(&str, Vec<&str>, Vec<(&str, &str)>, bool, &str)> = vec![
+    let cases: Vec<Case> = vec![
         ("no fds", vec![&log_dir], env.to_vec(), false, "fd 3"),
         (
             "no --log-dir",

@@ -33,6 +33,9 @@
 //!   and exits; then the holder exits, leaving no process behind
 //!   (`a_container_that_exits_at_once_leaves_nothing_running`,
 //!   `a_container_killed_by_ctr_task_kill_is_captured_and_nothing_is_left`);
+//! - **the sandbox applies**: the capture process is `logmon run` and
+//!   confines itself as every `run` does; `status` says so
+//!   (`logs_ls_and_ship_work_on_a_containers_files`);
 //! - **bad input fails the start**: missing descriptors 3–5, a missing
 //!   `--log-dir`, an unknown or unfitting argument, an invalid container id,
 //!   a log directory that cannot be opened: one line on stderr and a

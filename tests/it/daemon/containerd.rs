@@ -399,7 +399,13 @@ fn by_hand(program: &Path, args: &[&str], env: &[(&str, &str)], fds: bool) -> (O
 
 /// What is wrong, the arguments, the environment, whether fd 3-5 are
 /// given, and what the error must name.
-type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, bool, &'a str);
+type Case<'a> = (
+    &'a str,
+    Vec<&'a str>,
+    Vec<(&'a str, &'a str)>,
+    bool,
+    &'a str,
+);
 
 #[test]
 fn bad_input_is_one_line_and_no_ready_byte() {
@@ -521,7 +527,17 @@ fn logs_ls_and_ship_work_on_a_containers_files() {
     assert!(cmdline.contains("logmon-run"), "{cmdline}");
     assert_eq!(t["meta"]["namespace"], cd.ns.as_str(), "{t}");
     assert_eq!(t["meta"]["container"], "web", "{t}");
-    // logs: the container's lines, both streams.
+    // status: the capture process confined itself as `run` does.
+    let sock = cd.logs().join(".web.logmon.sock");
+    let out = logmon(&["status", "--socket", sock.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+    assert_eq!(st["sandbox"]["no_new_privs"], true, "{st}");
+    assert_eq!(st["sandbox"]["capabilities"], "none", "{st}");
+    assert_eq!(st["sandbox"]["seccomp"], "filter", "{st}");
+    // logs: the container's stdout.
     let out = logmon(&[
         "logs",
         "--log-dir",

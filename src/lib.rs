@@ -27,7 +27,9 @@
 //!   goes (line-aware rotation, purge, numbers never reused) and writes the
 //!   index; `server` answers [`protocol`] requests on a unix socket;
 //!   `reactor` is the one epoll; `systemd` adds readiness, the fd store
-//!   and socket activation; `memory` hands start-up's heap back (issue #16).
+//!   and socket activation; `memory` hands start-up's heap back (issue #16);
+//!   `source` is the one seam that knows where the pipes come from (FIFO
+//!   paths, the fd store, or pipes a runtime hands over).
 //! - **`agent/`** — the agent's side: `launch` starts a detached daemon;
 //!   [`client`] proves, before trusting it, that the process behind a
 //!   persisted [`protocol::ReattachConfig`] is the one launched; `state`
@@ -45,7 +47,9 @@
 //! - **[`cli`]** — the command line (one exit-code policy, one-line
 //!   errors): `main.rs` only calls [`cli::main`]; the daemon's smaller
 //!   binary, `logmon-run` ([`cli::daemon_main`]), links no argument parser,
-//!   reader or client.
+//!   reader or client; `logmon-containerd` ([`cli::containerd_main`]) is
+//!   containerd's logger: it holds a container's pipes and runs
+//!   `logmon-run` on them.
 //!
 //! No module imports one that imports it back (`tests/it/architecture.rs`
 //! states the rule and checks it). Each module's doc names the guarantees

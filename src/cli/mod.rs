@@ -19,6 +19,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::shared::config::{self, CaptureConfig, ConfigError, TaskName, WriteErrorPolicy};
 
+#[allow(unsafe_code)] // owning the descriptors containerd hands over
+mod containerd;
 mod control;
 #[allow(unsafe_code)] // the command's pre_exec
 mod exec;
@@ -560,6 +562,28 @@ pub fn daemon_main() -> ! {
         Err(e) => report(e, crate::shared::diag::launched()),
     };
     std::process::exit(code)
+}
+
+/// The whole `logmon-containerd` program: logmon as containerd's logger
+/// (docs/design.md §14; the `containerd` module).
+pub fn containerd_main() -> ! {
+    containerd::main()
+}
+
+/// The configuration `logmon run <args>` means, read by clap, or clap's
+/// one-line error (for `logmon-containerd`, when `run_flags` cannot say).
+fn run_config_or_message(args: Vec<std::ffi::OsString>) -> Result<CaptureConfig, String> {
+    let argv = ["logmon", "run"]
+        .map(std::ffi::OsString::from)
+        .into_iter()
+        .chain(args);
+    match Cli::try_parse_from(argv) {
+        Ok(Cli {
+            command: Command::Run(a),
+        }) => a.to_config().map_err(|e| e.to_string()),
+        Ok(_) => Err("not a run command line".into()),
+        Err(e) => Err(clap_error_line(&e)),
+    }
 }
 
 /// For a clap error about a flag that was not on the command line but set

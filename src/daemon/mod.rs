@@ -46,7 +46,8 @@
 //!
 //! Its parts are the modules below: `capture` (pipes into files), `rotate`
 //! (where each byte goes), `server` (the control socket), `reactor` (the
-//! one epoll), `systemd` (readiness, the fd store, socket activation) and
+//! one epoll), `systemd` (readiness, the fd store, socket activation),
+//! `source` (where the pipes come from: the one seam that knows) and
 //! `memory` (start-up's heap handed back).
 
 pub mod capture;
@@ -55,6 +56,8 @@ pub mod memory;
 pub mod reactor;
 pub mod rotate;
 pub mod server;
+#[allow(unsafe_code)] // owning the descriptors a runtime hands over
+pub mod source;
 #[allow(unsafe_code)] // owning the LISTEN_FDS descriptors
 pub mod systemd;
 
@@ -113,6 +116,9 @@ pub enum DaemonError {
     /// Systemd handed over something unusable.
     #[error(transparent)]
     Systemd(#[from] systemd::SystemdError),
+    /// A runtime handed over pipes that cannot be used.
+    #[error(transparent)]
+    Source(#[from] source::SourceError),
     /// Under systemd, the log directory was deleted: the daemon exits so
     /// that the unit's restart recreates it ([`RestartForLostDir`]).
     #[error("log directory {} was deleted: exiting with a failure so that systemd restarts logmon (Restart=on-failure), recreates the directory (LogsDirectory=) and hands back the FIFOs from its fd store (what waits in them is captured then)", path.display())]
@@ -337,6 +343,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     // Before anything else opens a descriptor, so a manager that claims
     // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
+    let pipes = source::PipeSource::from_env()?;
     // The one walk of the operator's paths: from here on every name is
     // resolved through these descriptors.
     let log_dir = Arc::new(Dir::open_log_dir(&cfg.log_dir).map_err(RotateError::from)?);
@@ -349,7 +356,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     // fchmod away.
     make_log_dir_sticky(&log_dir);
     let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
-    let fifos = open_fifos(&cfg, &mut dirs, &mut inherited)?;
+    let fifos = pipes.open(&cfg, &mut dirs, &mut inherited)?;
     let rotators = open_rotators(&cfg, &log_dir)?;
     // Under the task lock, so a refused second `run` never rewrites it.
     match crate::shared::meta::publish(&log_dir, &cfg.task, &cfg.meta) {

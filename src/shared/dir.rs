@@ -168,7 +168,19 @@ pub enum LogDirError {
         /// The directory.
         path: PathBuf,
     },
-    /// It is there but cannot be opened (permissions, I/O).
+    /// It belongs to a user other than logmon's, not accepted with
+    /// `LOGMON_ACCEPT_DIR_OWNER`: a task may have put it there.
+    #[error("{} belongs to uid {owner}, not to logmon's uid {euid}: a task may have replaced it; check it, then chown it to uid {euid}, or accept its owner with LOGMON_ACCEPT_DIR_OWNER={owner}", path.display())]
+    Foreign {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// logmon's uid.
+        euid: u32,
+    },
+    /// It is there but cannot be opened (permissions, I/O, a planted
+    /// symlink on its path).
     #[error("cannot open log directory {}: {source}", path.display())]
     Io {
         /// The directory.
@@ -179,9 +191,18 @@ pub enum LogDirError {
 }
 
 impl Dir {
-    /// Opens the log directory at `path` (the one walk of its path); a
-    /// missing one, or a non-directory, is [`LogDirError::Missing`].
+    /// Opens the log directory at `path` for writing in it ([`Dir::open_owned`]:
+    /// no planted symlink followed, owned by logmon's uid or an accepted
+    /// one); a missing one, or a non-directory, is [`LogDirError::Missing`].
     pub fn open_log_dir(path: &Path) -> Result<Dir, LogDirError> {
+        Dir::open_owned(path)
+    }
+
+    /// Opens the log directory at `path` for reading ([`Dir::open`]: no
+    /// planted symlink followed, any owner: readers trust files, not the
+    /// directory); a missing one, or a non-directory, is
+    /// [`LogDirError::Missing`].
+    pub fn open_log_dir_to_read(path: &Path) -> Result<Dir, LogDirError> {
         Dir::open(path).map_err(|source| match source.raw_os_error() {
             Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
                 LogDirError::Missing {
@@ -195,37 +216,50 @@ impl Dir {
         })
     }
 
-    /// Opens the directory at `path`. The operator's path is trusted and
-    /// resolved once, here; its parent is opened too (for [`Dir::recreate`]).
+    /// Opens the directory at `path`, resolved from `/` one component at
+    /// a time: a symlink is followed only where no user but root and
+    /// logmon could have planted it, so a link a task made in a directory
+    /// it can write (the reference's 0777 `alloc/`) is refused naming it,
+    /// never followed (`a_planted_symlink_on_the_path_is_refused_by_name`).
+    /// Its parent is kept (for [`Dir::recreate`]).
     pub fn open(path: &Path) -> io::Result<Dir> {
         let path = std::path::absolute(path)?;
-        let (parent, name) = match (path.parent(), path.file_name()) {
-            (Some(p), Some(n)) => (Some(p), Some(n.to_owned())),
-            _ => (None, None),
-        };
-        let fd = nix::fcntl::open(
-            &path,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
+        let (fd, parent) = resolve_dir(&path)?;
         let st = nix::sys::stat::fstat(&fd)?;
-        let parent = match (parent, name) {
-            (Some(p), Some(n)) => nix::fcntl::open(
-                p,
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()
-            .map(|fd| (Arc::new(fd), n)),
-            _ => None,
-        };
         Ok(Dir {
             fd,
             path,
             id: FileId::of(&st),
-            parent,
+            parent: parent.map(|(fd, n)| (Arc::new(fd), n)),
             deletion_noticed: AtomicBool::new(false),
         })
+    }
+
+    /// [`Dir::open`] for a directory logmon writes in (the log directory,
+    /// a FIFO's directory): refused unless it belongs to logmon's uid or
+    /// to a uid the operator accepted with `LOGMON_ACCEPT_DIR_OWNER`
+    /// ([`ACCEPT_DIR_OWNER_ENV`]). A task that replaced the directory
+    /// with one of its own is noticed here, at every start
+    /// (`a_directory_of_another_owner_is_refused_unless_accepted`).
+    pub fn open_owned(path: &Path) -> Result<Dir, LogDirError> {
+        let dir = Dir::open_log_dir_to_read(path)?;
+        let owner = dir.owner().map_err(|source| LogDirError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if owner != euid() && !accepted_owners().contains(&owner) {
+            return Err(LogDirError::Foreign {
+                path: path.to_path_buf(),
+                owner,
+                euid: euid(),
+            });
+        }
+        Ok(dir)
+    }
+
+    /// The directory's owner, from an `fstat` of its descriptor.
+    pub fn owner(&self) -> io::Result<u32> {
+        Ok(nix::sys::stat::fstat(&self.fd)?.st_uid)
     }
 
     /// A handle of a directory already opened by the caller (`fd`, which
@@ -737,6 +771,161 @@ impl Dir {
 fn euid() -> u32 {
     static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
+}
+
+/// The environment variable naming the uids, besides logmon's own, that
+/// may own a directory logmon writes in (the log directory, a FIFO's
+/// directory): `LOGMON_ACCEPT_DIR_OWNER=1000` or `=1000,1001`. For a task
+/// that owns its log directory, accepted explicitly by the operator;
+/// without it such a directory is refused ([`LogDirError::Foreign`]).
+pub const ACCEPT_DIR_OWNER_ENV: &str = "LOGMON_ACCEPT_DIR_OWNER";
+
+/// How many symlinks one [`Dir::open`] follows (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Whether `uid` is trusted to write where logmon resolves a path: root or
+/// logmon's own uid.
+fn trusted_writer(uid: u32) -> bool {
+    uid == 0 || uid == euid()
+}
+
+/// Why someone other than root and logmon could have planted the entry
+/// `entry` (an `lstat`) in the directory `dir` (an `fstat`), or `None`:
+/// the directory belongs to another user; or others may write in it and
+/// it is not sticky, or it is sticky and the entry is not a trusted
+/// user's; or the entry itself belongs to another user.
+fn plantable_by_others(dir: &FileStat, entry: &FileStat) -> Option<String> {
+    if !trusted_writer(dir.st_uid) {
+        return Some(format!("its directory belongs to uid {}", dir.st_uid));
+    }
+    let others_write = dir.st_mode & 0o022 != 0;
+    let sticky = dir.st_mode & Mode::S_ISVTX.bits() != 0;
+    if others_write && !(sticky && trusted_writer(entry.st_uid)) {
+        return Some(format!(
+            "its directory (mode {:o}) is writable by other users",
+            dir.st_mode & 0o7777
+        ));
+    }
+    if !trusted_writer(entry.st_uid) {
+        return Some(format!("it belongs to uid {}", entry.st_uid));
+    }
+    None
+}
+
+/// The operator's path resolved one component at a time from `/`
+/// (`fstatat` without following, then `openat(O_NOFOLLOW)`), following a
+/// symlink only where no user but root and logmon could have planted it
+/// ([`plantable_by_others`]): a link a task made in a directory it can
+/// write (`alloc/logs -> /etc/cron.d`) is refused, naming it. Returns the
+/// directory opened for reading and its parent (`O_PATH`) with its name.
+fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let root = || {
+        nix::fcntl::open(
+            "/",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let mut todo: VecDeque<OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect();
+    let mut cur = root()?;
+    let mut links = 0;
+    if todo.is_empty() {
+        let fd = nix::fcntl::open(
+            "/",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        return Ok((fd, None));
+    }
+    while let Some(name) = todo.pop_front() {
+        let last = todo.is_empty();
+        let dir_st = nix::sys::stat::fstat(&cur)?;
+        let st = nix::sys::stat::fstatat(&cur, name.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        if is_type(&st, SFlag::S_IFLNK) {
+            let shown = || path_so_far(path, &name);
+            if let Some(why) = plantable_by_others(&dir_st, &st) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is a symlink another user could have planted ({why}): refusing to follow it; name the real directory",
+                        shown().display()
+                    ),
+                ));
+            }
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Errno::ELOOP.into());
+            }
+            let target = nix::fcntl::readlinkat(&cur, name.as_os_str())?;
+            let target = Path::new(&target);
+            if target.is_absolute() {
+                cur = root()?;
+            }
+            for c in target.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push_front(n.to_owned()),
+                    Component::ParentDir => todo.push_front(OsString::from("..")),
+                    _ => {}
+                }
+            }
+            if todo.is_empty() {
+                // A link to "/".
+                let fd = nix::fcntl::openat(&cur, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+                return Ok((fd, None));
+            }
+            continue;
+        }
+        let access = if last { OFlag::O_RDONLY } else { OFlag::O_PATH };
+        let next = nix::fcntl::openat(
+            &cur,
+            name.as_os_str(),
+            access | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        if last {
+            let parent = (name != "..").then_some((cur, name));
+            return Ok((next, parent));
+        }
+        cur = next;
+    }
+    Err(Errno::ENOENT.into())
+}
+
+/// `path` up to and including its first component `name`, for a message
+/// naming the refused link (the whole path when `name` came from a link's
+/// target).
+fn path_so_far(path: &Path, name: &OsStr) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        out.push(c);
+        if c.as_os_str() == name {
+            return out;
+        }
+    }
+    path.to_path_buf()
+}
+
+/// The uids `LOGMON_ACCEPT_DIR_OWNER` names ([`ACCEPT_DIR_OWNER_ENV`]);
+/// a value that is not a list of numbers accepts nobody.
+fn accepted_owners() -> Vec<u32> {
+    std::env::var(ACCEPT_DIR_OWNER_ENV)
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|u| u.trim().parse::<u32>())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
 }
 
 /// What a reader may believe about the names in a directory a task

@@ -61,6 +61,17 @@ pub enum FifoError {
         /// Who: "logmon pid 123 (task web)".
         holder: String,
     },
+    /// The FIFO at the name is not the one the launched logmon reads:
+    /// someone replaced it after logmon opened its own.
+    #[error("FIFO {path} is not the one logmon pid {pid} reads (its reader is {holder}): another user replaced it; check the directory, then start again")]
+    NotLogmons {
+        /// The FIFO.
+        path: PathBuf,
+        /// The logmon that should read it.
+        pid: u32,
+        /// Who holds its reader lock instead.
+        holder: String,
+    },
     /// The descriptor handed over is not a FIFO.
     #[error("descriptor {name} is not a FIFO")]
     FdNotFifo {
@@ -206,27 +217,109 @@ fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoErr
 /// the pipe's capacity.
 pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
     let (dir, name) = dir_and_name(path)?;
-    open_reader_at(&dir, name, pipe_size)
+    open_reader_at(&dir, name, pipe_size).map(|r| (r.fd, r.capacity))
 }
 
-/// [`open_reader`] for `name` in `dir`.
-pub fn open_reader_at(
-    dir: &Dir,
-    name: &OsStr,
-    pipe_size: u64,
-) -> Result<(OwnedFd, usize), FifoError> {
-    ensure_fifo_at(dir, name)?;
-    let f = open_rdwr_at(dir, name, true)?;
-    let fd = OwnedFd::from(f);
-    let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| {
-        FifoError::Io(PathIo {
-            what: "FIFO ",
-            action: "size",
-            path: dir.display(name),
-            source,
-        })
-    })?;
-    Ok((fd, cap))
+/// Why the FIFO of `st` (an `lstat` or an `fstat` of what was opened) is
+/// not one logmon made, or `None` when it is: a FIFO owned by logmon's
+/// uid, readable and writable by no one else (mode 0600, or stricter
+/// after a umask), with one link. A FIFO another user made could be
+/// read, written or locked by that user (`a_planted_fifo_is_replaced_and_reported`).
+pub fn foreign_fifo(st: &nix::sys::stat::FileStat) -> Option<String> {
+    if !dir::is_type(st, SFlag::S_IFIFO) {
+        return Some(dir::kind_of(st).to_owned());
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid != euid {
+        return Some(format!("FIFO owned by uid {}", st.st_uid));
+    }
+    if st.st_mode & 0o7077 != 0 {
+        return Some(format!("FIFO with mode {:o}", st.st_mode & 0o7777));
+    }
+    if st.st_nlink != 1 {
+        return Some(format!("FIFO with {} links", st.st_nlink));
+    }
+    None
+}
+
+/// How many times [`open_reader_at`] replaces a foreign FIFO before giving
+/// up: a task replanting the name as fast as it can wins at most this
+/// often in a row.
+const REPLACE_ATTEMPTS: usize = 8;
+
+/// logmon's end of the FIFO `name` in `dir` ([`open_reader_at`]).
+#[derive(Debug)]
+pub struct Reader {
+    /// The read end, O_RDWR|O_NONBLOCK.
+    pub fd: OwnedFd,
+    /// The pipe's capacity after sizing.
+    pub capacity: usize,
+    /// What sat at the name and was removed first (a FIFO of another
+    /// owner, mode or link count), one entry per removal.
+    pub replaced: Vec<String>,
+}
+
+/// [`open_reader`] for `name` in `dir`, adopting only logmon's own FIFO
+/// ([`foreign_fifo`]): one another user made (planted before logmon's
+/// first start, to read the task's lines, forge some, or hold its lock)
+/// is removed — never opened, so its lock cannot block the start — and
+/// replaced by a new one, each removal returned in
+/// [`Reader::replaced`] and warned about. What was opened is checked
+/// again with `fstat`, so a swap after the look is caught too.
+pub fn open_reader_at(dir: &Dir, name: &OsStr, pipe_size: u64) -> Result<Reader, FifoError> {
+    let mut replaced = Vec::new();
+    for _ in 0..REPLACE_ATTEMPTS {
+        ensure_fifo_at(dir, name)?;
+        // A look first, so a planted FIFO is never opened (its holder's
+        // lock would refuse us, its reader would race us).
+        let st = dir
+            .stat(name)
+            .map_err(|source| io_error(dir, name, "inspect", source))?;
+        if let Some(why) = st.as_ref().and_then(foreign_fifo) {
+            remove_foreign(dir, name, &why)?;
+            replaced.push(why);
+            continue;
+        }
+        let f = open_rdwr_at(dir, name, true)?;
+        let st = nix::sys::stat::fstat(&f).map_err(|e| io_error(dir, name, "inspect", e.into()))?;
+        if let Some(why) = foreign_fifo(&st) {
+            remove_foreign(dir, name, &why)?;
+            replaced.push(why);
+            continue;
+        }
+        let fd = OwnedFd::from(f);
+        let capacity = set_pipe_size(fd.as_fd(), pipe_size)
+            .map_err(|source| io_error(dir, name, "size", source))?;
+        return Ok(Reader {
+            fd,
+            capacity,
+            replaced,
+        });
+    }
+    Err(io_error(
+        dir,
+        name,
+        "claim",
+        io::Error::other("another user's FIFO was planted again at every attempt"),
+    ))
+}
+
+/// Removes the foreign FIFO at `name` (the name only: whoever holds it
+/// open keeps a pipe no one writes to), with one warning.
+fn remove_foreign(dir: &Dir, name: &OsStr, why: &str) -> Result<(), FifoError> {
+    tracing::warn!(fifo = %dir.display(name).display(), found = why,
+        "replacing a FIFO logmon did not make (another user could read, forge or lock it)");
+    dir.remove(name)
+        .map_err(|source| io_error(dir, name, "remove the foreign", source))
+}
+
+fn io_error(dir: &Dir, name: &OsStr, action: &'static str, source: io::Error) -> FifoError {
+    FifoError::Io(PathIo {
+        what: "FIFO ",
+        action,
+        path: dir.display(name),
+        source,
+    })
 }
 
 /// Opens the existing FIFO at `path` O_RDWR|O_NONBLOCK (never created,
@@ -246,6 +339,26 @@ pub fn hold(path: &Path) -> Result<File, FifoError> {
 pub fn open_task_end(path: &Path) -> Result<File, FifoError> {
     let (dir, name) = dir_and_name(path)?;
     open_task_end_at(&dir, name)
+}
+
+/// The task's end of the existing FIFO at `path` ([`open_task_end`],
+/// never created), only if it is the FIFO the logmon of `pid` reads: that
+/// process holds its reader lock ([`lock_reader`]). `exec` hands the
+/// command this end, so a FIFO another user swapped in at the name after
+/// logmon opened its own is refused, never written to
+/// (`tests/it/daemon/hostile_layout.rs::exec_never_writes_the_task_output_into_a_planted_fifo`).
+pub fn open_task_end_read_by(path: &Path, pid: u32) -> Result<File, FifoError> {
+    let (dir, name) = dir_and_name(path)?;
+    let f = open_rdwr_at(&dir, name, false)?;
+    let st = nix::sys::stat::fstat(&f).map_err(|e| io_error(&dir, name, "inspect", e.into()))?;
+    match flock_holder(st.st_dev, st.st_ino) {
+        Some(p) if p == pid => Ok(f),
+        other => Err(FifoError::NotLogmons {
+            path: path.to_owned(),
+            pid,
+            holder: other.map_or_else(|| "no process".to_owned(), describe_pid),
+        }),
+    }
 }
 
 /// [`open_task_end`] for `name` in `dir`.

@@ -377,7 +377,7 @@ impl Follower {
         stream: Stream,
         opts: Options,
     ) -> Result<Self, FollowError> {
-        Self::open_dir(Arc::new(Dir::open_log_dir(dir)?), task, stream, opts)
+        Self::open_dir(Arc::new(Dir::open_log_dir_to_read(dir)?), task, stream, opts)
     }
 
     /// Opens `stream` of `task` in an open directory. With `opts.follow`

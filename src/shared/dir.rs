@@ -917,8 +917,12 @@ fn path_so_far(path: &Path, name: &OsStr) -> PathBuf {
 /// The uids `LOGMON_ACCEPT_DIR_OWNER` names ([`ACCEPT_DIR_OWNER_ENV`]);
 /// a value that is not a list of numbers accepts nobody.
 fn accepted_owners() -> Vec<u32> {
-    std::env::var(ACCEPT_DIR_OWNER_ENV)
-        .ok()
+    owners_accepted_in(std::env::var(ACCEPT_DIR_OWNER_ENV).ok().as_deref())
+}
+
+/// The uids a `LOGMON_ACCEPT_DIR_OWNER` value names.
+fn owners_accepted_in(value: Option<&str>) -> Vec<u32> {
+    value
         .map(|v| {
             v.split(',')
                 .map(|u| u.trim().parse::<u32>())
@@ -1127,6 +1131,71 @@ mod tests {
             .is_err());
         assert!(dir.open_own("link", OFlag::O_RDONLY).unwrap().is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn a_planted_symlink_on_the_path_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let private = d.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        // The reference's alloc/: writable by the task, not sticky.
+        let alloc = d.path().join("alloc");
+        std::fs::create_dir(&alloc).unwrap();
+        std::fs::set_permissions(&alloc, std::fs::Permissions::from_mode(0o777)).unwrap();
+        symlink(&private, alloc.join("logs")).unwrap();
+        let e = Dir::open(&alloc.join("logs")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("alloc/logs is a symlink"), "{e}");
+        // Deeper, through a link in the middle of the path, and relative.
+        std::fs::create_dir(private.join("inner")).unwrap();
+        std::fs::remove_file(alloc.join("logs")).unwrap();
+        symlink("../private", alloc.join("logs")).unwrap();
+        assert!(Dir::open(&alloc.join("logs/inner")).is_err());
+        assert!(matches!(
+            Dir::open_log_dir(&alloc.join("logs")),
+            Err(LogDirError::Io { .. })
+        ));
+        // The same link where only logmon (and root) could have made it
+        // is followed, and the handle is the target's.
+        let fixed = d.path().join("fixed");
+        std::fs::create_dir(&fixed).unwrap();
+        symlink("../private", fixed.join("logs")).unwrap();
+        let dir = Dir::open(&fixed.join("logs/inner")).unwrap();
+        let st = std::fs::metadata(private.join("inner")).unwrap();
+        assert_eq!(dir.id(), FileId { dev: st.dev(), ino: st.ino() });
+        // Sticky and others may write: a link of logmon's own is followed.
+        std::fs::set_permissions(&fixed, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(Dir::open(&fixed.join("logs")).is_ok());
+        // A plain directory in a writable one is opened (it is checked by
+        // owner where logmon writes, not refused).
+        std::fs::create_dir(alloc.join("real")).unwrap();
+        assert!(Dir::open(&alloc.join("real")).is_ok());
+    }
+
+    #[test]
+    fn a_directory_of_another_owner_is_refused_unless_accepted() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED: needs root (chown)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        assert!(Dir::open_owned(&logs).is_ok());
+        std::os::unix::fs::chown(&logs, Some(65534), None).unwrap();
+        match Dir::open_log_dir(&logs) {
+            Err(e @ LogDirError::Foreign { owner: 65534, .. }) => {
+                assert!(e.to_string().contains("LOGMON_ACCEPT_DIR_OWNER=65534"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Readers open it: they trust files, not the directory.
+        assert!(Dir::open_log_dir_to_read(&logs).is_ok());
+        assert_eq!(owners_accepted_in(Some("65534")), vec![65534]);
+        assert_eq!(owners_accepted_in(Some("1, 65534")), vec![1, 65534]);
+        assert!(owners_accepted_in(Some("65534,x")).is_empty());
+        assert!(owners_accepted_in(None).is_empty());
     }
 
     #[test]

@@ -604,7 +604,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let dir = Dir::open(d.path()).unwrap();
         let name = OsStr::new(".t.stdout.fifo");
-        let (rd, _) = open_reader_at(&dir, name, 4096).unwrap();
+        let rd = open_reader_at(&dir, name, 4096).unwrap().fd;
         let mut w = open_task_end_at(&dir, name).unwrap();
         w.write_all(b"hi\n").unwrap();
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
@@ -616,5 +616,66 @@ mod tests {
         std::fs::write(d.path().join(name), b"secret").unwrap();
         let e = open_reader_at(&dir, name, 4096).unwrap_err();
         assert!(e.to_string().contains("regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_planted_fifo_is_replaced_and_reported() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let name = OsStr::new(".t.stdout.fifo");
+        let path = d.path().join(name);
+        // Another user's mode: anyone could open it.
+        nix::unistd::mkfifo(&path, Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        let planted = std::fs::metadata(&path).unwrap().ino();
+        // Its maker holds it open and locked: logmon starts anyway.
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        lock_reader(held.as_fd(), &path).unwrap();
+        let r = open_reader_at(&dir, name, 4096).unwrap();
+        assert_eq!(r.replaced, vec!["FIFO with mode 666".to_owned()]);
+        lock_reader(r.fd.as_fd(), &path).unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert!(m.file_type().is_fifo() && m.ino() != planted);
+        assert_eq!((m.mode() & 0o7777, m.nlink()), (0o600, 1));
+        // What the task writes now reaches logmon, not the planter.
+        let mut w = open_task_end_at(&dir, name).unwrap();
+        w.write_all(b"line\n").unwrap();
+        assert_eq!(bytes_waiting(r.fd.as_fd()).unwrap(), 5);
+        assert_eq!(bytes_waiting(held.as_fd()).unwrap(), 0);
+        // logmon's own is adopted as it is.
+        drop(r);
+        let again = open_reader_at(&dir, name, 4096).unwrap();
+        assert!(again.replaced.is_empty());
+        // A second link makes it foreign too.
+        std::fs::hard_link(&path, d.path().join("other")).unwrap();
+        let r = open_reader_at(&dir, name, 4096).unwrap();
+        assert_eq!(r.replaced, vec!["FIFO with 2 links".to_owned()]);
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let r = open_reader_at(&dir, name, 4096).unwrap();
+            assert_eq!(r.replaced, vec!["FIFO owned by uid 65534".to_owned()]);
+        }
+    }
+
+    #[test]
+    fn the_task_end_is_opened_only_on_the_fifo_logmon_reads() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (rd, _) = open_reader(&p, 4096).unwrap();
+        let e = open_task_end_read_by(&p, std::process::id()).unwrap_err();
+        assert!(matches!(e, FifoError::NotLogmons { .. }), "{e:?}");
+        lock_reader(rd.as_fd(), &p).unwrap();
+        open_task_end_read_by(&p, std::process::id()).unwrap();
+        // Swapped for another FIFO: refused, naming it.
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, Mode::from_bits_truncate(0o600)).unwrap();
+        let e = open_task_end_read_by(&p, std::process::id()).unwrap_err();
+        assert!(e.to_string().contains("no process"), "{e}");
     }
 }

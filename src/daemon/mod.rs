@@ -599,6 +599,10 @@ fn serve_until_stopped(
     // through the log directory's handle (DESIGN.md §9), before the
     // sandbox narrows what may be opened.
     crate::shared::diag::hand_over_stderr(&s.log_dir, cfg.task.as_str());
+    if s.foreign > 0 && crate::shared::diag::launched() {
+        // Said on the launcher's pipe before; the log keeps it.
+        tracing::warn!(foreign_names = s.foreign, "names logmon did not make (a planted FIFO, lock or socket) were removed and replaced at start; see status foreign_names");
+    }
     // Confined before the ready line, on the only thread (DESIGN.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
     crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::run(

@@ -168,7 +168,7 @@ pub enum LogDirError {
         /// The directory.
         path: PathBuf,
     },
-    /// It belongs to a user other than logmon's, not accepted with
+    /// It belongs to a user other than root and logmon's, not accepted with
     /// `LOGMON_ACCEPT_DIR_OWNER`: a task may have put it there.
     #[error("{} belongs to uid {owner}, not to logmon's uid {euid}: a task may have replaced it; check it, then chown it to uid {euid}, or accept its owner with LOGMON_ACCEPT_DIR_OWNER={owner}", path.display())]
     Foreign {
@@ -236,8 +236,8 @@ impl Dir {
     }
 
     /// [`Dir::open`] for a directory logmon writes in (the log directory,
-    /// a FIFO's directory): refused unless it belongs to logmon's uid or
-    /// to a uid the operator accepted with `LOGMON_ACCEPT_DIR_OWNER`
+    /// a FIFO's directory): refused unless it belongs to root, to logmon's
+    /// uid or to a uid the operator accepted with `LOGMON_ACCEPT_DIR_OWNER`
     /// ([`ACCEPT_DIR_OWNER_ENV`]). A task that replaced the directory
     /// with one of its own is noticed here, at every start
     /// (`a_directory_of_another_owner_is_refused_unless_accepted`).
@@ -247,7 +247,8 @@ impl Dir {
             path: path.to_path_buf(),
             source,
         })?;
-        if owner != euid() && !accepted_owners().contains(&owner) {
+        // Root's directory is fine: no task can have made it.
+        if !trusted_writer(owner) && !accepted_owners().contains(&owner) {
             return Err(LogDirError::Foreign {
                 path: path.to_path_buf(),
                 owner,
@@ -660,6 +661,51 @@ impl Dir {
         Ok(Trust::of(&nix::sys::stat::fstat(&self.fd)?))
     }
 
+    /// Opens `name` read-only only if it holds a `kind` logmon made, by
+    /// the one trust rule ([`Trust::not_logmons`] with `trust`, the
+    /// directory's [`Dir::trust`]): a look first (a FIFO or device is
+    /// never opened), then a non-blocking open without following a link,
+    /// and the same rule on what was opened. Readers, the shipper, `ls`
+    /// and the agent all open a file of a shared directory through here
+    /// (`open_trusted_opens_only_what_logmon_made`).
+    pub fn open_trusted(
+        &self,
+        trust: &Trust,
+        name: impl AsRef<OsStr>,
+        kind: Kind,
+    ) -> io::Result<Opened> {
+        let name = name.as_ref();
+        match self.stat(name)? {
+            None => return Ok(Opened::Gone),
+            Some(st) => {
+                if let Some(why) = trust.not_logmons(&st, kind) {
+                    return Ok(Opened::Foreign(why));
+                }
+            }
+        }
+        let file = match self.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) => {
+                return match e.raw_os_error().map(Errno::from_raw) {
+                    Some(Errno::ENOENT) => Ok(Opened::Gone),
+                    Some(Errno::ELOOP | Errno::EXDEV) => Ok(Opened::Foreign("a symlink".into())),
+                    // A socket, or a device without a driver.
+                    Some(Errno::ENXIO | Errno::ENODEV) => {
+                        Ok(Opened::Foreign("a special file".into()))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
+        let st = nix::sys::stat::fstat(&file)?;
+        if let Some(why) = trust.not_logmons(&st, kind) {
+            return Ok(Opened::Foreign(why));
+        }
+        // Reads of logmon's own regular files block on nothing.
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDONLY))?;
+        Ok(Opened::File(file, st))
+    }
+
     /// Reads the whole of `name`, a regular file of at most `cap` bytes,
     /// with the file's `fstat`; `Ok(None)` when nothing is there. What
     /// sits at the name is looked at first and opened only if it is a
@@ -849,7 +895,11 @@ fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)
     while let Some(name) = todo.pop_front() {
         let last = todo.is_empty();
         let dir_st = nix::sys::stat::fstat(&cur)?;
-        let st = nix::sys::stat::fstatat(&cur, name.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        let st = nix::sys::stat::fstatat(
+            &cur,
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
         if is_type(&st, SFlag::S_IFLNK) {
             let shown = || path_so_far(path, &name);
             if let Some(why) = plantable_by_others(&dir_st, &st) {
@@ -879,7 +929,12 @@ fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)
             }
             if todo.is_empty() {
                 // A link to "/".
-                let fd = nix::fcntl::openat(&cur, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+                let fd = nix::fcntl::openat(
+                    &cur,
+                    ".",
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
                 return Ok((fd, None));
             }
             continue;
@@ -938,13 +993,16 @@ fn owners_accepted_in(value: Option<&str>) -> Vec<u32> {
 /// descriptor ([`Dir::trust`]), so it describes the directory opened, not
 /// whatever its path names now.
 ///
-/// A file is logmon's own when it is a regular file with one link, owned
-/// by root, by the reader's euid or by the directory's owner, *and* it
-/// sits in a directory where no one else can have renamed it there: the
-/// sticky bit is set (logmon sets it), or the directory is writable only
-/// by its owner. A task's own files fail the first test; logmon's files
-/// renamed by the task (a stream of the task's own, renamed to another
-/// task's name or to a metadata name) are ruled out by the second.
+/// The one trust rule of logmon's readers, shipper, `ls` and agent
+/// ([`Trust::not_logmons`], [`Dir::open_trusted`]): a name holds a file
+/// logmon made when it is of the kind expected there (a regular file with
+/// one link, a FIFO, a socket) and owned by root or by the reader's own
+/// uid — never "the directory's owner", which is the task where a task
+/// owns its log directory. Where names may have been renamed by someone
+/// else ([`Trust::renamable_by_others`]: a directory of another owner, or
+/// one others may write without the sticky bit), a name says nothing
+/// about whose file it is, so no identity (task name, metadata, shipper
+/// position) is taken from it.
 /// Tests: `trust_rules_out_foreign_files_and_renamable_directories` below;
 /// `tests/it/daemon/hostile.rs` through the readers and the shipper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -952,6 +1010,22 @@ pub struct Trust {
     owner: u32,
     mode: u32,
     euid: u32,
+}
+
+/// What a name in a log directory should hold, for [`Trust::not_logmons`]
+/// and [`Dir::open_trusted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A stream's log file: regular, one link (none once purged after a
+    /// reader opened it: still logmon's, read to its end).
+    Log,
+    /// Any other regular file logmon writes (index, meta, positions,
+    /// state): regular, one link.
+    Regular,
+    /// A FIFO.
+    Fifo,
+    /// The control socket.
+    Socket,
 }
 
 impl Trust {
@@ -974,30 +1048,75 @@ impl Trust {
         self.mode & Mode::S_ISVTX.bits() != 0
     }
 
-    /// Why users other than the directory's owner (and root) could rename
-    /// or remove other users' names in it, or `None` when they cannot:
-    /// the sticky bit is set, or it is writable by its owner alone.
+    /// Whether `uid` may have made a file logmon trusts: root or this
+    /// process's own uid (never the directory's owner).
+    pub fn trusted_uid(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.euid
+    }
+
+    /// Why users other than root and this process could rename or remove
+    /// other users' names in the directory, or `None` when they cannot:
+    /// it belongs to another user (its owner may rename anything in it,
+    /// sticky or not), or others may write in it and it is not sticky.
     pub fn renamable_by_others(&self) -> Option<&'static str> {
+        if !self.trusted_uid(self.owner) {
+            return Some("it belongs to another user, who can rename any name in it");
+        }
         let others_write = self.mode & 0o022 != 0;
         (others_write && !self.sticky())
             .then_some("it is writable by others and has no sticky bit (chmod +t)")
     }
 
-    /// Why the file of `st` (an `fstat` of what was opened, or an
-    /// `lstat` through the handle) is not one logmon made, or `None` when
-    /// it is: see the type's docs.
-    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
-        if !is_type(st, SFlag::S_IFREG) {
-            return Some(kind_of(st).to_owned());
+    /// The trust rule: why `st` (an `lstat` through the handle, or an
+    /// `fstat` of what was opened), found at a name that should hold a
+    /// `kind`, is not a file logmon made, or `None` when it is (see the
+    /// type's docs).
+    pub fn not_logmons(&self, st: &FileStat, kind: Kind) -> Option<String> {
+        let want = match kind {
+            Kind::Log | Kind::Regular => SFlag::S_IFREG,
+            Kind::Fifo => SFlag::S_IFIFO,
+            Kind::Socket => SFlag::S_IFSOCK,
+        };
+        if !is_type(st, want) {
+            return Some(format!("a {}", kind_of(st)));
         }
-        if st.st_nlink != 1 {
-            return Some(format!("hard link ({} links)", st.st_nlink));
+        let links_ok = match kind {
+            Kind::Log => st.st_nlink <= 1,
+            Kind::Regular => st.st_nlink == 1,
+            Kind::Fifo | Kind::Socket => true,
+        };
+        if !links_ok {
+            return Some(format!("a {} with {} links", kind_of(st), st.st_nlink));
         }
-        if st.st_uid != 0 && st.st_uid != self.euid && st.st_uid != self.owner {
-            return Some(format!("file owned by uid {}", st.st_uid));
+        if !self.trusted_uid(st.st_uid) {
+            let what = match kind {
+                Kind::Log | Kind::Regular => "file",
+                Kind::Fifo | Kind::Socket => kind_of(st),
+            };
+            return Some(format!(
+                "a {what} of uid {} (neither root nor uid {})",
+                st.st_uid, self.euid
+            ));
         }
         None
     }
+
+    /// [`Trust::not_logmons`] of a regular file with one link
+    /// ([`Kind::Regular`]).
+    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
+        self.not_logmons(st, Kind::Regular)
+    }
+}
+
+/// The outcome of [`Dir::open_trusted`].
+#[derive(Debug)]
+pub enum Opened {
+    /// logmon's file, open read-only (blocking reads), and its `fstat`.
+    File(File, FileStat),
+    /// Nothing at the name (any more).
+    Gone,
+    /// Something logmon did not make: never read. Says what.
+    Foreign(String),
 }
 
 /// Why a small file of a shared directory was not read
@@ -1163,7 +1282,13 @@ mod tests {
         symlink("../private", fixed.join("logs")).unwrap();
         let dir = Dir::open(&fixed.join("logs/inner")).unwrap();
         let st = std::fs::metadata(private.join("inner")).unwrap();
-        assert_eq!(dir.id(), FileId { dev: st.dev(), ino: st.ino() });
+        assert_eq!(
+            dir.id(),
+            FileId {
+                dev: st.dev(),
+                ino: st.ino()
+            }
+        );
         // Sticky and others may write: a link of logmon's own is followed.
         std::fs::set_permissions(&fixed, std::fs::Permissions::from_mode(0o1777)).unwrap();
         assert!(Dir::open(&fixed.join("logs")).is_ok());
@@ -1186,7 +1311,10 @@ mod tests {
         std::os::unix::fs::chown(&logs, Some(65534), None).unwrap();
         match Dir::open_log_dir(&logs) {
             Err(e @ LogDirError::Foreign { owner: 65534, .. }) => {
-                assert!(e.to_string().contains("LOGMON_ACCEPT_DIR_OWNER=65534"), "{e}");
+                assert!(
+                    e.to_string().contains("LOGMON_ACCEPT_DIR_OWNER=65534"),
+                    "{e}"
+                );
             }
             other => panic!("{other:?}"),
         }

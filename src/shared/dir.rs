@@ -865,80 +865,37 @@ fn plantable_by_others(dir: &FileStat, entry: &FileStat) -> Option<String> {
 /// write (`alloc/logs -> /etc/cron.d`) is refused, naming it. Returns the
 /// directory opened for reading and its parent (`O_PATH`) with its name.
 fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)> {
-    use std::collections::VecDeque;
-    use std::path::Component;
-    let root = || {
+    let root = |access: OFlag| {
         nix::fcntl::open(
             "/",
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            access | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
     };
-    let mut todo: VecDeque<OsString> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => Some(n.to_owned()),
-            Component::ParentDir => Some(OsString::from("..")),
-            _ => None,
-        })
-        .collect();
-    let mut cur = root()?;
+    let mut todo = parts(path);
+    let mut cur = root(OFlag::O_PATH)?;
     let mut links = 0;
-    if todo.is_empty() {
-        let fd = nix::fcntl::open(
-            "/",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        return Ok((fd, None));
-    }
     while let Some(name) = todo.pop_front() {
-        let last = todo.is_empty();
-        let dir_st = nix::sys::stat::fstat(&cur)?;
         let st = nix::sys::stat::fstatat(
             &cur,
             name.as_os_str(),
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         )?;
         if is_type(&st, SFlag::S_IFLNK) {
-            let shown = || path_so_far(path, &name);
-            if let Some(why) = plantable_by_others(&dir_st, &st) {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "{} is a symlink another user could have planted ({why}): refusing to follow it; name the real directory",
-                        shown().display()
-                    ),
-                ));
-            }
             links += 1;
             if links > MAX_LINKS {
                 return Err(Errno::ELOOP.into());
             }
-            let target = nix::fcntl::readlinkat(&cur, name.as_os_str())?;
-            let target = Path::new(&target);
+            let target = link_target(&cur, &name, &st, path)?;
             if target.is_absolute() {
-                cur = root()?;
+                cur = root(OFlag::O_PATH)?;
             }
-            for c in target.components().rev() {
-                match c {
-                    Component::Normal(n) => todo.push_front(n.to_owned()),
-                    Component::ParentDir => todo.push_front(OsString::from("..")),
-                    _ => {}
-                }
-            }
-            if todo.is_empty() {
-                // A link to "/".
-                let fd = nix::fcntl::openat(
-                    &cur,
-                    ".",
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )?;
-                return Ok((fd, None));
+            for part in parts(&target).into_iter().rev() {
+                todo.push_front(part);
             }
             continue;
         }
+        let last = todo.is_empty();
         let access = if last { OFlag::O_RDONLY } else { OFlag::O_PATH };
         let next = nix::fcntl::openat(
             &cur,
@@ -952,7 +909,44 @@ fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)
         }
         cur = next;
     }
-    Err(Errno::ENOENT.into())
+    // `/` itself, or a link to it.
+    let fd = nix::fcntl::openat(
+        &cur,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok((fd, None))
+}
+
+/// The components of `path` to resolve, `..` kept (resolved by the
+/// kernel against the directory reached), `/` and `.` left out.
+fn parts(path: &Path) -> std::collections::VecDeque<OsString> {
+    use std::path::Component;
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The target of the symlink `name` (its `lstat` is `st`) in the
+/// directory `cur`, if only root or logmon could have planted it there;
+/// refused naming it otherwise (`path` is the operator's, for the message).
+fn link_target(cur: &OwnedFd, name: &OsStr, st: &FileStat, path: &Path) -> io::Result<PathBuf> {
+    let dir_st = nix::sys::stat::fstat(cur)?;
+    if let Some(why) = plantable_by_others(&dir_st, st) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is a symlink another user could have planted ({why}): refusing to follow it; name the real directory",
+                path_so_far(path, name).display()
+            ),
+        ));
+    }
+    Ok(PathBuf::from(nix::fcntl::readlinkat(cur, name)?))
 }
 
 /// `path` up to and including its first component `name`, for a message
@@ -1192,16 +1186,69 @@ mod tests {
         assert_eq!(t.foreign_file(&st), None);
         std::fs::hard_link(d.path().join("own"), d.path().join("link")).unwrap();
         let st = dir.stat("own").unwrap().unwrap();
-        assert!(t.foreign_file(&st).unwrap().contains("hard link"));
+        assert!(t.foreign_file(&st).unwrap().contains("with 2 links"));
+        // A stream's log file may have no link left (purged after it was
+        // opened); a FIFO or a socket at a name is judged as such.
+        let held = File::open(d.path().join("link")).unwrap();
+        std::fs::remove_file(d.path().join("link")).unwrap();
+        std::fs::remove_file(d.path().join("own")).unwrap();
+        let gone = nix::sys::stat::fstat(&held).unwrap();
+        assert_eq!(t.not_logmons(&gone, Kind::Log), None);
+        assert!(t.not_logmons(&gone, Kind::Regular).is_some());
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let st = dir.stat("fifo").unwrap().unwrap();
+        assert_eq!(t.not_logmons(&st, Kind::Fifo), None);
+        assert_eq!(t.not_logmons(&st, Kind::Log).as_deref(), Some("a FIFO"));
         std::fs::create_dir(d.path().join("sub")).unwrap();
         let st = dir.stat("sub").unwrap().unwrap();
-        assert_eq!(t.foreign_file(&st).as_deref(), Some("directory"));
+        assert_eq!(t.foreign_file(&st).as_deref(), Some("a directory"));
         if nix::unistd::geteuid().is_root() {
-            std::os::unix::fs::chown(d.path().join("sub"), Some(65534), None).unwrap();
             std::fs::write(d.path().join("theirs"), b"x").unwrap();
             std::os::unix::fs::chown(d.path().join("theirs"), Some(65534), None).unwrap();
             let st = dir.stat("theirs").unwrap().unwrap();
             assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+            // The directory's owner is not trusted: a task that owns its
+            // log directory may rename anything in it, and its files are
+            // its own, sticky bit or not.
+            std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1755)).unwrap();
+            std::os::unix::fs::chown(d.path(), Some(65534), None).unwrap();
+            let t = dir.trust().unwrap();
+            assert!(t.renamable_by_others().is_some());
+            assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+            assert!(!t.trusted_uid(65534) && t.trusted_uid(0));
+        }
+    }
+
+    #[test]
+    fn open_trusted_opens_only_what_logmon_made() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let t = dir.trust().unwrap();
+        std::fs::write(d.path().join("ok"), b"fine").unwrap();
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        symlink(d.path().join("ok"), d.path().join("link")).unwrap();
+        let Opened::File(mut f, st) = dir.open_trusted(&t, "ok", Kind::Log).unwrap() else {
+            panic!("ok")
+        };
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!((s.as_str(), st.st_size), ("fine", 4));
+        for (name, why) in [("fifo", "a FIFO"), ("link", "a symlink")] {
+            match dir.open_trusted(&t, name, Kind::Regular).unwrap() {
+                Opened::Foreign(w) => assert_eq!(w, why),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            dir.open_trusted(&t, "none", Kind::Log).unwrap(),
+            Opened::Gone
+        ));
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(d.path().join("ok"), Some(65534), None).unwrap();
+            assert!(matches!(
+                dir.open_trusted(&t, "ok", Kind::Log).unwrap(),
+                Opened::Foreign(w) if w.contains("uid 65534")
+            ));
         }
     }
 

@@ -366,3 +366,71 @@ fn exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none() {
         text(&log)
     );
 }
+
+/// `logmon ls --log-dir DIR --json`.
+fn ls_json(dir: &Path) -> serde_json::Value {
+    let out = support::cli(&["ls", "--log-dir", dir.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "ls: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn an_impostor_logmon_in_a_task_owned_dir_is_never_the_tasks_row() {
+    let Some(mut s) = scene() else { return };
+    // The task owns its log directory; the operator accepted that.
+    nix::unistd::chown(
+        &s.logs(),
+        Some(nix::unistd::Uid::from_raw(TASK)),
+        Some(nix::unistd::Gid::from_raw(TASK)),
+    )
+    .unwrap();
+    let logs = s.logs_str();
+    let mut real = logmon(&["run", "--task", "web", "--log-dir", &logs]);
+    real.env("LOGMON_ACCEPT_DIR_OWNER", TASK.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let real = Daemon::from_child(real.spawn().unwrap(), String::new);
+    let before = ls_json(&s.logs());
+    let row = before["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["task"] == "web")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        row["pid"], real.ready.pid,
+        "the real logmon's row: {before:#}"
+    );
+    // The task moves root's lock and socket aside and runs a logmon of its
+    // own under the same task name (with FIFOs of its own).
+    let program = support::bins_for_any_user(s.tmp.path());
+    s.task_ok("mv logs/.web.logmon.lock logs/old.lock && mv logs/.web.logmon.sock logs/old.sock");
+    s.task_spawn(&format!(
+        "exec {} run --task web --log-dir logs --stdout-fifo fake.out --stderr-fifo fake.err \
+         --no-sandbox > impostor.ready",
+        program.display()
+    ));
+    assert!(wait_until(WAIT, || std::fs::read(
+        s.alloc().join("impostor.ready")
+    )
+    .is_ok_and(|b| b.ends_with(b"\n"))));
+    let ready: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s.alloc().join("impostor.ready")).unwrap()).unwrap();
+    let ls = ls_json(&s.logs());
+    let rows: Vec<&serde_json::Value> = ls["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["task"] == "web")
+        .collect();
+    for row in rows {
+        assert!(
+            row["pid"] != ready["pid"] && row["state"] != "running",
+            "the impostor (pid {}) answers for web: {ls:#}",
+            ready["pid"]
+        );
+    }
+    support::stop(real);
+}

@@ -14,7 +14,22 @@
 //! not redirect logmon: it goes on in the directory it opened.
 //!
 //! Guarantees kept here, and the tests that prove them (unit tests below;
-//! `tests/it/daemon/hostile.rs` runs the attacks through the binary):
+//! `tests/it/daemon/hostile.rs` and `tests/it/daemon/hostile_layout.rs` run
+//! the attacks through the binary):
+//! - the operator's path is resolved from `/` one component at a time,
+//!   and a symlink on it is followed only where no user but root and
+//!   logmon could have planted it; a directory logmon writes in belongs
+//!   to root, to logmon's uid, or to a uid accepted with
+//!   `LOGMON_ACCEPT_DIR_OWNER` ([`Dir::open`], [`Dir::open_owned`]:
+//!   `a_planted_symlink_on_the_path_is_refused_by_name`,
+//!   `a_directory_of_another_owner_is_refused_unless_accepted`);
+//! - one trust rule for every reader of a shared directory
+//!   ([`Trust::not_logmons`], [`Dir::open_trusted`]: the expected kind,
+//!   owned by root or the reader, never by the directory's owner:
+//!   `open_trusted_opens_only_what_logmon_made`);
+//! - [`Dir::replace`] writes a file whole or not at all (temp `O_EXCL`,
+//!   fsync, rename, fsync of the directory:
+//!   `replace_is_atomic_and_never_writes_through_a_planted_name`);
 //! - a name is never followed: a symlink, at any component, fails with
 //!   `ELOOP`/`EXDEV` (`a_symlink_is_never_followed`);
 //! - [`Dir::create_own`] never opens an existing name: whatever sits there
@@ -593,6 +608,40 @@ impl Dir {
             nix::fcntl::RenameFlags::RENAME_NOREPLACE,
         )
         .map_err(io::Error::from)
+    }
+
+    /// Replaces the file `name` with `bytes`, durably and atomically: a
+    /// temp file `.<name>.tmp.<pid>` created anew (`O_CREAT | O_EXCL |
+    /// O_NOFOLLOW`, mode 0600; whatever a task planted at that name is
+    /// removed first, never opened), written, `fsync`ed, `renameat` over
+    /// `name` within this directory, then the directory `fsync`ed. A
+    /// reader sees the old file or the new one, never a part
+    /// (`replace_is_atomic_and_never_writes_through_a_planted_name`).
+    pub fn replace(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let name = one_component(name.as_ref())?;
+        let mut tmp = OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".tmp.{}", std::process::id()));
+        let mut file =
+            match self.create_own(&tmp, OFlag::O_WRONLY, Mode::from_bits_truncate(0o600))? {
+                Claim::Created { file, .. } => file,
+                Claim::Occupied { by, .. } => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} is taken by a {by}", self.display(&tmp).display()),
+                    ))
+                }
+            };
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| self.rename(&tmp, name));
+        if let Err(e) = written {
+            let _ = self.remove(&tmp);
+            return Err(e);
+        }
+        self.sync()
     }
 
     /// `fsync` of the directory itself, so a rename or a new name in it is
@@ -1217,6 +1266,30 @@ mod tests {
             assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
             assert!(!t.trusted_uid(65534) && t.trusted_uid(0));
         }
+    }
+
+    #[test]
+    fn replace_is_atomic_and_never_writes_through_a_planted_name() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        dir.replace("state", b"one").unwrap();
+        assert_eq!(std::fs::read(logs.join("state")).unwrap(), b"one");
+        // A link planted at the temp name and at the name: neither is
+        // written through.
+        let tmp = format!(".state.tmp.{}", std::process::id());
+        symlink(&victim, logs.join(&tmp)).unwrap();
+        std::fs::remove_file(logs.join("state")).unwrap();
+        symlink(&victim, logs.join("state")).unwrap();
+        dir.replace("state", b"two").unwrap();
+        assert_eq!(std::fs::read(logs.join("state")).unwrap(), b"two");
+        let m = std::fs::symlink_metadata(logs.join("state")).unwrap();
+        assert!(m.is_file() && m.mode() & 0o777 == 0o600);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(dir.list().unwrap(), vec![OsString::from("state")]);
     }
 
     #[test]

@@ -15,6 +15,15 @@
 //!   or device planted in its place is refused by name, never read
 //!   (`a_regular_file_a_directory_and_a_symlink_are_refused_by_name`);
 //!   the path functions are thin wrappers resolving parent `Dir` + name;
+//! - only logmon's own FIFO is adopted (a FIFO of logmon's uid, no access
+//!   for group or others, one link: [`foreign_fifo`]); one another user
+//!   planted — to read the task's lines, forge some, or hold its lock —
+//!   is removed without being opened and replaced, and each removal is
+//!   returned to be counted (`a_planted_fifo_is_replaced_and_reported`,
+//!   `tests/it/daemon/hostile_layout.rs`);
+//! - `exec` hands the command only the FIFO the logmon it launched reads
+//!   ([`open_task_end_read_by`]:
+//!   `the_task_end_is_opened_only_on_the_fifo_logmon_reads`);
 //! - one reader per FIFO, whatever the task name: [`lock_reader`] takes an
 //!   exclusive `flock` on logmon's open FIFO, and a second reader is
 //!   refused naming the pid and task of the first
@@ -346,7 +355,8 @@ pub fn open_task_end(path: &Path) -> Result<File, FifoError> {
 /// process holds its reader lock ([`lock_reader`]). `exec` hands the
 /// command this end, so a FIFO another user swapped in at the name after
 /// logmon opened its own is refused, never written to
-/// (`tests/it/daemon/hostile_layout.rs::exec_never_writes_the_task_output_into_a_planted_fifo`).
+/// (`the_task_end_is_opened_only_on_the_fifo_logmon_reads`,
+/// `tests/it/daemon/hostile_layout.rs::exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none`).
 pub fn open_task_end_read_by(path: &Path, pid: u32) -> Result<File, FifoError> {
     let (dir, name) = dir_and_name(path)?;
     let f = open_rdwr_at(&dir, name, false)?;

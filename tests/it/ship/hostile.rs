@@ -547,7 +547,10 @@ fn a_task_owned_log_dir_is_not_shipped_so_its_names_forge_nothing() {
     let tmp = scene();
     let logs = tmp.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
-    chmod(&logs, 0o1755);
+    // Writable by all, as the task made it (a root logmon without
+    // capabilities writes there only so), and sticky: no defence against
+    // its owner.
+    chmod(&logs, 0o1777);
     std::os::unix::fs::chown(&logs, Some(TASK), Some(TASK)).unwrap();
     let srv = Server::single(&tmp.path().join("js"));
     let mut run = crate::support::logmon(&[

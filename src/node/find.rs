@@ -6,8 +6,8 @@
 //! is: directories below the root are reached component by component with
 //! `O_NOFOLLOW` ([`crate::ship::tree::reopen`]), and reopened for each use
 //! only if they are still the directory found (device and inode); a name
-//! in a log directory counts for its task only if logmon (or root, or the
-//! directory's owner) made it — a task that plants `.x.logmon.lock` or
+//! in a log directory counts for its task only if logmon (or root) made it
+//! (never "the directory's owner": a task may own its log directory) — a task that plants `.x.logmon.lock` or
 //! `x.stdout.0` makes no task `x` appear, it adds to the directory's
 //! count of planted names.
 

@@ -19,8 +19,8 @@
 //!   and `openat2` refusing any symlink; its path is never walked again.
 //!   Only a file logmon wrote at a name `<task>.<stream>.<N>` is read: a
 //!   regular file with exactly one link that the directory's [`Trust`]
-//!   accepts (owned by root, the reader or the directory's owner: a
-//!   task's own file is never read, whatever it holds). It is looked at
+//!   accepts (owned by root or the reader, never by the directory's
+//!   owner: a task's own file is never read, whatever it holds). It is looked at
 //!   first (a FIFO or device is never opened), opened `O_NONBLOCK` (a FIFO
 //!   swapped in meanwhile cannot hang the open) and checked again with
 //!   `fstat` on what was opened. Anything else there — a task's file, a

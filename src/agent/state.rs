@@ -71,8 +71,14 @@ pub(crate) fn split_path(path: &Path) -> io::Result<(PathBuf, std::ffi::OsString
     Ok((dir, name.to_owned()))
 }
 
+/// The largest state file read: a state is a few hundred bytes.
+const STATE_CAP: u64 = 1 << 20;
+
+/// The bytes of the state file at `path`, through [`Dir::read_small`]
+/// (its directory opened without a planted symlink, the name never
+/// followed, a FIFO or device never opened, at most [`STATE_CAP`] bytes).
 fn read_state_bytes(path: &Path) -> Result<Vec<u8>, ReattachError> {
-    use nix::fcntl::OFlag;
+    use crate::shared::dir::SmallReadError;
     let unreadable = |why: String| ReattachError::StateUnreadable {
         path: path.to_owned(),
         why,
@@ -81,46 +87,32 @@ fn read_state_bytes(path: &Path) -> Result<Vec<u8>, ReattachError> {
         Some(nix::libc::EACCES | nix::libc::EPERM) => {
             "permission denied: run this as the user who wrote it, or as root".to_owned()
         }
-        Some(nix::libc::ELOOP | nix::libc::EXDEV) => {
-            "it is a symlink: a state file is read only by its own name".to_owned()
-        }
         Some(nix::libc::ENOTDIR) => "a component of its path is not a directory".to_owned(),
         _ => e.to_string(),
     };
+    let no_state = || ReattachError::NoState {
+        path: path.to_owned(),
+    };
     let (dir, name) = split_path(path).map_err(|e| unreadable(e.to_string()))?;
-    let dir = match crate::shared::dir::Dir::open(&dir) {
+    let dir = match Dir::open(&dir) {
         Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ReattachError::NoState {
-                path: path.to_owned(),
-            })
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(no_state()),
         Err(e) => return Err(unreadable(io_why(&e))),
     };
-    let file = match dir.open_at(
-        &name,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ReattachError::NoState {
-                path: path.to_owned(),
-            })
-        }
-        Err(e) => return Err(unreadable(io_why(&e))),
-    };
-    let st = nix::sys::stat::fstat(&file).map_err(|e| unreadable(e.to_string()))?;
-    if !crate::shared::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG) {
-        return Err(unreadable(format!(
-            "it is a {}, not a state file: pass the file `logmon ensure --state` wrote",
-            crate::shared::dir::kind_of(&st)
-        )));
+    match dir.read_small(&name, STATE_CAP) {
+        Ok(Some((bytes, _))) => Ok(bytes),
+        Ok(None) => Err(no_state()),
+        Err(SmallReadError::NotRegular {
+            kind: "symlink", ..
+        }) => Err(unreadable(
+            "it is a symlink: a state file is read only by its own name".to_owned(),
+        )),
+        Err(SmallReadError::NotRegular { kind, .. }) => Err(unreadable(format!(
+            "it is a {kind}, not a state file: pass the file `logmon ensure --state` wrote"
+        ))),
+        Err(e @ SmallReadError::TooLarge { .. }) => Err(unreadable(e.to_string())),
+        Err(SmallReadError::Io { source, .. }) => Err(unreadable(io_why(&source))),
     }
-    let mut bytes = Vec::new();
-    io::Read::read_to_end(&mut io::Read::take(&file, 1 << 20), &mut bytes)
-        .map_err(|e| unreadable(io_why(&e)))?;
-    Ok(bytes)
 }
 
 /// Reads a persisted state. A missing file is `None`; an unreadable or

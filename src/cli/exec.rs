@@ -29,7 +29,7 @@ pub fn run(a: &ExecArgs) -> CliResult {
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
     let state = client::launch(&cfg, &Program::CurrentExe)?;
-    let (out, err) = match open_task_ends(&cfg) {
+    let (out, err) = match open_task_ends(&cfg, state.pid) {
         Ok(e) => e,
         Err(e) => {
             let _ = stop_logmon(&state);
@@ -76,11 +76,13 @@ fn stop_logmon(state: &ReattachConfig) -> Result<(), CliError> {
         .map_err(|e| CliError::new(EXIT_FAILURE, e))
 }
 
-/// The task ends of both FIFOs: the command's stdout and stderr.
-fn open_task_ends(cfg: &CaptureConfig) -> Result<(File, File), fifo::FifoError> {
+/// The task ends of both FIFOs: the command's stdout and stderr, only if
+/// they are the FIFOs the launched logmon (`pid`) reads, never one planted
+/// at their names.
+fn open_task_ends(cfg: &CaptureConfig, pid: u32) -> Result<(File, File), fifo::FifoError> {
     Ok((
-        fifo::open_task_end(&cfg.stdout_fifo)?,
-        fifo::open_task_end(&cfg.stderr_fifo)?,
+        fifo::open_task_end_read_by(&cfg.stdout_fifo, pid)?,
+        fifo::open_task_end_read_by(&cfg.stderr_fifo, pid)?,
     ))
 }
 

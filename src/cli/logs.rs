@@ -149,7 +149,7 @@ pub fn run(a: &LogsArgs) -> CliResult {
 /// Opens the log directory, warns once when other users could have
 /// renamed files in it, and checks that the task has anything there.
 fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
-    let dir = Dir::open_log_dir(&a.log_dir)
+    let dir = Dir::open_log_dir_to_read(&a.log_dir)
         .map_err(FollowError::from)
         .map_err(cli_error)?;
     let trust = dir.trust().map_err(|e| {

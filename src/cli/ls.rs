@@ -124,7 +124,8 @@ pub fn run(a: &LsArgs) -> CliResult {
         ));
     }
     for d in &a.log_dirs {
-        crate::shared::dir::Dir::open_log_dir(d).map_err(|e| usage(format!("--log-dir: {e}")))?;
+        crate::shared::dir::Dir::open_log_dir_to_read(d)
+            .map_err(|e| usage(format!("--log-dir: {e}")))?;
     }
     let watch = match (&a.watch, &a.pattern) {
         (Some(root), Some(p)) => Some((

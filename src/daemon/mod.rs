@@ -243,6 +243,8 @@ pub fn lock_task(dir: &Dir, name: &str, task: &str) -> Result<(TaskLock, u64), D
 struct OpenedFifo {
     fd: OwnedFd,
     capacity: usize,
+    /// Foreign FIFOs removed from its name first (`foreign_names`).
+    replaced: u64,
 }
 
 /// The directories the daemon works in, each opened once (DESIGN.md §9);
@@ -302,7 +304,11 @@ fn open_fifos(
             fifo::lock_reader(fd.as_fd(), path)?;
             let capacity = fifo::adopt_reader(&fd, systemd::fifo_fd_name(stream), cfg.pipe_size)?;
             tracing::info!(%stream, "adopted FIFO from systemd's fd store");
-            return Ok(OpenedFifo { fd, capacity });
+            return Ok(OpenedFifo {
+                fd,
+                capacity,
+                replaced: 0,
+            });
         }
         let (parent, name) = split(path).map_err(|source| {
             FifoError::Io(PathIo {
@@ -312,19 +318,24 @@ fn open_fifos(
                 source,
             })
         })?;
+        // Owned by logmon (or accepted), like the log directory.
         let dir = dirs.get(parent, |p| {
-            Dir::open(p).map_err(|source| {
+            Dir::open_owned(p).map_err(|e| {
                 FifoError::Io(PathIo {
                     what: "FIFO ",
                     action: "open the directory of",
                     path: path.to_owned(),
-                    source,
+                    source: io::Error::other(e.to_string()),
                 })
             })
         })?;
-        let (fd, capacity) = fifo::open_reader_at(&dir, name, cfg.pipe_size)?;
-        fifo::lock_reader(fd.as_fd(), &dir.display(name))?;
-        Ok(OpenedFifo { fd, capacity })
+        let r = fifo::open_reader_at(&dir, name, cfg.pipe_size)?;
+        fifo::lock_reader(r.fd.as_fd(), &dir.display(name))?;
+        Ok(OpenedFifo {
+            fd: r.fd,
+            capacity: r.capacity,
+            replaced: r.replaced.len() as u64,
+        })
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
@@ -357,6 +368,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     make_log_dir_sticky(&log_dir);
     let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
     let fifos = pipes.open(&cfg, &mut dirs, &mut inherited)?;
+    foreign += fifos.iter().map(|f| f.replaced).sum::<u64>();
     let rotators = open_rotators(&cfg, &log_dir)?;
     // Under the task lock, so a refused second `run` never rewrites it.
     match crate::shared::meta::publish(&log_dir, &cfg.task, &cfg.meta) {
@@ -594,6 +606,10 @@ fn serve_until_stopped(
     // through the log directory's handle (DESIGN.md §9), before the
     // sandbox narrows what may be opened.
     crate::shared::diag::hand_over_stderr(&s.log_dir, cfg.task.as_str());
+    if s.foreign > 0 && crate::shared::diag::launched() {
+        // Said on the launcher's pipe before; the log keeps it.
+        tracing::warn!(foreign_names = s.foreign, "names logmon did not make (a planted FIFO, lock or socket) were removed and replaced at start; see status foreign_names");
+    }
     // Confined before the ready line, on the only thread (DESIGN.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
     crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::run(

@@ -111,7 +111,11 @@ impl PipeSource {
                         fd: fd.as_raw_fd(),
                         why: e.to_string(),
                     })?;
-                    Ok::<_, SourceError>(OpenedFifo { fd, capacity })
+                    Ok::<_, SourceError>(OpenedFifo {
+                        fd,
+                        capacity,
+                        replaced: 0,
+                    })
                 };
                 tracing::info!("capturing the pipes handed over");
                 Ok([adopt(out, "stdout")?, adopt(err, "stderr")?])

@@ -34,7 +34,6 @@
 //! (`counters_never_go_down_over_a_logmon_restart_or_a_purge`).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -209,12 +208,11 @@ impl Store {
         e.gone + now.values().map(|&(_, s)| s).sum::<u64>()
     }
 
-    /// Saves the store at `path` (temp file, fsync, rename).
+    /// Saves the store at `path` ([`crate::shared::dir::Dir::replace`]:
+    /// temp file, fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<(), CarryError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
         let io = |source| CarryError::Io {
-            path: tmp.clone(),
+            path: path.to_path_buf(),
             source,
         };
         let d = OnDisk {
@@ -223,22 +221,20 @@ impl Store {
             entries: self.entries.clone(),
         };
         let json = serde_json::to_vec(&d).map_err(|e| io(std::io::Error::other(e)))?;
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io)?;
-        let written = f
-            .write_all(&json)
-            .and_then(|()| f.sync_data())
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(e));
-        }
-        Ok(())
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the path has no file name",
+            )));
+        };
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        crate::shared::dir::Dir::open(parent)
+            .and_then(|dir| dir.replace(name, &json))
+            .map_err(io)
     }
 }
 

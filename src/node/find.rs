@@ -6,8 +6,8 @@
 //! is: directories below the root are reached component by component with
 //! `O_NOFOLLOW` ([`crate::ship::tree::reopen`]), and reopened for each use
 //! only if they are still the directory found (device and inode); a name
-//! in a log directory counts for its task only if logmon (or root, or the
-//! directory's owner) made it — a task that plants `.x.logmon.lock` or
+//! in a log directory counts for its task only if logmon (or root) made it
+//! (never "the directory's owner": a task may own its log directory) — a task that plants `.x.logmon.lock` or
 //! `x.stdout.0` makes no task `x` appear, it adds to the directory's
 //! count of planted names.
 
@@ -18,10 +18,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::sys::stat::{FileStat, SFlag};
+use nix::sys::stat::FileStat;
 
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{is_type, Dir, FileId, Trust};
+use crate::shared::dir::{Dir, FileId, Kind, Trust};
 use crate::ship::scan::{glob_component, parse_log_name, Pattern};
 
 /// A log directory found, and how to open it again.
@@ -265,7 +265,7 @@ fn parse_name(name: &str) -> Option<(TaskName, Name)> {
         let (task, stream, _) = parse_log_name(inner)?;
         return Some((task, Name::Index(stream)));
     }
-    const SUFFIXES: [(&str, Name); 8] = [
+    const SUFFIXES: [(&str, Name); 12] = [
         (".logmon.lock", Name::Lock),
         (".logmon.sock", Name::Socket),
         (".logmon.meta", Name::Meta),
@@ -274,6 +274,12 @@ fn parse_name(name: &str) -> Option<(TaskName, Name)> {
         (".stderr.fifo", Name::Fifo),
         (".stdout.hwm", Name::Other),
         (".stderr.hwm", Name::Other),
+        // The drop ledgers and the shipper's positions: logmon's (or the
+        // shipper's), a planted one is counted like any other.
+        (".stdout.dropped", Name::Other),
+        (".stderr.dropped", Name::Other),
+        (".stdout.shipped", Name::Other),
+        (".stderr.shipped", Name::Other),
     ];
     SUFFIXES.iter().find_map(|(suffix, kind)| {
         let task = TaskName::new(hidden.strip_suffix(suffix)?).ok()?;
@@ -281,24 +287,22 @@ fn parse_name(name: &str) -> Option<(TaskName, Name)> {
     })
 }
 
-/// Whether a uid may have made a file logmon trusts: root, this reader,
-/// or the directory's owner (as [`Trust::foreign_file`] says of regular
-/// files; here also for sockets and FIFOs).
+/// Whether a uid may have made a file logmon trusts: root or this reader
+/// ([`Trust::trusted_uid`], the one rule; never the directory's owner, so
+/// an impostor logmon a task runs in a directory it owns is not believed).
 pub fn trusted_uid(trust: &Trust, uid: u32) -> bool {
-    uid == 0 || uid == nix::unistd::geteuid().as_raw() || uid == trust.owner()
+    trust.trusted_uid(uid)
 }
 
-/// Why `st`, found at a name of `kind`, is not logmon's own, if it is not.
+/// Why `st`, found at a name of `kind`, is not logmon's own, if it is not
+/// ([`Trust::not_logmons`]).
 fn foreign(trust: &Trust, st: &FileStat, kind: &Name) -> Option<String> {
-    let want = match kind {
-        Name::Socket => SFlag::S_IFSOCK,
-        Name::Fifo => SFlag::S_IFIFO,
-        _ => return trust.foreign_file(st),
+    let kind = match kind {
+        Name::Socket => Kind::Socket,
+        Name::Fifo => Kind::Fifo,
+        _ => Kind::Regular,
     };
-    if !is_type(st, want) {
-        return Some(crate::shared::dir::kind_of(st).to_owned());
-    }
-    (!trusted_uid(trust, st.st_uid)).then(|| format!("owned by uid {}", st.st_uid))
+    trust.not_logmons(st, kind)
 }
 
 /// Lists `dir` once and sorts its names into tasks (see the module docs).
@@ -392,6 +396,9 @@ mod tests {
         assert!(matches!(kind(".web.logmon.sock"), Some((_, Name::Socket))));
         assert!(matches!(kind(".web.stdout.fifo"), Some((_, Name::Fifo))));
         assert!(matches!(kind(".web.stdout.hwm"), Some((_, Name::Other))));
+        for known in [".web.stderr.dropped", ".web.stdout.shipped"] {
+            assert!(matches!(kind(known), Some((_, Name::Other))), "{known}");
+        }
         for not_ours in [
             "web.stdout.007",
             "web.stdout",

@@ -14,7 +14,22 @@
 //! not redirect logmon: it goes on in the directory it opened.
 //!
 //! Guarantees kept here, and the tests that prove them (unit tests below;
-//! `tests/it/daemon/hostile.rs` runs the attacks through the binary):
+//! `tests/it/daemon/hostile.rs` and `tests/it/daemon/hostile_layout.rs` run
+//! the attacks through the binary):
+//! - the operator's path is resolved from `/` one component at a time,
+//!   and a symlink on it is followed only where no user but root and
+//!   logmon could have planted it; a directory logmon writes in belongs
+//!   to root, to logmon's uid, or to a uid accepted with
+//!   `LOGMON_ACCEPT_DIR_OWNER` ([`Dir::open`], [`Dir::open_owned`]:
+//!   `a_planted_symlink_on_the_path_is_refused_by_name`,
+//!   `a_directory_of_another_owner_is_refused_unless_accepted`);
+//! - one trust rule for every reader of a shared directory
+//!   ([`Trust::not_logmons`], [`Dir::open_trusted`]: the expected kind,
+//!   owned by root or the reader, never by the directory's owner:
+//!   `open_trusted_opens_only_what_logmon_made`);
+//! - [`Dir::replace`] writes a file whole or not at all (temp `O_EXCL`,
+//!   fsync, rename, fsync of the directory:
+//!   `replace_is_atomic_and_never_writes_through_a_planted_name`);
 //! - a name is never followed: a symlink, at any component, fails with
 //!   `ELOOP`/`EXDEV` (`a_symlink_is_never_followed`);
 //! - [`Dir::create_own`] never opens an existing name: whatever sits there
@@ -168,7 +183,19 @@ pub enum LogDirError {
         /// The directory.
         path: PathBuf,
     },
-    /// It is there but cannot be opened (permissions, I/O).
+    /// It belongs to a user other than root and logmon's, not accepted with
+    /// `LOGMON_ACCEPT_DIR_OWNER`: a task may have put it there.
+    #[error("{} belongs to uid {owner}, not to logmon's uid {euid}: a task may have replaced it; check it, then chown it to uid {euid}, or accept its owner with LOGMON_ACCEPT_DIR_OWNER={owner}", path.display())]
+    Foreign {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// logmon's uid.
+        euid: u32,
+    },
+    /// It is there but cannot be opened (permissions, I/O, a planted
+    /// symlink on its path).
     #[error("cannot open log directory {}: {source}", path.display())]
     Io {
         /// The directory.
@@ -179,9 +206,18 @@ pub enum LogDirError {
 }
 
 impl Dir {
-    /// Opens the log directory at `path` (the one walk of its path); a
-    /// missing one, or a non-directory, is [`LogDirError::Missing`].
+    /// Opens the log directory at `path` for writing in it ([`Dir::open_owned`]:
+    /// no planted symlink followed, owned by logmon's uid or an accepted
+    /// one); a missing one, or a non-directory, is [`LogDirError::Missing`].
     pub fn open_log_dir(path: &Path) -> Result<Dir, LogDirError> {
+        Dir::open_owned(path)
+    }
+
+    /// Opens the log directory at `path` for reading ([`Dir::open`]: no
+    /// planted symlink followed, any owner: readers trust files, not the
+    /// directory); a missing one, or a non-directory, is
+    /// [`LogDirError::Missing`].
+    pub fn open_log_dir_to_read(path: &Path) -> Result<Dir, LogDirError> {
         Dir::open(path).map_err(|source| match source.raw_os_error() {
             Some(c) if c == Errno::ENOENT as i32 || c == Errno::ENOTDIR as i32 => {
                 LogDirError::Missing {
@@ -195,37 +231,51 @@ impl Dir {
         })
     }
 
-    /// Opens the directory at `path`. The operator's path is trusted and
-    /// resolved once, here; its parent is opened too (for [`Dir::recreate`]).
+    /// Opens the directory at `path`, resolved from `/` one component at
+    /// a time: a symlink is followed only where no user but root and
+    /// logmon could have planted it, so a link a task made in a directory
+    /// it can write (the reference's 0777 `alloc/`) is refused naming it,
+    /// never followed (`a_planted_symlink_on_the_path_is_refused_by_name`).
+    /// Its parent is kept (for [`Dir::recreate`]).
     pub fn open(path: &Path) -> io::Result<Dir> {
         let path = std::path::absolute(path)?;
-        let (parent, name) = match (path.parent(), path.file_name()) {
-            (Some(p), Some(n)) => (Some(p), Some(n.to_owned())),
-            _ => (None, None),
-        };
-        let fd = nix::fcntl::open(
-            &path,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
+        let (fd, parent) = resolve_dir(&path)?;
         let st = nix::sys::stat::fstat(&fd)?;
-        let parent = match (parent, name) {
-            (Some(p), Some(n)) => nix::fcntl::open(
-                p,
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()
-            .map(|fd| (Arc::new(fd), n)),
-            _ => None,
-        };
         Ok(Dir {
             fd,
             path,
             id: FileId::of(&st),
-            parent,
+            parent: parent.map(|(fd, n)| (Arc::new(fd), n)),
             deletion_noticed: AtomicBool::new(false),
         })
+    }
+
+    /// [`Dir::open`] for a directory logmon writes in (the log directory,
+    /// a FIFO's directory): refused unless it belongs to root, to logmon's
+    /// uid or to a uid the operator accepted with `LOGMON_ACCEPT_DIR_OWNER`
+    /// ([`ACCEPT_DIR_OWNER_ENV`]). A task that replaced the directory
+    /// with one of its own is noticed here, at every start
+    /// (`a_directory_of_another_owner_is_refused_unless_accepted`).
+    pub fn open_owned(path: &Path) -> Result<Dir, LogDirError> {
+        let dir = Dir::open_log_dir_to_read(path)?;
+        let owner = dir.owner().map_err(|source| LogDirError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // Root's directory is fine: no task can have made it.
+        if !trusted_writer(owner) && !accepted_owners().contains(&owner) {
+            return Err(LogDirError::Foreign {
+                path: path.to_path_buf(),
+                owner,
+                euid: euid(),
+            });
+        }
+        Ok(dir)
+    }
+
+    /// The directory's owner, from an `fstat` of its descriptor.
+    pub fn owner(&self) -> io::Result<u32> {
+        Ok(nix::sys::stat::fstat(&self.fd)?.st_uid)
     }
 
     /// A handle of a directory already opened by the caller (`fd`, which
@@ -560,6 +610,40 @@ impl Dir {
         .map_err(io::Error::from)
     }
 
+    /// Replaces the file `name` with `bytes`, durably and atomically: a
+    /// temp file `.<name>.tmp.<pid>` created anew (`O_CREAT | O_EXCL |
+    /// O_NOFOLLOW`, mode 0600; whatever a task planted at that name is
+    /// removed first, never opened), written, `fsync`ed, `renameat` over
+    /// `name` within this directory, then the directory `fsync`ed. A
+    /// reader sees the old file or the new one, never a part
+    /// (`replace_is_atomic_and_never_writes_through_a_planted_name`).
+    pub fn replace(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let name = one_component(name.as_ref())?;
+        let mut tmp = OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".tmp.{}", std::process::id()));
+        let mut file =
+            match self.create_own(&tmp, OFlag::O_WRONLY, Mode::from_bits_truncate(0o600))? {
+                Claim::Created { file, .. } => file,
+                Claim::Occupied { by, .. } => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} is taken by a {by}", self.display(&tmp).display()),
+                    ))
+                }
+            };
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| self.rename(&tmp, name));
+        if let Err(e) = written {
+            let _ = self.remove(&tmp);
+            return Err(e);
+        }
+        self.sync()
+    }
+
     /// `fsync` of the directory itself, so a rename or a new name in it is
     /// durable.
     pub fn sync(&self) -> io::Result<()> {
@@ -624,6 +708,51 @@ impl Dir {
     /// `fstat` of its descriptor now ([`Trust`]).
     pub fn trust(&self) -> io::Result<Trust> {
         Ok(Trust::of(&nix::sys::stat::fstat(&self.fd)?))
+    }
+
+    /// Opens `name` read-only only if it holds a `kind` logmon made, by
+    /// the one trust rule ([`Trust::not_logmons`] with `trust`, the
+    /// directory's [`Dir::trust`]): a look first (a FIFO or device is
+    /// never opened), then a non-blocking open without following a link,
+    /// and the same rule on what was opened. Readers, the shipper, `ls`
+    /// and the agent all open a file of a shared directory through here
+    /// (`open_trusted_opens_only_what_logmon_made`).
+    pub fn open_trusted(
+        &self,
+        trust: &Trust,
+        name: impl AsRef<OsStr>,
+        kind: Kind,
+    ) -> io::Result<Opened> {
+        let name = name.as_ref();
+        match self.stat(name)? {
+            None => return Ok(Opened::Gone),
+            Some(st) => {
+                if let Some(why) = trust.not_logmons(&st, kind) {
+                    return Ok(Opened::Foreign(why));
+                }
+            }
+        }
+        let file = match self.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
+            Ok(f) => f,
+            Err(e) => {
+                return match e.raw_os_error().map(Errno::from_raw) {
+                    Some(Errno::ENOENT) => Ok(Opened::Gone),
+                    Some(Errno::ELOOP | Errno::EXDEV) => Ok(Opened::Foreign("a symlink".into())),
+                    // A socket, or a device without a driver.
+                    Some(Errno::ENXIO | Errno::ENODEV) => {
+                        Ok(Opened::Foreign("a special file".into()))
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
+        let st = nix::sys::stat::fstat(&file)?;
+        if let Some(why) = trust.not_logmons(&st, kind) {
+            return Ok(Opened::Foreign(why));
+        }
+        // Reads of logmon's own regular files block on nothing.
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDONLY))?;
+        Ok(Opened::File(file, st))
     }
 
     /// Reads the whole of `name`, a regular file of at most `cap` bytes,
@@ -739,19 +868,184 @@ fn euid() -> u32 {
     *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
 }
 
+/// The environment variable naming the uids, besides logmon's own, that
+/// may own a directory logmon writes in (the log directory, a FIFO's
+/// directory): `LOGMON_ACCEPT_DIR_OWNER=1000` or `=1000,1001`. For a task
+/// that owns its log directory, accepted explicitly by the operator;
+/// without it such a directory is refused ([`LogDirError::Foreign`]).
+pub const ACCEPT_DIR_OWNER_ENV: &str = "LOGMON_ACCEPT_DIR_OWNER";
+
+/// How many symlinks one [`Dir::open`] follows (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Whether `uid` is trusted to write where logmon resolves a path: root or
+/// logmon's own uid.
+fn trusted_writer(uid: u32) -> bool {
+    uid == 0 || uid == euid()
+}
+
+/// Why someone other than root and logmon could have planted the entry
+/// `entry` (an `lstat`) in the directory `dir` (an `fstat`), or `None`:
+/// the directory belongs to another user; or others may write in it and
+/// it is not sticky, or it is sticky and the entry is not a trusted
+/// user's; or the entry itself belongs to another user.
+fn plantable_by_others(dir: &FileStat, entry: &FileStat) -> Option<String> {
+    if !trusted_writer(dir.st_uid) {
+        return Some(format!("its directory belongs to uid {}", dir.st_uid));
+    }
+    let others_write = dir.st_mode & 0o022 != 0;
+    let sticky = dir.st_mode & Mode::S_ISVTX.bits() != 0;
+    if others_write && !(sticky && trusted_writer(entry.st_uid)) {
+        return Some(format!(
+            "its directory (mode {:o}) is writable by other users",
+            dir.st_mode & 0o7777
+        ));
+    }
+    if !trusted_writer(entry.st_uid) {
+        return Some(format!("it belongs to uid {}", entry.st_uid));
+    }
+    None
+}
+
+/// The operator's path resolved one component at a time from `/`
+/// (`fstatat` without following, then `openat(O_NOFOLLOW)`), following a
+/// symlink only where no user but root and logmon could have planted it
+/// ([`plantable_by_others`]): a link a task made in a directory it can
+/// write (`alloc/logs -> /etc/cron.d`) is refused, naming it. Returns the
+/// directory opened for reading and its parent (`O_PATH`) with its name.
+fn resolve_dir(path: &Path) -> io::Result<(OwnedFd, Option<(OwnedFd, OsString)>)> {
+    let root = |access: OFlag| {
+        nix::fcntl::open(
+            "/",
+            access | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let mut todo = parts(path);
+    let mut cur = root(OFlag::O_PATH)?;
+    let mut links = 0;
+    while let Some(name) = todo.pop_front() {
+        let st = nix::sys::stat::fstatat(
+            &cur,
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
+        if is_type(&st, SFlag::S_IFLNK) {
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Errno::ELOOP.into());
+            }
+            let target = link_target(&cur, &name, &st, path)?;
+            if target.is_absolute() {
+                cur = root(OFlag::O_PATH)?;
+            }
+            for part in parts(&target).into_iter().rev() {
+                todo.push_front(part);
+            }
+            continue;
+        }
+        let last = todo.is_empty();
+        let access = if last { OFlag::O_RDONLY } else { OFlag::O_PATH };
+        let next = nix::fcntl::openat(
+            &cur,
+            name.as_os_str(),
+            access | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        if last {
+            let parent = (name != "..").then_some((cur, name));
+            return Ok((next, parent));
+        }
+        cur = next;
+    }
+    // `/` itself, or a link to it.
+    let fd = nix::fcntl::openat(
+        &cur,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok((fd, None))
+}
+
+/// The components of `path` to resolve, `..` kept (resolved by the
+/// kernel against the directory reached), `/` and `.` left out.
+fn parts(path: &Path) -> std::collections::VecDeque<OsString> {
+    use std::path::Component;
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The target of the symlink `name` (its `lstat` is `st`) in the
+/// directory `cur`, if only root or logmon could have planted it there;
+/// refused naming it otherwise (`path` is the operator's, for the message).
+fn link_target(cur: &OwnedFd, name: &OsStr, st: &FileStat, path: &Path) -> io::Result<PathBuf> {
+    let dir_st = nix::sys::stat::fstat(cur)?;
+    if let Some(why) = plantable_by_others(&dir_st, st) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is a symlink another user could have planted ({why}): refusing to follow it; name the real directory",
+                path_so_far(path, name).display()
+            ),
+        ));
+    }
+    Ok(PathBuf::from(nix::fcntl::readlinkat(cur, name)?))
+}
+
+/// `path` up to and including its first component `name`, for a message
+/// naming the refused link (the whole path when `name` came from a link's
+/// target).
+fn path_so_far(path: &Path, name: &OsStr) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        out.push(c);
+        if c.as_os_str() == name {
+            return out;
+        }
+    }
+    path.to_path_buf()
+}
+
+/// The uids `LOGMON_ACCEPT_DIR_OWNER` names ([`ACCEPT_DIR_OWNER_ENV`]);
+/// a value that is not a list of numbers accepts nobody.
+fn accepted_owners() -> Vec<u32> {
+    owners_accepted_in(std::env::var(ACCEPT_DIR_OWNER_ENV).ok().as_deref())
+}
+
+/// The uids a `LOGMON_ACCEPT_DIR_OWNER` value names.
+fn owners_accepted_in(value: Option<&str>) -> Vec<u32> {
+    value
+        .map(|v| {
+            v.split(',')
+                .map(|u| u.trim().parse::<u32>())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
 /// What a reader may believe about the names in a directory a task
 /// shares (DESIGN.md §9): who owns it, and whether others can rename or
 /// remove names in it. Taken from an `fstat` of the directory's
 /// descriptor ([`Dir::trust`]), so it describes the directory opened, not
 /// whatever its path names now.
 ///
-/// A file is logmon's own when it is a regular file with one link, owned
-/// by root, by the reader's euid or by the directory's owner, *and* it
-/// sits in a directory where no one else can have renamed it there: the
-/// sticky bit is set (logmon sets it), or the directory is writable only
-/// by its owner. A task's own files fail the first test; logmon's files
-/// renamed by the task (a stream of the task's own, renamed to another
-/// task's name or to a metadata name) are ruled out by the second.
+/// The one trust rule of logmon's readers, shipper, `ls` and agent
+/// ([`Trust::not_logmons`], [`Dir::open_trusted`]): a name holds a file
+/// logmon made when it is of the kind expected there (a regular file with
+/// one link, a FIFO, a socket) and owned by root or by the reader's own
+/// uid — never "the directory's owner", which is the task where a task
+/// owns its log directory. Where names may have been renamed by someone
+/// else ([`Trust::renamable_by_others`]: a directory of another owner, or
+/// one others may write without the sticky bit), a name says nothing
+/// about whose file it is, so no identity (task name, metadata, shipper
+/// position) is taken from it.
 /// Tests: `trust_rules_out_foreign_files_and_renamable_directories` below;
 /// `tests/it/daemon/hostile.rs` through the readers and the shipper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -759,6 +1053,22 @@ pub struct Trust {
     owner: u32,
     mode: u32,
     euid: u32,
+}
+
+/// What a name in a log directory should hold, for [`Trust::not_logmons`]
+/// and [`Dir::open_trusted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A stream's log file: regular, one link (none once purged after a
+    /// reader opened it: still logmon's, read to its end).
+    Log,
+    /// Any other regular file logmon writes (index, meta, positions,
+    /// state): regular, one link.
+    Regular,
+    /// A FIFO.
+    Fifo,
+    /// The control socket.
+    Socket,
 }
 
 impl Trust {
@@ -781,30 +1091,75 @@ impl Trust {
         self.mode & Mode::S_ISVTX.bits() != 0
     }
 
-    /// Why users other than the directory's owner (and root) could rename
-    /// or remove other users' names in it, or `None` when they cannot:
-    /// the sticky bit is set, or it is writable by its owner alone.
+    /// Whether `uid` may have made a file logmon trusts: root or this
+    /// process's own uid (never the directory's owner).
+    pub fn trusted_uid(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.euid
+    }
+
+    /// Why users other than root and this process could rename or remove
+    /// other users' names in the directory, or `None` when they cannot:
+    /// it belongs to another user (its owner may rename anything in it,
+    /// sticky or not), or others may write in it and it is not sticky.
     pub fn renamable_by_others(&self) -> Option<&'static str> {
+        if !self.trusted_uid(self.owner) {
+            return Some("it belongs to another user, who can rename any name in it");
+        }
         let others_write = self.mode & 0o022 != 0;
         (others_write && !self.sticky())
             .then_some("it is writable by others and has no sticky bit (chmod +t)")
     }
 
-    /// Why the file of `st` (an `fstat` of what was opened, or an
-    /// `lstat` through the handle) is not one logmon made, or `None` when
-    /// it is: see the type's docs.
-    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
-        if !is_type(st, SFlag::S_IFREG) {
-            return Some(kind_of(st).to_owned());
+    /// The trust rule: why `st` (an `lstat` through the handle, or an
+    /// `fstat` of what was opened), found at a name that should hold a
+    /// `kind`, is not a file logmon made, or `None` when it is (see the
+    /// type's docs).
+    pub fn not_logmons(&self, st: &FileStat, kind: Kind) -> Option<String> {
+        let want = match kind {
+            Kind::Log | Kind::Regular => SFlag::S_IFREG,
+            Kind::Fifo => SFlag::S_IFIFO,
+            Kind::Socket => SFlag::S_IFSOCK,
+        };
+        if !is_type(st, want) {
+            return Some(format!("a {}", kind_of(st)));
         }
-        if st.st_nlink != 1 {
-            return Some(format!("hard link ({} links)", st.st_nlink));
+        let links_ok = match kind {
+            Kind::Log => st.st_nlink <= 1,
+            Kind::Regular => st.st_nlink == 1,
+            Kind::Fifo | Kind::Socket => true,
+        };
+        if !links_ok {
+            return Some(format!("a {} with {} links", kind_of(st), st.st_nlink));
         }
-        if st.st_uid != 0 && st.st_uid != self.euid && st.st_uid != self.owner {
-            return Some(format!("file owned by uid {}", st.st_uid));
+        if !self.trusted_uid(st.st_uid) {
+            let what = match kind {
+                Kind::Log | Kind::Regular => "file",
+                Kind::Fifo | Kind::Socket => kind_of(st),
+            };
+            return Some(format!(
+                "a {what} of uid {} (neither root nor uid {})",
+                st.st_uid, self.euid
+            ));
         }
         None
     }
+
+    /// [`Trust::not_logmons`] of a regular file with one link
+    /// ([`Kind::Regular`]).
+    pub fn foreign_file(&self, st: &FileStat) -> Option<String> {
+        self.not_logmons(st, Kind::Regular)
+    }
+}
+
+/// The outcome of [`Dir::open_trusted`].
+#[derive(Debug)]
+pub enum Opened {
+    /// logmon's file, open read-only (blocking reads), and its `fstat`.
+    File(File, FileStat),
+    /// Nothing at the name (any more).
+    Gone,
+    /// Something logmon did not make: never read. Says what.
+    Foreign(String),
 }
 
 /// Why a small file of a shared directory was not read
@@ -880,16 +1235,93 @@ mod tests {
         assert_eq!(t.foreign_file(&st), None);
         std::fs::hard_link(d.path().join("own"), d.path().join("link")).unwrap();
         let st = dir.stat("own").unwrap().unwrap();
-        assert!(t.foreign_file(&st).unwrap().contains("hard link"));
+        assert!(t.foreign_file(&st).unwrap().contains("with 2 links"));
+        // A stream's log file may have no link left (purged after it was
+        // opened); a FIFO or a socket at a name is judged as such.
+        let held = File::open(d.path().join("link")).unwrap();
+        std::fs::remove_file(d.path().join("link")).unwrap();
+        std::fs::remove_file(d.path().join("own")).unwrap();
+        let gone = nix::sys::stat::fstat(&held).unwrap();
+        assert_eq!(t.not_logmons(&gone, Kind::Log), None);
+        assert!(t.not_logmons(&gone, Kind::Regular).is_some());
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let st = dir.stat("fifo").unwrap().unwrap();
+        assert_eq!(t.not_logmons(&st, Kind::Fifo), None);
+        assert_eq!(t.not_logmons(&st, Kind::Log).as_deref(), Some("a FIFO"));
         std::fs::create_dir(d.path().join("sub")).unwrap();
         let st = dir.stat("sub").unwrap().unwrap();
-        assert_eq!(t.foreign_file(&st).as_deref(), Some("directory"));
+        assert_eq!(t.foreign_file(&st).as_deref(), Some("a directory"));
         if nix::unistd::geteuid().is_root() {
-            std::os::unix::fs::chown(d.path().join("sub"), Some(65534), None).unwrap();
             std::fs::write(d.path().join("theirs"), b"x").unwrap();
             std::os::unix::fs::chown(d.path().join("theirs"), Some(65534), None).unwrap();
             let st = dir.stat("theirs").unwrap().unwrap();
             assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+            // The directory's owner is not trusted: a task that owns its
+            // log directory may rename anything in it, and its files are
+            // its own, sticky bit or not.
+            std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1755)).unwrap();
+            std::os::unix::fs::chown(d.path(), Some(65534), None).unwrap();
+            let t = dir.trust().unwrap();
+            assert!(t.renamable_by_others().is_some());
+            assert!(t.foreign_file(&st).unwrap().contains("uid 65534"));
+            assert!(!t.trusted_uid(65534) && t.trusted_uid(0));
+        }
+    }
+
+    #[test]
+    fn replace_is_atomic_and_never_writes_through_a_planted_name() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let dir = Dir::open(&logs).unwrap();
+        dir.replace("state", b"one").unwrap();
+        assert_eq!(std::fs::read(logs.join("state")).unwrap(), b"one");
+        // A link planted at the temp name and at the name: neither is
+        // written through.
+        let tmp = format!(".state.tmp.{}", std::process::id());
+        symlink(&victim, logs.join(&tmp)).unwrap();
+        std::fs::remove_file(logs.join("state")).unwrap();
+        symlink(&victim, logs.join("state")).unwrap();
+        dir.replace("state", b"two").unwrap();
+        assert_eq!(std::fs::read(logs.join("state")).unwrap(), b"two");
+        let m = std::fs::symlink_metadata(logs.join("state")).unwrap();
+        assert!(m.is_file() && m.mode() & 0o777 == 0o600);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+        assert_eq!(dir.list().unwrap(), vec![OsString::from("state")]);
+    }
+
+    #[test]
+    fn open_trusted_opens_only_what_logmon_made() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let t = dir.trust().unwrap();
+        std::fs::write(d.path().join("ok"), b"fine").unwrap();
+        nix::unistd::mkfifo(&d.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        symlink(d.path().join("ok"), d.path().join("link")).unwrap();
+        let Opened::File(mut f, st) = dir.open_trusted(&t, "ok", Kind::Log).unwrap() else {
+            panic!("ok")
+        };
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!((s.as_str(), st.st_size), ("fine", 4));
+        for (name, why) in [("fifo", "a FIFO"), ("link", "a symlink")] {
+            match dir.open_trusted(&t, name, Kind::Regular).unwrap() {
+                Opened::Foreign(w) => assert_eq!(w, why),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            dir.open_trusted(&t, "none", Kind::Log).unwrap(),
+            Opened::Gone
+        ));
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(d.path().join("ok"), Some(65534), None).unwrap();
+            assert!(matches!(
+                dir.open_trusted(&t, "ok", Kind::Log).unwrap(),
+                Opened::Foreign(w) if w.contains("uid 65534")
+            ));
         }
     }
 
@@ -938,6 +1370,80 @@ mod tests {
             .is_err());
         assert!(dir.open_own("link", OFlag::O_RDONLY).unwrap().is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn a_planted_symlink_on_the_path_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let private = d.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        // The reference's alloc/: writable by the task, not sticky.
+        let alloc = d.path().join("alloc");
+        std::fs::create_dir(&alloc).unwrap();
+        std::fs::set_permissions(&alloc, std::fs::Permissions::from_mode(0o777)).unwrap();
+        symlink(&private, alloc.join("logs")).unwrap();
+        let e = Dir::open(&alloc.join("logs")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("alloc/logs is a symlink"), "{e}");
+        // Deeper, through a link in the middle of the path, and relative.
+        std::fs::create_dir(private.join("inner")).unwrap();
+        std::fs::remove_file(alloc.join("logs")).unwrap();
+        symlink("../private", alloc.join("logs")).unwrap();
+        assert!(Dir::open(&alloc.join("logs/inner")).is_err());
+        assert!(matches!(
+            Dir::open_log_dir(&alloc.join("logs")),
+            Err(LogDirError::Io { .. })
+        ));
+        // The same link where only logmon (and root) could have made it
+        // is followed, and the handle is the target's.
+        let fixed = d.path().join("fixed");
+        std::fs::create_dir(&fixed).unwrap();
+        symlink("../private", fixed.join("logs")).unwrap();
+        let dir = Dir::open(&fixed.join("logs/inner")).unwrap();
+        let st = std::fs::metadata(private.join("inner")).unwrap();
+        assert_eq!(
+            dir.id(),
+            FileId {
+                dev: st.dev(),
+                ino: st.ino()
+            }
+        );
+        // Sticky and others may write: a link of logmon's own is followed.
+        std::fs::set_permissions(&fixed, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(Dir::open(&fixed.join("logs")).is_ok());
+        // A plain directory in a writable one is opened (it is checked by
+        // owner where logmon writes, not refused).
+        std::fs::create_dir(alloc.join("real")).unwrap();
+        assert!(Dir::open(&alloc.join("real")).is_ok());
+    }
+
+    #[test]
+    fn a_directory_of_another_owner_is_refused_unless_accepted() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED: needs root (chown)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let logs = d.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        assert!(Dir::open_owned(&logs).is_ok());
+        std::os::unix::fs::chown(&logs, Some(65534), None).unwrap();
+        match Dir::open_log_dir(&logs) {
+            Err(e @ LogDirError::Foreign { owner: 65534, .. }) => {
+                assert!(
+                    e.to_string().contains("LOGMON_ACCEPT_DIR_OWNER=65534"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Readers open it: they trust files, not the directory.
+        assert!(Dir::open_log_dir_to_read(&logs).is_ok());
+        assert_eq!(owners_accepted_in(Some("65534")), vec![65534]);
+        assert_eq!(owners_accepted_in(Some("1, 65534")), vec![1, 65534]);
+        assert!(owners_accepted_in(Some("65534,x")).is_empty());
+        assert!(owners_accepted_in(None).is_empty());
     }
 
     #[test]

@@ -15,6 +15,15 @@
 //!   or device planted in its place is refused by name, never read
 //!   (`a_regular_file_a_directory_and_a_symlink_are_refused_by_name`);
 //!   the path functions are thin wrappers resolving parent `Dir` + name;
+//! - only logmon's own FIFO is adopted (a FIFO of logmon's uid, no access
+//!   for group or others, one link: [`foreign_fifo`]); one another user
+//!   planted — to read the task's lines, forge some, or hold its lock —
+//!   is removed without being opened and replaced, and each removal is
+//!   returned to be counted (`a_planted_fifo_is_replaced_and_reported`,
+//!   `tests/it/daemon/hostile_layout.rs`);
+//! - `exec` hands the command only the FIFO the logmon it launched reads
+//!   ([`open_task_end_read_by`]:
+//!   `the_task_end_is_opened_only_on_the_fifo_logmon_reads`);
 //! - one reader per FIFO, whatever the task name: [`lock_reader`] takes an
 //!   exclusive `flock` on logmon's open FIFO, and a second reader is
 //!   refused naming the pid and task of the first
@@ -59,6 +68,17 @@ pub enum FifoError {
         /// The FIFO.
         path: PathBuf,
         /// Who: "logmon pid 123 (task web)".
+        holder: String,
+    },
+    /// The FIFO at the name is not the one the launched logmon reads:
+    /// someone replaced it after logmon opened its own.
+    #[error("FIFO {path} is not the one logmon pid {pid} reads (its reader is {holder}): another user replaced it; check the directory, then start again")]
+    NotLogmons {
+        /// The FIFO.
+        path: PathBuf,
+        /// The logmon that should read it.
+        pid: u32,
+        /// Who holds its reader lock instead.
         holder: String,
     },
     /// The descriptor handed over is not a FIFO.
@@ -206,27 +226,109 @@ fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoErr
 /// the pipe's capacity.
 pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
     let (dir, name) = dir_and_name(path)?;
-    open_reader_at(&dir, name, pipe_size)
+    open_reader_at(&dir, name, pipe_size).map(|r| (r.fd, r.capacity))
 }
 
-/// [`open_reader`] for `name` in `dir`.
-pub fn open_reader_at(
-    dir: &Dir,
-    name: &OsStr,
-    pipe_size: u64,
-) -> Result<(OwnedFd, usize), FifoError> {
-    ensure_fifo_at(dir, name)?;
-    let f = open_rdwr_at(dir, name, true)?;
-    let fd = OwnedFd::from(f);
-    let cap = set_pipe_size(fd.as_fd(), pipe_size).map_err(|source| {
-        FifoError::Io(PathIo {
-            what: "FIFO ",
-            action: "size",
-            path: dir.display(name),
-            source,
-        })
-    })?;
-    Ok((fd, cap))
+/// Why the FIFO of `st` (an `lstat` or an `fstat` of what was opened) is
+/// not one logmon made, or `None` when it is: a FIFO owned by logmon's
+/// uid, readable and writable by no one else (mode 0600, or stricter
+/// after a umask), with one link. A FIFO another user made could be
+/// read, written or locked by that user (`a_planted_fifo_is_replaced_and_reported`).
+pub fn foreign_fifo(st: &nix::sys::stat::FileStat) -> Option<String> {
+    if !dir::is_type(st, SFlag::S_IFIFO) {
+        return Some(dir::kind_of(st).to_owned());
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid != euid {
+        return Some(format!("FIFO owned by uid {}", st.st_uid));
+    }
+    if st.st_mode & 0o7077 != 0 {
+        return Some(format!("FIFO with mode {:o}", st.st_mode & 0o7777));
+    }
+    if st.st_nlink != 1 {
+        return Some(format!("FIFO with {} links", st.st_nlink));
+    }
+    None
+}
+
+/// How many times [`open_reader_at`] replaces a foreign FIFO before giving
+/// up: a task replanting the name as fast as it can wins at most this
+/// often in a row.
+const REPLACE_ATTEMPTS: usize = 8;
+
+/// logmon's end of the FIFO `name` in `dir` ([`open_reader_at`]).
+#[derive(Debug)]
+pub struct Reader {
+    /// The read end, O_RDWR|O_NONBLOCK.
+    pub fd: OwnedFd,
+    /// The pipe's capacity after sizing.
+    pub capacity: usize,
+    /// What sat at the name and was removed first (a FIFO of another
+    /// owner, mode or link count), one entry per removal.
+    pub replaced: Vec<String>,
+}
+
+/// [`open_reader`] for `name` in `dir`, adopting only logmon's own FIFO
+/// ([`foreign_fifo`]): one another user made (planted before logmon's
+/// first start, to read the task's lines, forge some, or hold its lock)
+/// is removed — never opened, so its lock cannot block the start — and
+/// replaced by a new one, each removal returned in
+/// [`Reader::replaced`] and warned about. What was opened is checked
+/// again with `fstat`, so a swap after the look is caught too.
+pub fn open_reader_at(dir: &Dir, name: &OsStr, pipe_size: u64) -> Result<Reader, FifoError> {
+    let mut replaced = Vec::new();
+    for _ in 0..REPLACE_ATTEMPTS {
+        ensure_fifo_at(dir, name)?;
+        // A look first, so a planted FIFO is never opened (its holder's
+        // lock would refuse us, its reader would race us).
+        let st = dir
+            .stat(name)
+            .map_err(|source| io_error(dir, name, "inspect", source))?;
+        if let Some(why) = st.as_ref().and_then(foreign_fifo) {
+            remove_foreign(dir, name, &why)?;
+            replaced.push(why);
+            continue;
+        }
+        let f = open_rdwr_at(dir, name, true)?;
+        let st = nix::sys::stat::fstat(&f).map_err(|e| io_error(dir, name, "inspect", e.into()))?;
+        if let Some(why) = foreign_fifo(&st) {
+            remove_foreign(dir, name, &why)?;
+            replaced.push(why);
+            continue;
+        }
+        let fd = OwnedFd::from(f);
+        let capacity = set_pipe_size(fd.as_fd(), pipe_size)
+            .map_err(|source| io_error(dir, name, "size", source))?;
+        return Ok(Reader {
+            fd,
+            capacity,
+            replaced,
+        });
+    }
+    Err(io_error(
+        dir,
+        name,
+        "claim",
+        io::Error::other("another user's FIFO was planted again at every attempt"),
+    ))
+}
+
+/// Removes the foreign FIFO at `name` (the name only: whoever holds it
+/// open keeps a pipe no one writes to), with one warning.
+fn remove_foreign(dir: &Dir, name: &OsStr, why: &str) -> Result<(), FifoError> {
+    tracing::warn!(fifo = %dir.display(name).display(), found = why,
+        "replacing a FIFO logmon did not make (another user could read, forge or lock it)");
+    dir.remove(name)
+        .map_err(|source| io_error(dir, name, "remove the foreign", source))
+}
+
+fn io_error(dir: &Dir, name: &OsStr, action: &'static str, source: io::Error) -> FifoError {
+    FifoError::Io(PathIo {
+        what: "FIFO ",
+        action,
+        path: dir.display(name),
+        source,
+    })
 }
 
 /// Opens the existing FIFO at `path` O_RDWR|O_NONBLOCK (never created,
@@ -246,6 +348,27 @@ pub fn hold(path: &Path) -> Result<File, FifoError> {
 pub fn open_task_end(path: &Path) -> Result<File, FifoError> {
     let (dir, name) = dir_and_name(path)?;
     open_task_end_at(&dir, name)
+}
+
+/// The task's end of the existing FIFO at `path` ([`open_task_end`],
+/// never created), only if it is the FIFO the logmon of `pid` reads: that
+/// process holds its reader lock ([`lock_reader`]). `exec` hands the
+/// command this end, so a FIFO another user swapped in at the name after
+/// logmon opened its own is refused, never written to
+/// (`the_task_end_is_opened_only_on_the_fifo_logmon_reads`,
+/// `tests/it/daemon/hostile_layout.rs::exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none`).
+pub fn open_task_end_read_by(path: &Path, pid: u32) -> Result<File, FifoError> {
+    let (dir, name) = dir_and_name(path)?;
+    let f = open_rdwr_at(&dir, name, false)?;
+    let st = nix::sys::stat::fstat(&f).map_err(|e| io_error(&dir, name, "inspect", e.into()))?;
+    match flock_holder(st.st_dev, st.st_ino) {
+        Some(p) if p == pid => Ok(f),
+        other => Err(FifoError::NotLogmons {
+            path: path.to_owned(),
+            pid,
+            holder: other.map_or_else(|| "no process".to_owned(), describe_pid),
+        }),
+    }
 }
 
 /// [`open_task_end`] for `name` in `dir`.
@@ -491,7 +614,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let dir = Dir::open(d.path()).unwrap();
         let name = OsStr::new(".t.stdout.fifo");
-        let (rd, _) = open_reader_at(&dir, name, 4096).unwrap();
+        let rd = open_reader_at(&dir, name, 4096).unwrap().fd;
         let mut w = open_task_end_at(&dir, name).unwrap();
         w.write_all(b"hi\n").unwrap();
         assert_eq!(bytes_waiting(rd.as_fd()).unwrap(), 3);
@@ -503,5 +626,66 @@ mod tests {
         std::fs::write(d.path().join(name), b"secret").unwrap();
         let e = open_reader_at(&dir, name, 4096).unwrap_err();
         assert!(e.to_string().contains("regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_planted_fifo_is_replaced_and_reported() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let d = tempfile::tempdir().unwrap();
+        let dir = Dir::open(d.path()).unwrap();
+        let name = OsStr::new(".t.stdout.fifo");
+        let path = d.path().join(name);
+        // Another user's mode: anyone could open it.
+        nix::unistd::mkfifo(&path, Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        let planted = std::fs::metadata(&path).unwrap().ino();
+        // Its maker holds it open and locked: logmon starts anyway.
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        lock_reader(held.as_fd(), &path).unwrap();
+        let r = open_reader_at(&dir, name, 4096).unwrap();
+        assert_eq!(r.replaced, vec!["FIFO with mode 666".to_owned()]);
+        lock_reader(r.fd.as_fd(), &path).unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert!(m.file_type().is_fifo() && m.ino() != planted);
+        assert_eq!((m.mode() & 0o7777, m.nlink()), (0o600, 1));
+        // What the task writes now reaches logmon, not the planter.
+        let mut w = open_task_end_at(&dir, name).unwrap();
+        w.write_all(b"line\n").unwrap();
+        assert_eq!(bytes_waiting(r.fd.as_fd()).unwrap(), 5);
+        assert_eq!(bytes_waiting(held.as_fd()).unwrap(), 0);
+        // logmon's own is adopted as it is.
+        drop(r);
+        let again = open_reader_at(&dir, name, 4096).unwrap();
+        assert!(again.replaced.is_empty());
+        // A second link makes it foreign too.
+        std::fs::hard_link(&path, d.path().join("other")).unwrap();
+        let r = open_reader_at(&dir, name, 4096).unwrap();
+        assert_eq!(r.replaced, vec!["FIFO with 2 links".to_owned()]);
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let r = open_reader_at(&dir, name, 4096).unwrap();
+            assert_eq!(r.replaced, vec!["FIFO owned by uid 65534".to_owned()]);
+        }
+    }
+
+    #[test]
+    fn the_task_end_is_opened_only_on_the_fifo_logmon_reads() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.fifo");
+        let (rd, _) = open_reader(&p, 4096).unwrap();
+        let e = open_task_end_read_by(&p, std::process::id()).unwrap_err();
+        assert!(matches!(e, FifoError::NotLogmons { .. }), "{e:?}");
+        lock_reader(rd.as_fd(), &p).unwrap();
+        open_task_end_read_by(&p, std::process::id()).unwrap();
+        // Swapped for another FIFO: refused, naming it.
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, Mode::from_bits_truncate(0o600)).unwrap();
+        let e = open_task_end_read_by(&p, std::process::id()).unwrap_err();
+        assert!(e.to_string().contains("no process"), "{e}");
     }
 }

@@ -273,8 +273,7 @@ pub fn publish(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<u64> 
 
 /// Reads the readers' copy of `task`'s metadata: trusted only when it is
 /// logmon's own file ([`crate::shared::dir::Trust`]: a regular one-link file of
-/// root, the reader or the directory's owner, in a directory no one else
-/// can rename names in — a task cannot forge one, nor rename another
+/// root or the reader, in a directory no one else can rename names in — a task cannot forge one, nor rename another
 /// task's there), read with a cap ([`Dir::read_small`]: a sparse or huge
 /// file costs nothing). Anything else, a missing file or one that does not
 /// validate is `None`.

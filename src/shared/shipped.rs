@@ -11,8 +11,8 @@
 //! forged or planted: the writer goes through [`Dir`] (a planted name is
 //! removed, never written through), and the reader ([`load`]) believes a
 //! position only when the task cannot have made it or renamed it there
-//! ([`crate::shared::dir::Trust`]: a regular one-link file of root, logmon's uid
-//! or the directory's owner, in a sticky or owner-only directory), reading
+//! ([`crate::shared::dir::Trust`]: a regular one-link file of root or logmon's
+//! uid, in a directory of root or logmon that is sticky or owner-only), reading
 //! it with [`Dir::read_small`] (a regular file of at most 64 bytes, never a
 //! FIFO to hang on, no symlink followed). What `run` does with it: a
 //! trusted position releases the files below it from the hold; no

@@ -37,13 +37,10 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
-
 use super::state::{Gap, Pending, StreamState};
 use crate::readers::timeline::Stamper;
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{Dir, FileId, Trust};
+use crate::shared::dir::{Dir, FileId, Kind, Opened, Trust};
 
 /// Bytes read per window (one persisted plan, many messages).
 pub const WINDOW: u64 = 8 * 1024 * 1024;
@@ -230,31 +227,26 @@ impl Tracked {
             name: dir.display(&name).display().to_string(),
             source,
         };
-        // A look first: a FIFO or device at the name is never opened.
-        match dir.stat(&name).map_err(read)? {
-            None => return Ok(None),
-            Some(st) if trust.foreign_file(&st).is_some() => {
+        // The one trust rule (a look first: a FIFO or device at the name
+        // is never opened).
+        match dir.open_trusted(trust, &name, Kind::Log).map_err(read)? {
+            // A hole is never shipped as zeros: logmon never makes one.
+            Opened::File(f, st) if has_hole(&f, &st) => {
                 *foreign += 1;
-                return Ok(None);
+                Ok(None)
             }
-            Some(_) => {}
+            Opened::File(f, _) => Ok(Some(f)),
+            Opened::Gone => Ok(None),
+            Opened::Foreign(_) => {
+                *foreign += 1;
+                Ok(None)
+            }
         }
-        let f = match dir.open_at(&name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(read(e)),
-        };
-        let st = nix::sys::stat::fstat(&f).map_err(|e| read(e.into()))?;
-        if trust.foreign_file(&st).is_some() || has_hole(&f, &st) {
-            *foreign += 1;
-            return Ok(None);
-        }
-        Ok(Some(f))
     }
 
     /// Whether file `n` is there and logmon's own (a look, no open).
     fn present(&self, dir: &Dir, trust: &Trust, n: u64) -> bool {
-        matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.foreign_file(&st).is_none())
+        matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.not_logmons(&st, Kind::Log).is_none())
     }
 
     /// The capture time (ns) of byte `offset` of file `n`.

@@ -68,6 +68,17 @@ impl Ledger {
             return;
         }
         let Some(f) = &self.file else { return };
+        // As the other in-place counters (the index's high-water mark, the
+        // shipper's position): never written once it has another name, a
+        // hard link the task made to it elsewhere.
+        if !f
+            .metadata()
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 1)
+        {
+            tracing::debug!("the ledger of dropped bytes has another link: not written");
+            self.file = None;
+            return;
+        }
         match f.write_all_at(format!("{n:0WIDTH$}\n").as_bytes(), 0) {
             Ok(()) => self.stored = Some(n),
             Err(e) => tracing::debug!(error = %e, "cannot store the count of dropped bytes"),

@@ -8,16 +8,14 @@
 //! `a_purged_unread_file_is_reported_with_its_size`).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 
-use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::sys::stat::FileStat;
 
 use super::Position;
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{is_type, kind_of, Dir, Trust};
+pub(crate) use crate::shared::dir::Opened;
+use crate::shared::dir::{Dir, Kind, Trust};
 use crate::shared::names::parse_index;
 
 /// What is known about a file of the stream that may be purged before the
@@ -144,31 +142,12 @@ impl Listing {
     }
 }
 
-/// Why a name of the stream (or its index) is not a file logmon wrote,
-/// or `None` if it is one (DESIGN.md §9): a regular file with one link
-/// (or none, once purged after it was opened) that `trust` accepts —
-/// owned by root, by the reader or by the directory's owner. A second
-/// link may be a hard link to a file outside the directory (e.g.
-/// `/etc/shadow`); a file of another owner is the task's own, whatever
-/// it holds: neither is ever read.
+/// Why a name of the stream (or its index) is not a log file logmon
+/// wrote, or `None` if it is one: the one trust rule,
+/// [`Trust::not_logmons`] of a [`Kind::Log`] (a file with no link left,
+/// purged after it was opened, is still read to its end).
 pub(crate) fn not_logmons(trust: &Trust, st: &FileStat) -> Option<String> {
-    if !is_type(st, SFlag::S_IFREG) {
-        return Some(format!("a {}", kind_of(st)));
-    }
-    if st.st_nlink > 1 {
-        return Some(format!("a regular file with {} links", st.st_nlink));
-    }
-    // No link at all: a log file purged since it was opened, still ours
-    // to read to its end. `foreign_file` also counts links: ask it about
-    // the owner alone.
-    let mut one_link = *st;
-    one_link.st_nlink = 1;
-    trust.foreign_file(&one_link).map(|_| {
-        format!(
-            "a file of uid {} (neither root, you, nor the directory's owner)",
-            st.st_uid
-        )
-    })
+    trust.not_logmons(st, Kind::Log)
 }
 
 /// Lists the stream's names through the directory handle and classifies
@@ -290,51 +269,8 @@ pub(crate) fn tasks_in(
     Ok((false, with_logs))
 }
 
-/// The outcome of opening a file of the stream (or its index).
-#[derive(Debug)]
-pub(crate) enum Opened {
-    /// A log file, and its `fstat`.
-    File(File, FileStat),
-    /// Nothing at the name any more (purged).
-    Gone,
-    /// Something that is not a log file: never read.
-    Foreign(String),
-}
-
-/// Opens `name` for reading only if it is a log file: a look with
-/// [`Dir::stat`] first (a FIFO or device is never opened), then
-/// [`open_checked`].
+/// Opens the stream's file (or index) `name` for reading only if it is a
+/// log file logmon wrote ([`Dir::open_trusted`] of a [`Kind::Log`]).
 pub(crate) fn open_log(dir: &Dir, trust: &Trust, name: &str) -> io::Result<Opened> {
-    match dir.stat(name)? {
-        None => Ok(Opened::Gone),
-        Some(st) => match not_logmons(trust, &st) {
-            Some(what) => Ok(Opened::Foreign(what)),
-            None => open_checked(dir, trust, name),
-        },
-    }
-}
-
-/// Opens `name` through the directory handle (no symlink followed, no
-/// escape), non-blocking so that a FIFO swapped in since the look cannot
-/// hang the open, and checks what was opened with `fstat`.
-pub(super) fn open_checked(dir: &Dir, trust: &Trust, name: &str) -> io::Result<Opened> {
-    let file = match dir.open_at(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty()) {
-        Ok(f) => f,
-        Err(e) => {
-            return match e.raw_os_error().map(Errno::from_raw) {
-                Some(Errno::ENOENT) => Ok(Opened::Gone),
-                Some(Errno::ELOOP | Errno::EXDEV) => Ok(Opened::Foreign("a symlink".to_owned())),
-                // A socket, or a device without a driver.
-                Some(Errno::ENXIO | Errno::ENODEV) => {
-                    Ok(Opened::Foreign("a special file".to_owned()))
-                }
-                _ => Err(e),
-            };
-        }
-    };
-    let st = nix::sys::stat::fstat(&file)?;
-    Ok(match not_logmons(trust, &st) {
-        None => Opened::File(file, st),
-        Some(what) => Opened::Foreign(what),
-    })
+    dir.open_trusted(trust, name, Kind::Log)
 }

@@ -19,8 +19,8 @@
 //!   and `openat2` refusing any symlink; its path is never walked again.
 //!   Only a file logmon wrote at a name `<task>.<stream>.<N>` is read: a
 //!   regular file with exactly one link that the directory's [`Trust`]
-//!   accepts (owned by root, the reader or the directory's owner: a
-//!   task's own file is never read, whatever it holds). It is looked at
+//!   accepts (owned by root or the reader, never by the directory's
+//!   owner: a task's own file is never read, whatever it holds). It is looked at
 //!   first (a FIFO or device is never opened), opened `O_NONBLOCK` (a FIFO
 //!   swapped in meanwhile cannot hang the open) and checked again with
 //!   `fstat` on what was opened. Anything else there — a task's file, a
@@ -377,7 +377,12 @@ impl Follower {
         stream: Stream,
         opts: Options,
     ) -> Result<Self, FollowError> {
-        Self::open_dir(Arc::new(Dir::open_log_dir(dir)?), task, stream, opts)
+        Self::open_dir(
+            Arc::new(Dir::open_log_dir_to_read(dir)?),
+            task,
+            stream,
+            opts,
+        )
     }
 
     /// Opens `stream` of `task` in an open directory. With `opts.follow`
@@ -573,7 +578,6 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::listing::open_checked;
     use super::start::last_lines;
     use super::*;
     use nix::sys::stat::Mode;
@@ -865,10 +869,9 @@ mod tests {
 
     #[test]
     fn what_is_opened_is_checked_and_a_fifo_never_blocks_the_open() {
-        // `open_checked` is what runs when a name was swapped between the
-        // look and the open: it must not hang on a FIFO with no writer
-        // (O_NONBLOCK) and must refuse what it opened unless it is a log
-        // file.
+        // `open_log` (`Dir::open_trusted`) looks, then opens: it must not
+        // hang on a FIFO with no writer and must refuse what it found
+        // unless it is a log file.
         let d = tempfile::tempdir().unwrap();
         let logs = d.path().join("logs");
         std::fs::create_dir(&logs).unwrap();
@@ -880,7 +883,7 @@ mod tests {
         std::fs::write(logs.join("ok"), b"fine").unwrap();
         let dir = Dir::open(&logs).unwrap();
         let trust = dir.trust().unwrap();
-        let what = |name| match open_checked(&dir, &trust, name).unwrap() {
+        let what = |name| match open_log(&dir, &trust, name).unwrap() {
             Opened::Foreign(w) => w,
             other => panic!("{name}: {other:?}"),
         };
@@ -896,7 +899,7 @@ mod tests {
             assert!(what("theirs").starts_with("a file of uid 65534"));
         }
         assert!(matches!(
-            open_checked(&dir, &trust, "gone").unwrap(),
+            open_log(&dir, &trust, "gone").unwrap(),
             Opened::Gone
         ));
         // A log file purged right after it was opened has no link left: it
@@ -908,7 +911,7 @@ mod tests {
             not_logmons(&trust, &nix::sys::stat::fstat(&held).unwrap()),
             None
         );
-        let Opened::File(f, _) = open_checked(&dir, &trust, "ok").unwrap() else {
+        let Opened::File(f, _) = open_log(&dir, &trust, "ok").unwrap() else {
             panic!()
         };
         let mut buf = [0u8; 4];

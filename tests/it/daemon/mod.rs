@@ -9,5 +9,6 @@ mod daemon_binary;
 mod faults;
 mod hostile;
 mod hostile_daemon;
+mod hostile_layout;
 mod rotation_props;
 mod systemd;

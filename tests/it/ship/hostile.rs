@@ -532,3 +532,79 @@ fn a_sparse_gigabyte_index_costs_the_shipper_no_memory_and_holds_up_no_one() {
     let peak = peak_rss_kib(ship.pid());
     assert!(peak < 64 * 1024, "the shipper peaked at {peak} KiB");
 }
+
+/// A task that owns its log directory (accepted by the operator with
+/// `LOGMON_ACCEPT_DIR_OWNER`) may rename anything in it, sticky bit or
+/// not: logmon's files of its stream to another task's name, its own
+/// lines to a metadata name. The shipper does not ship from such a
+/// directory (docs/security.md, "The reference's layouts"), says why,
+/// and so nothing the task names there reaches a subject or a header.
+#[test]
+fn a_task_owned_log_dir_is_not_shipped_so_its_names_forge_nothing() {
+    if !ready() {
+        return;
+    }
+    let tmp = scene();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    // Writable by all, as the task made it (a root logmon without
+    // capabilities writes there only so), and sticky: no defence against
+    // its owner.
+    chmod(&logs, 0o1777);
+    std::os::unix::fs::chown(&logs, Some(TASK), Some(TASK)).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let mut run = crate::support::logmon(&[
+        "run",
+        "--task",
+        "web",
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--meta",
+        "job=web",
+    ]);
+    run.env("LOGMON_ACCEPT_DIR_OWNER", TASK.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let _web = Daemon::from_child(run.spawn().unwrap(), String::new);
+    let forged: String = (0..20).map(|i| format!("FORGED {i}\n")).collect();
+    write_to(&fifo(&logs, "web", Stream::Stdout), forged.as_bytes());
+    assert!(wait_until(Duration::from_secs(10), || read_stream(
+        &logs,
+        "web",
+        Stream::Stdout
+    )
+    .len()
+        == forged.len()));
+    // The owner renames logmon's file to another task's stream name.
+    let (_, said) = as_task(&logs, "mv web.stdout.0 api.stdout.0; echo mv=$?");
+    assert!(said.contains("mv=0"), "{said}");
+    let state = tmp.path().join("state");
+    let mut ship = Shipper::new(&ship_args(
+        &srv.url(),
+        &state,
+        &[
+            "--log-dir",
+            logs.to_str().unwrap(),
+            "--subject",
+            "logs.{job}.{task}.{stream}",
+        ],
+    ));
+    ship.log = Some(tmp.path().join("ship.log"));
+    ship.spawn();
+    assert!(
+        wait_until(Duration::from_secs(10), || ship.diagnostics().contains(
+            "not shipping from a log directory whose names others could rename"
+        )),
+        "{}",
+        ship.diagnostics()
+    );
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    std::thread::sleep(Duration::from_secs(2));
+    r.poll();
+    assert!(
+        r.msgs.iter().all(|m| m.headers["Logmon-Task"] != "api"
+            && !String::from_utf8_lossy(&m.payload).contains("FORGED")),
+        "a task-owned directory's names were shipped as another task"
+    );
+}

@@ -105,11 +105,12 @@ use tokio::io::Interest;
 
 use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
 use crate::readers::timeline::{
-    format_rfc3339, locate_since, now_ns, parse_time, Assembler, CursorError, CursorFile,
-    CursorState, Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
+    locate_since, parse_time, Assembler, CursorError, CursorFile, CursorState, Format, Piece,
+    Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, LogDirError};
+use crate::shared::time::{format_rfc3339, now_ns};
 
 use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 

@@ -264,7 +264,7 @@ fn parse_pipe_size_arg(s: &str) -> Result<u64, String> {
 }
 
 fn parse_delay_arg(s: &str) -> Result<std::time::Duration, String> {
-    config::parse_delay(s).map_err(|e| e.to_string())
+    config::MAX_DELAY.parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_task_arg(s: &str) -> Result<TaskName, String> {
@@ -302,11 +302,11 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_pipe_size_arg, allow_negative_numbers = true)]
     pub pipe_size: u64,
     /// Longest a quiet stream's first bytes wait in the pipe for more to
-    /// join them in one drain (fewer wakeups on a busy node): whole ms or s
-    /// (50ms, 1s), at most 60s; 0 drains at once. Bounds the time from a
+    /// join them in one drain (fewer wakeups on a busy node): whole
+    /// milliseconds (50ms, 1s), at most 1m; 0 drains at once. Bounds the time from a
     /// write to the file; a filling pipe, a partial line's 1 s wait and a
     /// stop drain at once.
-    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_negative_numbers = true)]
+    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_hyphen_values = true)]
     pub max_delay: std::time::Duration,
     /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
     /// files past --max-files that the shipper has not read yet (its

@@ -1485,12 +1485,22 @@ fn config_mistakes_name_the_flag_and_what_it_accepts() {
         (
             vec!["--max-delay".as_ref(), "5x".as_ref()],
             None,
-            &["--max-delay", "not a valid delay", "50ms"],
+            &[
+                "--max-delay",
+                "LOGMON_MAX_DELAY",
+                "\"5x\" is not a duration",
+                "from 0s to 1m",
+            ],
         ),
         (
             vec!["--max-delay".as_ref(), "1h".as_ref()],
             None,
-            &["--max-delay", "at most 60s"],
+            &["--max-delay", "\"1h\" is too long", "from 0s to 1m"],
+        ),
+        (
+            vec!["--max-delay".as_ref(), "-1s".as_ref()],
+            None,
+            &["--max-delay", "\"-1s\" is negative", "from 0s to 1m"],
         ),
         (
             vec![],
@@ -1527,5 +1537,78 @@ fn config_mistakes_name_the_flag_and_what_it_accepts() {
             out.status.code()
         ));
     }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// Every duration flag takes one grammar (`500ms`, `2s`, `1m`, `1h`) and
+/// refuses with one sentence: the flag, its variable when it has one, what
+/// is wrong (a negative value included, never clap's "unexpected
+/// argument"), and the range it accepts.
+#[test]
+fn durations_are_refused_naming_the_flag_and_range() {
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().to_str().unwrap();
+    let run = ["run", "--task", "t", "--log-dir", dir];
+    let ls = ["ls", "--log-dir", dir];
+    /// The command, a variable set, what its one stderr line must name.
+    type Case<'a> = (Vec<&'a str>, Option<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: Vec<Case> = vec![
+        (
+            [&run[..], &["--max-delay", "-1s"]].concat(),
+            None,
+            &[
+                "--max-delay (or LOGMON_MAX_DELAY)",
+                "\"-1s\" is negative",
+                "from 0s to 1m",
+            ],
+        ),
+        (
+            run.to_vec(),
+            Some(("LOGMON_MAX_DELAY", "1h")),
+            &["LOGMON_MAX_DELAY", "\"1h\" is too long", "from 0s to 1m"],
+        ),
+        (
+            [&ls[..], &["--interval", "-1s"]].concat(),
+            None,
+            &["--interval", "\"-1s\" is negative", "from 100ms to 1m"],
+        ),
+        (
+            [&ls[..], &["--interval", "1h"]].concat(),
+            None,
+            &["--interval", "\"1h\" is too long", "from 100ms to 1m"],
+        ),
+        (
+            ls.to_vec(),
+            Some(("LOGMON_LS_TIMEOUT", "forever")),
+            &[
+                "LOGMON_LS_TIMEOUT",
+                "\"forever\" is not a duration",
+                "from 10ms to 1m",
+            ],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (args, env, needles) in &cases {
+        let mut cmd = logmon(args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = finish(cmd);
+        let err = text(&out.stderr);
+        let ok = out.status.code() == Some(2)
+            && err.lines().count() == 1
+            && !err.contains("panicked")
+            && needles.iter().all(|n| err.contains(n));
+        if !ok {
+            failures.push(format!(
+                "{args:?} {env:?}: exit {:?}: {err}",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(
+        std::fs::read_dir(logs.path()).unwrap().next().is_none(),
+        "a refused command left files"
+    );
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

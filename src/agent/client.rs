@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use std::io::Write;
 
+use crate::shared::config::Settings;
 use crate::shared::process;
 use crate::shared::protocol::{
     self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION,
@@ -535,6 +536,19 @@ impl Handle {
             Report::V1(s) => {
                 Stats::try_from(s).map_err(|e| FrameError::Invalid(e.to_string()).into())
             }
+        }
+    }
+
+    /// The daemon's effective settings (`config::SETTINGS`, from the
+    /// logmon itself); `None` from a logmon of protocol 1, which has no
+    /// such request.
+    pub fn settings(&mut self) -> Result<Option<Settings>, ClientError> {
+        if self.protocol == protocol::v1::VERSION {
+            return Ok(None);
+        }
+        match self.request(&Request::Settings)? {
+            Response::Settings(s) => Ok(Some(s)),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
     }
 

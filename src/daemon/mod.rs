@@ -603,6 +603,7 @@ fn serve_until_stopped(
         foreign_names: std::cell::Cell::new(s.foreign),
         meta: cfg.meta.clone(),
         log_dir: s.log_dir.clone(),
+        settings: cfg.settings(),
     };
     let server = held.insert(
         server::Server::new(s.socket.listener, &poller)

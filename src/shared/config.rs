@@ -196,6 +196,77 @@ pub struct CaptureConfig {
     pub meta: Meta,
 }
 
+/// The flags whose value changes what a running logmon does, as `run`
+/// takes them: the one list [`CaptureConfig::settings`] reports (the
+/// daemon answers it over the control socket, `Request::Settings`), and
+/// `ensure` compares before it trusts a running logmon. The paths (task,
+/// log directory, FIFOs, socket) are the task's identity, compared
+/// elsewhere. A flag added to `run` that changes behaviour is added here.
+pub const SETTINGS: [&str; 8] = [
+    "--max-files",
+    "--max-file-size",
+    "--on-write-error",
+    "--pipe-size",
+    "--max-delay",
+    "--keep-unshipped",
+    "--no-sandbox",
+    "--meta",
+];
+
+/// A logmon's effective settings: each flag of [`SETTINGS`] with its
+/// value in one canonical text (sizes in bytes, delays in milliseconds),
+/// so equal settings compare equal however they were written. A map of
+/// names, so a setting added later is not a protocol change: a peer that
+/// does not know a name ignores it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings(pub std::collections::BTreeMap<String, String>);
+
+/// `--meta`'s value in [`Settings`] when there is none.
+const NO_META: &str = "none";
+
+/// One setting that differs between a running logmon and a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    /// The flag (`--keep-unshipped`).
+    pub flag: String,
+    /// The running logmon's value (`None`: it does not report the flag).
+    pub running: Option<String>,
+    /// The value asked for.
+    pub wanted: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.running {
+            Some(r) => write!(f, "{} {r}, not {}", self.flag, self.wanted),
+            None => write!(f, "{} unknown, not {}", self.flag, self.wanted),
+        }
+    }
+}
+
+impl Settings {
+    /// The settings of `wanted` that `self` (a running logmon's) does not
+    /// have, in [`SETTINGS`] order. `--meta` is compared only when
+    /// `wanted` has some: empty means "keep the running logmon's".
+    pub fn differences(&self, wanted: &Settings) -> Vec<Difference> {
+        SETTINGS
+            .iter()
+            .filter_map(|&flag| {
+                let want = wanted.0.get(flag)?;
+                if flag == "--meta" && want == NO_META {
+                    return None;
+                }
+                let running = self.0.get(flag);
+                (running != Some(want)).then(|| Difference {
+                    flag: flag.to_owned(),
+                    running: running.cloned(),
+                    wanted: want.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
 impl CaptureConfig {
     /// Builds a configuration with the defaults for everything but the task
     /// and the log directory.
@@ -216,6 +287,31 @@ impl CaptureConfig {
             keep_unshipped: 0,
             meta: Meta::new(),
         }
+    }
+
+    /// The effective settings ([`SETTINGS`], each flag's value as text).
+    pub fn settings(&self) -> Settings {
+        let values = [
+            self.max_files.to_string(),
+            self.max_file_size.to_string(),
+            match self.on_write_error {
+                WriteErrorPolicy::Drop => "drop".to_owned(),
+                WriteErrorPolicy::Block => "block".to_owned(),
+            },
+            self.pipe_size.to_string(),
+            format_delay(self.max_delay),
+            self.keep_unshipped.to_string(),
+            self.no_sandbox.to_string(),
+            // Meta's Display says "none" when empty: NO_META.
+            self.meta.to_string(),
+        ];
+        Settings(
+            SETTINGS
+                .iter()
+                .zip(values)
+                .map(|(f, v)| ((*f).to_owned(), v))
+                .collect(),
+        )
     }
 
     /// Checks the numeric limits.
@@ -384,6 +480,43 @@ mod tests {
             parse_delay(&format_delay(DEFAULT_MAX_DELAY)),
             Ok(DEFAULT_MAX_DELAY)
         );
+    }
+
+    #[test]
+    fn settings_name_every_flag_and_differ_only_where_they_differ() {
+        let base = CaptureConfig::new(TaskName::new("t").unwrap(), "/tmp");
+        let s = base.settings();
+        assert_eq!(
+            s.0.keys()
+                .map(String::as_str)
+                .collect::<std::collections::BTreeSet<_>>(),
+            SETTINGS.into_iter().collect()
+        );
+        assert!(s.differences(&s).is_empty());
+        let mut other = base.clone();
+        other.keep_unshipped = 256 << 20;
+        other.max_delay = Duration::from_secs(5);
+        let d = s.differences(&other.settings());
+        assert_eq!(
+            d.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "--max-delay 50ms, not 5000ms",
+                "--keep-unshipped 0, not 268435456"
+            ]
+        );
+        // No metadata asked for: the running logmon's is kept, not a
+        // difference; some asked for: compared.
+        let mut running = base.clone();
+        running.meta.insert_pair("job=web").unwrap();
+        assert!(running.settings().differences(&s).is_empty());
+        assert_eq!(
+            s.differences(&running.settings())[0].to_string(),
+            "--meta none, not job=web"
+        );
+        // A logmon that does not report a flag differs in it.
+        let mut partial = s.clone();
+        partial.0.remove("--pipe-size");
+        assert_eq!(partial.differences(&s)[0].running, None);
     }
 
     #[test]

@@ -619,14 +619,14 @@ fn cases() -> Vec<Case> {
             leaves: 1,
         },
         Case {
-            name: "ensure warns when its flags differ from the running logmon's",
+            name: "ensure relaunches, naming the flag, when its flags differ from the running logmon's",
             setup: |w| {
                 let (_, s) = w.launch_with_state("web");
                 run(&["ensure", "--state", &s, "--task", "web", "--log-dir", &w.logs(), "--max-files", "3"])
             },
             code: 0,
-            stderr: &["logmon: note: logmon pid", "runs with --max-files 10, not 3"],
-            leaves: 0,
+            stderr: &["logmon: note: logmon pid", "ran with --max-files 10, not 3: stopped it"],
+            leaves: 1,
         },
         Case {
             name: "ensure of a missing log dir",

@@ -269,7 +269,7 @@ pub fn unlink_if_ours(dir: &Dir, name: &OsStr, id: FileId) {
 
 /// Whether something listens on the socket at `path`. A refused connect
 /// means stale; EAGAIN means a full backlog, which is live too.
-fn is_live(path: &Path) -> bool {
+pub fn is_live(path: &Path) -> bool {
     let Ok(fd) = socket::socket(
         AddressFamily::Unix,
         SockType::Stream,

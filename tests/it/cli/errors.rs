@@ -348,14 +348,19 @@ fn cases() -> Vec<Case> {
             leaves: 0,
         },
         Case {
-            name: "stop of a logmon that already stopped is success",
+            name: "stop of a kill -9'd logmon removes its stale socket, so ls shows it stopped",
             setup: |w| {
                 let (rc, s) = w.launch_with_state("web");
                 kill_checked(&rc);
-                run(&["stop", "--state", &s])
+                run(&["stop", "--state", &s]).check(move |w| {
+                    assert!(!rc.socket.exists(), "the stale socket was left");
+                    let out = logmon(&["ls", "--json", "--log-dir", &w.logs()]).output().unwrap();
+                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                    assert_eq!(v["tasks"][0]["state"], "stopped", "{v}");
+                })
             },
             code: 0,
-            stderr: &["logmon: note: ProcessGone", "already stopped"],
+            stderr: &["logmon: note: ProcessGone", "already stopped", "removed its stale socket"],
             leaves: 0,
         },
         // ---------------------------------------------- stdout closed or full

@@ -197,7 +197,8 @@ enum Target {
     /// why, and the socket it would have served.
     Gone(String, std::path::PathBuf),
     /// `--state`: the logmon runs, but its socket was deleted (with its
-    /// log directory): nothing can reach it over the socket.
+    /// log directory), or it does not answer (SIGSTOP, wedged): nothing
+    /// can reach it over the socket.
     Unreachable(crate::shared::protocol::ReattachConfig, ReattachError),
 }
 
@@ -235,8 +236,9 @@ pub fn stop(a: &TargetArgs) -> CliResult {
         }
         Target::Unreachable(state, r) => {
             note(format_args!(
-                "{}: {r}; asking it to stop by signal",
-                r.name()
+                "{}: {r}; stopping it by signal, as it holds this task's lock (SIGCONT, SIGTERM: it drains and exits; killed if still there after {:?})",
+                r.name(),
+                client::STOP_TIMEOUT
             ));
             Hook::stop(&state, client::STOP_TIMEOUT)?;
             out_line(&format!("stopped logmon pid {}", state.pid))?;
@@ -286,9 +288,10 @@ fn reach(a: &TargetArgs) -> Result<Target, CliError> {
                 }
                 // Running, its socket deleted (with its log directory):
                 // nothing else can reach it.
-                Err(e @ ReattachError::SocketGone { .. })
-                    if crate::shared::process::is_alive_with(state.pid, state.start_time) =>
-                {
+                // Or it does not answer (SIGSTOP, wedged).
+                Err(
+                    e @ (ReattachError::SocketGone { .. } | ReattachError::Unresponsive { .. }),
+                ) if crate::shared::process::is_alive_with(state.pid, state.start_time) => {
                     Ok(Target::Unreachable(state, e))
                 }
                 Err(e) => Err(e.into()),

@@ -363,6 +363,33 @@ fn cases() -> Vec<Case> {
             stderr: &["logmon: note: ProcessGone", "already stopped", "removed its stale socket"],
             leaves: 0,
         },
+        Case {
+            name: "stop of a SIGSTOPped logmon continues and terminates it, and says so",
+            setup: |w| {
+                let (rc, s) = w.launch_with_state("web");
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(rc.pid as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+                run(&["stop", "--state", &s]).check(move |_| {
+                    assert!(!alive(&rc), "the stopped logmon still runs");
+                })
+            },
+            code: 0,
+            stderr: &["logmon: note: Unresponsive", "SIGCONT, SIGTERM"],
+            leaves: 0,
+        },
+        Case {
+            name: "exec whose logmon is SIGSTOPped stops it by signal, and says so",
+            setup: |w| {
+                let script = format!(
+                    "kill -STOP $({} ls --json --log-dir {} | grep -o '\"pid\":[0-9]*' | cut -d: -f2)",
+                    bin().display(),
+                    w.logs()
+                );
+                run(&["exec", "--task", "web", "--log-dir", &w.logs(), "--", "sh", "-c", &script])
+            },
+            code: 0,
+            stderr: &["logmon: note: Unresponsive", "SIGCONT, SIGTERM"],
+            leaves: 0,
+        },
         // ---------------------------------------------- stdout closed or full
         Case {
             name: "status | true",

@@ -198,7 +198,7 @@ Examples:
 
 /// logmon: capture a task's stdout/stderr FIFOs into size-rotated files.
 #[derive(Debug, Parser)]
-#[command(name = "logmon", version, about, after_help = EXAMPLES)]
+#[command(name = "logmon", version, propagate_version = true, about, after_help = EXAMPLES)]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]

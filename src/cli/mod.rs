@@ -157,7 +157,22 @@ pub fn out_line(line: &str) -> Result<(), CliError> {
 
 /// Prints `logmon: note: <msg>` on stderr (best effort: never a panic).
 pub fn note(msg: impl std::fmt::Display) {
-    let _ = writeln!(std::io::stderr(), "logmon: note: {msg}");
+    let _ = writeln!(std::io::stderr(), "logmon: note: {}", one_line(&msg.to_string()));
+}
+
+/// `text` with every control character escaped (`\n`, `\u{1b}`): an
+/// error or note stays one line, and a name from a user or a directory
+/// (a task, a file) cannot move the cursor or forge a line.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A command's failure: one line for the user, and the exit code.
@@ -521,7 +536,7 @@ fn report(e: CliError, launched_run: bool) -> i32 {
             let _ = out_line(&j);
         }
     }
-    let _ = writeln!(std::io::stderr(), "logmon: error: {}", e.message);
+    let _ = writeln!(std::io::stderr(), "logmon: error: {}", one_line(&e.message));
     e.code
 }
 
@@ -606,12 +621,16 @@ pub(crate) fn clap_failure_of(e: &clap::Error, program: &str, var_prefix: &str) 
         }
         _ => {}
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "{program}: error: {}{}{} (see '{program} --help')",
+    let line = format!(
+        "{}{}{}",
         clap_error_line(e),
         env_context(e, var_prefix),
         exec_hint(e, std::env::args_os().nth(1).as_deref())
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{program}: error: {} (see '{program} --help')",
+        one_line(&line)
     );
     EXIT_USAGE
 }

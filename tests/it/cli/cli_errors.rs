@@ -467,3 +467,27 @@ fn version_exits_0_from_every_binary_and_subcommand() {
         );
     }
 }
+
+/// A task name with a control character (ESC, newline) is refused with
+/// exit 2 before anything is made, and the refusal shows it escaped: the
+/// name is printed in tables, notes and logs, where it could forge or hide
+/// output.
+#[test]
+fn task_names_with_control_characters_are_refused_escaped() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["a\u{1b}[2Jb", "a\nb", "tab\there"] {
+        for cmd in CAPTURE_CMDS {
+            let mut args = vec![cmd, "--task", name, "--log-dir", s(d.path())];
+            if cmd == "exec" {
+                args.extend_from_slice(&["--", "true"]);
+            }
+            let line = assert_error(&args, 2, "control characters");
+            assert!(!line.contains('\u{1b}'), "printed raw: {line:?}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(d.path()).unwrap().count(),
+        0,
+        "left files"
+    );
+}

@@ -157,7 +157,11 @@ pub fn out_line(line: &str) -> Result<(), CliError> {
 
 /// Prints `logmon: note: <msg>` on stderr (best effort: never a panic).
 pub fn note(msg: impl std::fmt::Display) {
-    let _ = writeln!(std::io::stderr(), "logmon: note: {}", one_line(&msg.to_string()));
+    let _ = writeln!(
+        std::io::stderr(),
+        "logmon: note: {}",
+        one_line(&msg.to_string())
+    );
 }
 
 /// `text` with every control character escaped (`\n`, `\u{1b}`): an

@@ -1644,3 +1644,28 @@ fn durations_are_refused_naming_the_flag_and_range() {
     );
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// SIGHUP to a logmon (a closed terminal, a `kill -HUP` meant to reload)
+/// neither kills it nor passes silently: it runs on, answers, and says so
+/// in its own log.
+#[test]
+fn sighup_is_ignored_and_said() {
+    let mut w = World::new();
+    let (rc, s) = w.launch_with_state("web");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rc.pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let log = Path::new(&w.logs()).join(".web.logmon.log");
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("SIGHUP ignored"))
+        }),
+        "no SIGHUP line in {}",
+        log.display()
+    );
+    assert!(alive(&rc), "SIGHUP killed the logmon");
+    let out = logmon(&["status", "--state", &s]).output().unwrap();
+    assert_exit(&out, 0);
+}

@@ -596,12 +596,27 @@ fn env_context(e: &clap::Error, var_prefix: &str) -> String {
         return String::new();
     };
     let on_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
-    let var = format!("{var_prefix}{}", flag[2..].replace('-', "_").to_uppercase());
+    let var = declared_env(flag)
+        .unwrap_or_else(|| format!("{var_prefix}{}", flag[2..].replace('-', "_").to_uppercase()));
     if !on_line && std::env::var_os(&var).is_some() {
         format!(" (set by environment variable {var})")
     } else {
         String::new()
     }
+}
+
+/// The variable `logmon`'s subcommand (the first argument) declares for
+/// its `flag`: `ls --timeout` reads `LOGMON_LS_TIMEOUT`, not a name made
+/// from the flag.
+fn declared_env(flag: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let sub = std::env::args().nth(1)?;
+    let cmd = Cli::command();
+    let sub = cmd.find_subcommand(&sub)?;
+    let arg = sub
+        .get_arguments()
+        .find(|a| a.get_long() == flag.strip_prefix("--"))?;
+    Some(arg.get_env()?.to_string_lossy().into_owned())
 }
 
 /// Reports a clap error (help and version go to stdout, exit 0) and

@@ -821,13 +821,22 @@ pub enum CursorError {
     /// Reading or writing it failed (permission denied included).
     #[error(transparent)]
     Io(#[from] PathIo),
-    /// It holds something else than a cursor.
-    #[error("cursor {path} is not a logmon cursor ({reason}); remove it to start over")]
+    /// It holds something else than a cursor (a log file given as
+    /// `--cursor`, say), or a cursor that was damaged.
+    #[error("cursor {path} is not a logmon cursor ({reason}): give --cursor a file of its own, never a log file (it is created when missing); only if this one is a damaged cursor, remove it to start over")]
     Invalid {
         /// The cursor's path.
         path: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A cursor of a later format, written by a newer logmon.
+    #[error("cursor {path} has format version {version}, written by a newer logmon; this one reads 1 to {CURSOR_VERSION}: read it with the logmon that wrote it, or give another --cursor")]
+    NewerVersion {
+        /// The cursor's path.
+        path: String,
+        /// Its format version.
+        version: u32,
     },
     /// The path names no file (`--cursor dir/`).
     #[error("--cursor {path} names no file: give the path of a file (it is created when missing)")]
@@ -1087,6 +1096,12 @@ impl CursorFile {
             return Err(invalid(what));
         }
         let st: CursorState = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if st.version > CURSOR_VERSION {
+            return Err(CursorError::NewerVersion {
+                path: self.path(),
+                version: st.version,
+            });
+        }
         if st.version != 1 && st.version != CURSOR_VERSION {
             return Err(invalid(format!("version {}", st.version)));
         }

@@ -1216,6 +1216,44 @@ fn logs_cases() -> Vec<LogsCase> {
             stdout: "",
         },
         LogsCase {
+            name: "logs --cursor naming a log file is never told to remove it",
+            setup: |w| {
+                let c = format!("{}/web.stdout.0", w.logs());
+                let r = logs_run(w, &["--cursor", &c]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        "is not a logmon cursor",
+                        "give --cursor a file of its own, never a log file",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor of a newer format names the version",
+            setup: |w| {
+                let path = w.p("state/c");
+                std::fs::write(
+                    &path,
+                    r#"{"version":9,"task":"web","stdout":{"index":0,"offset":0}}"#,
+                )
+                .unwrap();
+                let r = logs_run(w, &["--cursor", &path]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        "has format version 9, written by a newer logmon; this one reads 1 to 2",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
             name: "logs --cursor /dev/null",
             setup: |w| {
                 let r = logs_run(w, &["--cursor", "/dev/null"]);

@@ -1254,6 +1254,25 @@ fn logs_cases() -> Vec<LogsCase> {
             stdout: "",
         },
         LogsCase {
+            name: "logs as root of another owner's 0700 log dir hints at the sandbox",
+            setup: |w| {
+                let logs = w.logs();
+                std::os::unix::fs::chown(&logs, Some(NOBODY), Some(NOBODY)).unwrap();
+                std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o700)).unwrap();
+                let r = logs_run(w, &[]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cannot list ",
+                        "Permission denied",
+                        "run it as the directory's owner, or pass --no-sandbox",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
             name: "logs --cursor /dev/null",
             setup: |w| {
                 let r = logs_run(w, &["--cursor", "/dev/null"]);

@@ -287,7 +287,9 @@ fn parse_delay_arg(s: &str) -> Result<std::time::Duration, String> {
 }
 
 fn parse_task_arg(s: &str) -> Result<TaskName, String> {
-    TaskName::new(s).map_err(|e| e.to_string())
+    let task = TaskName::new(s).map_err(|e| e.to_string())?;
+    config::printable_task(&task).map_err(|e| e.to_string())?;
+    Ok(task)
 }
 
 /// The flags of `run` (and `launch`, `ensure`, `exec`).

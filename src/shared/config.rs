@@ -196,6 +196,20 @@ pub struct CaptureConfig {
     pub meta: Meta,
 }
 
+/// Refuses a task name with a control character (ESC, a newline) for a
+/// task logmon would capture: such a name is printed in tables, notes and
+/// logs, where it could forge or hide output. Names already on disk are
+/// still read (and printed escaped) by the readers and the shipper.
+pub fn printable_task(task: &TaskName) -> Result<(), ConfigError> {
+    match task.as_str().chars().any(char::is_control) {
+        true => Err(ConfigError::InvalidTask {
+            name: task.as_str().to_owned(),
+            why: "must not contain control characters (such as ESC or a newline)",
+        }),
+        false => Ok(()),
+    }
+}
+
 /// The flags whose value changes what a running logmon does, as `run`
 /// takes them: the one list [`CaptureConfig::settings`] reports (the
 /// daemon answers it over the control socket, `Request::Settings`), and
@@ -314,8 +328,9 @@ impl CaptureConfig {
         )
     }
 
-    /// Checks the numeric limits.
+    /// Checks the task's name ([`printable_task`]) and the numeric limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        printable_task(&self.task)?;
         if self.max_files == 0 {
             return Err(ConfigError::OutOfRange {
                 what: "--max-files",

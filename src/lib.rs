@@ -108,6 +108,10 @@ pub mod internals {
         pub use crate::shared::index::*;
     }
     #[allow(missing_docs)]
+    pub mod time {
+        pub use crate::shared::time::*;
+    }
+    #[allow(missing_docs)]
     pub mod meta {
         pub use crate::shared::meta::*;
     }

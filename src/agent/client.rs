@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use std::io::Write;
 
+use crate::shared::config::Settings;
 use crate::shared::process;
 use crate::shared::protocol::{
     self, FrameError, ReattachConfig, Request, Response, Stats, Welcome, PROTOCOL_VERSION,
@@ -538,6 +539,19 @@ impl Handle {
         }
     }
 
+    /// The daemon's effective settings (`config::SETTINGS`, from the
+    /// logmon itself); `None` from a logmon of protocol 1, which has no
+    /// such request.
+    pub fn settings(&mut self) -> Result<Option<Settings>, ClientError> {
+        if self.protocol == protocol::v1::VERSION {
+            return Ok(None);
+        }
+        match self.request(&Request::Settings)? {
+            Response::Settings(s) => Ok(Some(s)),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     /// Liveness check.
     pub fn ping(&mut self) -> Result<(), ClientError> {
         match self.request(&Request::Ping)? {
@@ -574,5 +588,69 @@ impl Handle {
             Ok(false) => Err(ClientError::StopTimeout { pid, timeout }),
             Err(e) => Err(ClientError::Frame(FrameError::Io(e))),
         }
+    }
+}
+
+/// What [`remove_stale_socket`] did with a socket no logmon answers on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StaleSocket {
+    /// Removed: nothing listened on it and no process held the task's lock.
+    Removed,
+    /// Nothing at that name.
+    Absent,
+    /// Left: process `pid` holds the task's lock (a logmon that may serve
+    /// it again, or one starting), so the name is its to manage.
+    Held(u32),
+    /// Left: something listens on it after all.
+    Live,
+    /// Left: not a logmon socket name (`.<task>.logmon.sock`), so the
+    /// task's lock, which proves no logmon needs it, is unknown.
+    Unknown,
+}
+
+/// Removes the socket at `path` that a logmon killed with SIGKILL left
+/// behind, once proven stale: nothing listens on it, and no process holds
+/// the lock of the task its name names (`.<task>.logmon.lock` beside it,
+/// which every logmon takes before it binds). Every name is resolved
+/// through the directory's handle, and the socket is removed only if it
+/// is still the file checked.
+pub fn remove_stale_socket(path: &Path) -> io::Result<StaleSocket> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Ok(StaleSocket::Unknown);
+    };
+    let Some(task) = name
+        .to_str()
+        .and_then(|n| n.strip_prefix('.')?.strip_suffix(".logmon.sock"))
+    else {
+        return Ok(StaleSocket::Unknown);
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let dir = crate::shared::dir::Dir::open(parent)?;
+    let Some(sock) = dir.stat(name)? else {
+        return Ok(StaleSocket::Absent);
+    };
+    if !crate::shared::dir::is_type(&sock, nix::sys::stat::SFlag::S_IFSOCK) {
+        return Ok(StaleSocket::Unknown);
+    }
+    if let Some(lock) = dir.stat(format!(".{task}.logmon.lock"))? {
+        if let Some(pid) = crate::shared::fifo::flock_holder(lock.st_dev, lock.st_ino) {
+            return Ok(StaleSocket::Held(pid));
+        }
+    }
+    if crate::daemon::server::is_live(&dir.fd_path(name)) {
+        return Ok(StaleSocket::Live);
+    }
+    match dir.stat(name)? {
+        Some(now)
+            if crate::shared::dir::FileId::of(&now) == crate::shared::dir::FileId::of(&sock) =>
+        {
+            dir.remove(name)?;
+            Ok(StaleSocket::Removed)
+        }
+        _ => Ok(StaleSocket::Absent),
     }
 }

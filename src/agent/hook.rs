@@ -89,7 +89,7 @@ use serde::Serialize;
 use crate::agent::client::{
     self, ClientError, Expect, Handle, LaunchError, Program, ReattachError,
 };
-use crate::shared::config::CaptureConfig;
+use crate::shared::config::{CaptureConfig, Difference};
 use crate::shared::dir::{Dir, FileId};
 use crate::shared::process;
 use crate::shared::protocol::{ReattachConfig, PROTOCOL_VERSION};
@@ -217,15 +217,6 @@ pub struct Hook {
     /// Timeout of the reattach handshake.
     pub timeout: Duration,
 }
-
-/// The flags compared between a running logmon and the configuration an
-/// `ensure` asks for (paths are the task's identity, checked elsewhere).
-const COMPARED_FLAGS: [&str; 4] = [
-    "--max-files",
-    "--max-file-size",
-    "--on-write-error",
-    "--pipe-size",
-];
 
 impl Hook {
     /// A hook launching the current executable with the default policy.
@@ -383,7 +374,18 @@ impl Hook {
         match self.judge(dir, &prev.socket, &mut h) {
             Judged::Ours(heals) => {
                 notes.extend(heals);
-                Ok(Next::Keep(self.keep(prev, &mut h, std::mem::take(notes))))
+                let differ = self.differences(&mut h);
+                if !differ.is_empty() && self.policy != Policy::Conservative {
+                    let why = self.relaunch_for(h, &differ, notes)?;
+                    *stopped = Some(prev.pid);
+                    return Ok(Next::Replace(why));
+                }
+                Ok(Next::Keep(self.keep(
+                    prev,
+                    &mut h,
+                    &differ,
+                    std::mem::take(notes),
+                )))
             }
             // This task's logmon, which cannot capture into the
             // directory at the configured path: the next one must.
@@ -422,8 +424,20 @@ impl Hook {
 
     /// Reattached to `prev`, proven this task's: the outcome that keeps
     /// it, with `notes` on what differs from the configuration.
-    fn keep(&self, prev: &ReattachConfig, h: &mut Handle, mut notes: Vec<String>) -> Outcome {
-        notes.extend(self.flag_differences(prev.pid));
+    fn keep(
+        &self,
+        prev: &ReattachConfig,
+        h: &mut Handle,
+        differ: &[Difference],
+        mut notes: Vec<String>,
+    ) -> Outcome {
+        if !differ.is_empty() {
+            notes.push(format!(
+                "logmon pid {} runs with {}: kept under --conservative; stop it (`logmon stop --state …`) and run ensure again to apply them",
+                prev.pid,
+                join(differ)
+            ));
+        }
         if h.protocol() < PROTOCOL_VERSION {
             notes.push(format!(
                 "logmon pid {} runs logmon {} (protocol {}): kept, not restarted for its version; it runs that release until it is stopped (`logmon stop --state …`, then ensure again, starts this one)",
@@ -438,7 +452,6 @@ impl Hook {
         if let Ok(stats) = h.stats() {
             config.meta = stats.meta;
         }
-        notes.extend(self.meta_difference(prev.pid, &config.meta));
         Outcome {
             action: Action::Reattached,
             reason: None,
@@ -731,38 +744,43 @@ impl Hook {
         }
     }
 
-    /// The flags of the running logmon `pid` (from its command line) that
-    /// differ from this hook's configuration, as notes.
-    fn flag_differences(&self, pid: u32) -> Vec<String> {
-        let Some(theirs) = process::cmdline(pid) else {
-            return Vec::new();
-        };
-        let ours = client::run_args(&self.config);
-        let value = process::flag_value;
-        COMPARED_FLAGS
-            .iter()
-            .filter_map(|f| {
-                let (o, t) = (value(&ours, f)?, value(&theirs, f)?);
-                (o != t).then(|| {
-                    format!(
-                        "logmon pid {pid} runs with {f} {}, not {}: it keeps its flags; stop it (`logmon stop --state …`) and run ensure again to apply them",
-                        t.to_string_lossy(),
-                        o.to_string_lossy()
-                    )
-                })
-            })
-            .collect()
+    /// The settings ([`crate::shared::config::SETTINGS`]) of the running
+    /// logmon `h` that differ from this hook's configuration, read from the
+    /// logmon itself. None from a logmon that cannot say (protocol 1): it
+    /// is kept, and the version note says so.
+    fn differences(&self, h: &mut Handle) -> Vec<Difference> {
+        match h.settings() {
+            Ok(Some(running)) => running.differences(&self.config.settings()),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(pid = h.welcome().pid, error = %e, "cannot read the running logmon's settings");
+                Vec::new()
+            }
+        }
     }
 
-    /// A note when this hook asks for metadata (non-empty) other than the
-    /// metadata `running` the reattached logmon `pid` runs with.
-    fn meta_difference(&self, pid: u32, running: &crate::shared::meta::Meta) -> Option<String> {
-        let ours = &self.config.meta;
-        (!ours.is_empty() && ours != running).then(|| {
-            format!(
-                "logmon pid {pid} runs with --meta {running}, not {ours}: it keeps its metadata; stop it (`logmon stop --state …`) and run ensure again to apply it"
-            )
-        })
+    /// Stops this task's logmon `h`, whose settings `differ` from the
+    /// configuration, so that one with them is launched: it drains what
+    /// it has read, and the pipes this hook holds keep the rest for the
+    /// next one, so no byte is lost. Returns the reason, naming the flags.
+    fn relaunch_for(
+        &self,
+        h: Handle,
+        differ: &[Difference],
+        notes: &mut Vec<String>,
+    ) -> Result<String, HookError> {
+        let pid = h.welcome().pid;
+        let what = join(differ);
+        tracing::info!(pid, settings = %what, "stopping the logmon whose settings differ");
+        h.stop(RETIRE_TIMEOUT)
+            .map_err(|e| HookError::OldStillRunning {
+                pid,
+                why: e.to_string(),
+            })?;
+        notes.push(format!(
+            "logmon pid {pid} ran with {what}: stopped it (it drained; the pipes kept the rest) and launched one with the settings asked for"
+        ));
+        Ok(format!("SettingsChanged: logmon pid {pid} ran with {what}"))
     }
 
     /// Stops the logmon in `state` (drain, fsync, exit), from the persisted
@@ -827,6 +845,15 @@ enum Retired {
 
 /// Whether `a` and `b` name the same path once made absolute (neither
 /// need exist).
+/// `differ` as one phrase: `--max-files 10, not 3; --meta none, not job=a`.
+fn join(differ: &[Difference]) -> String {
+    differ
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn same_path(a: &Path, b: &Path) -> bool {
     match (std::path::absolute(a), std::path::absolute(b)) {
         (Ok(a), Ok(b)) => a == b,

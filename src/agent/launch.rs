@@ -615,6 +615,10 @@ mod tests {
         }
         let mut argv: Vec<OsString> = vec!["logmon".into()];
         argv.extend(run_args(&cfg));
+        // Every setting ensure compares is one a launch passes on.
+        for flag in crate::shared::config::SETTINGS {
+            assert!(argv.iter().any(|a| a == flag), "{flag} not passed");
+        }
         let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
         let crate::cli::Command::Run(a) = cli.command else {
             panic!("not a run command");

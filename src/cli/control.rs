@@ -14,7 +14,9 @@
 
 use std::io;
 
-use crate::agent::client::{self, ClientError, ConnectFailure, Handle, Program, ReattachError};
+use crate::agent::client::{
+    self, ClientError, ConnectFailure, Handle, Program, ReattachError, StaleSocket,
+};
 use crate::agent::hook::{Action, Hook, Policy, StateFile};
 use crate::agent::launch::Footprint;
 use crate::daemon;
@@ -191,10 +193,12 @@ pub fn reattach(a: &StateArgs) -> CliResult {
 /// What `--state | --socket` reached.
 enum Target {
     Handle(Handle),
-    /// Proven gone: a state whose process is gone, or a stale socket.
-    Gone(String),
+    /// Proven gone: a state whose process is gone, or a stale socket;
+    /// why, and the socket it would have served.
+    Gone(String, std::path::PathBuf),
     /// `--state`: the logmon runs, but its socket was deleted (with its
-    /// log directory): nothing can reach it over the socket.
+    /// log directory), or it does not answer (SIGSTOP, wedged): nothing
+    /// can reach it over the socket.
     Unreachable(crate::shared::protocol::ReattachConfig, ReattachError),
 }
 
@@ -203,7 +207,7 @@ pub fn status(a: &TargetArgs) -> CliResult {
     let mut h = match reach(a)? {
         Target::Handle(h) => h,
         Target::Unreachable(_, e) => return Err(e.into()),
-        Target::Gone(why) => {
+        Target::Gone(why, _) => {
             let code = if a.state.is_some() {
                 super::EXIT_TEMPFAIL
             } else {
@@ -226,14 +230,15 @@ pub fn status(a: &TargetArgs) -> CliResult {
 pub fn stop(a: &TargetArgs) -> CliResult {
     let h = match reach(a)? {
         Target::Handle(h) => h,
-        Target::Gone(why) => {
-            note(format_args!("{why}: it already stopped, nothing to do"));
+        Target::Gone(why, socket) => {
+            note(format_args!("{why}: {}", after_gone(&socket)));
             return Ok(0);
         }
         Target::Unreachable(state, r) => {
             note(format_args!(
-                "{}: {r}; asking it to stop by signal",
-                r.name()
+                "{}: {r}; stopping it by signal, as it holds this task's lock (SIGCONT, SIGTERM: it drains and exits; killed if still there after {:?})",
+                r.name(),
+                client::STOP_TIMEOUT
             ));
             Hook::stop(&state, client::STOP_TIMEOUT)?;
             out_line(&format!("stopped logmon pid {}", state.pid))?;
@@ -246,6 +251,31 @@ pub fn stop(a: &TargetArgs) -> CliResult {
     Ok(0)
 }
 
+/// What `stop` did about a logmon that is gone: the socket a SIGKILL left
+/// is removed once proven stale ([`client::remove_stale_socket`]), so `ls`
+/// shows the task stopped, not gone.
+fn after_gone(socket: &std::path::Path) -> String {
+    let shown = socket.display();
+    match client::remove_stale_socket(socket) {
+        Ok(StaleSocket::Removed) => {
+            format!("it had already stopped (killed?); removed its stale socket {shown}")
+        }
+        Ok(StaleSocket::Absent) => "it already stopped, nothing to do".into(),
+        Ok(StaleSocket::Held(pid)) => format!(
+            "it already stopped; left the socket {shown}: pid {pid} holds the task's lock (check it with `logmon ls`)"
+        ),
+        Ok(StaleSocket::Live) => format!(
+            "it already stopped, but something listens on {shown} now; left it"
+        ),
+        Ok(StaleSocket::Unknown) => format!(
+            "it already stopped; left the socket {shown}: not a logmon socket name, so no lock proves it stale; remove it by hand if no logmon uses it"
+        ),
+        Err(e) => format!(
+            "it already stopped; cannot remove its stale socket {shown}: {e}"
+        ),
+    }
+}
+
 /// What `--state | --socket` reached ([`Target`]).
 fn reach(a: &TargetArgs) -> Result<Target, CliError> {
     match (&a.state, &a.socket) {
@@ -254,13 +284,14 @@ fn reach(a: &TargetArgs) -> Result<Target, CliError> {
             match client::reattach(&state) {
                 Ok(h) => Ok(Target::Handle(h)),
                 Err(e @ (ReattachError::ProcessGone { .. } | ReattachError::PidReused { .. })) => {
-                    Ok(Target::Gone(format!("{}: {e}", e.name())))
+                    Ok(Target::Gone(format!("{}: {e}", e.name()), state.socket))
                 }
                 // Running, its socket deleted (with its log directory):
                 // nothing else can reach it.
-                Err(e @ ReattachError::SocketGone { .. })
-                    if crate::shared::process::is_alive_with(state.pid, state.start_time) =>
-                {
+                // Or it does not answer (SIGSTOP, wedged).
+                Err(
+                    e @ (ReattachError::SocketGone { .. } | ReattachError::Unresponsive { .. }),
+                ) if crate::shared::process::is_alive_with(state.pid, state.start_time) => {
                     Ok(Target::Unreachable(state, e))
                 }
                 Err(e) => Err(e.into()),
@@ -271,10 +302,13 @@ fn reach(a: &TargetArgs) -> Result<Target, CliError> {
             Err(ClientError::Connect {
                 failure: ConnectFailure::Stale,
                 ..
-            }) => Ok(Target::Gone(format!(
-                "no logmon listens on {} (a stale socket of a logmon that exited)",
-                sock.display()
-            ))),
+            }) => Ok(Target::Gone(
+                format!(
+                    "no logmon listens on {} (a stale socket of a logmon that exited)",
+                    sock.display()
+                ),
+                sock.clone(),
+            )),
             Err(e) => Err(e.into()),
         },
         (None, None) => Err(CliError::new(

@@ -15,7 +15,8 @@ use std::process::{Child, Command, ExitStatus};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::agent::client::{self, Program};
+use crate::agent::client::{self, Program, ReattachError};
+use crate::agent::hook::Hook;
 use crate::shared::config::CaptureConfig;
 use crate::shared::fifo;
 use crate::shared::protocol::ReattachConfig;
@@ -68,10 +69,28 @@ pub fn run(a: &ExecArgs) -> CliResult {
     Ok(code)
 }
 
-/// Stops the launched logmon through its socket (it drains every byte).
+/// Stops the launched logmon through its socket (it drains every byte);
+/// one that does not answer (SIGSTOP, wedged) is stopped as
+/// [`Hook::stop`] does (SIGCONT and SIGTERM through a pidfd, once proven
+/// to hold this task's lock; killed after the timeout), and that is said.
 fn stop_logmon(state: &ReattachConfig) -> Result<(), CliError> {
-    let h = client::reattach(state)
-        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot reach logmon to stop it: {e}")))?;
+    let h = match client::reattach(state) {
+        Ok(h) => h,
+        Err(e @ ReattachError::Unresponsive { .. }) => {
+            super::note(format_args!(
+                "{}: {e}; stopping it by signal (SIGCONT, SIGTERM: it drains and exits; killed if still there after {:?})",
+                e.name(),
+                client::STOP_TIMEOUT
+            ));
+            return Hook::stop(state, client::STOP_TIMEOUT).map_err(CliError::from);
+        }
+        Err(e) => {
+            return Err(CliError::new(
+                EXIT_FAILURE,
+                format!("cannot reach logmon to stop it: {e}"),
+            ))
+        }
+    };
     h.stop(client::STOP_TIMEOUT)
         .map_err(|e| CliError::new(EXIT_FAILURE, e))
 }

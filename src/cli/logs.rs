@@ -105,11 +105,12 @@ use tokio::io::Interest;
 
 use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
 use crate::readers::timeline::{
-    format_rfc3339, locate_since, now_ns, parse_time, Assembler, CursorError, CursorFile,
-    CursorState, Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
+    locate_since, parse_time, Assembler, CursorError, CursorFile, CursorState, Format, Piece,
+    Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, LogDirError};
+use crate::shared::time::{format_rfc3339, now_ns};
 
 use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 
@@ -164,12 +165,8 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
             dir.path().display()
         ));
     }
-    let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task).map_err(|e| {
-        CliError::new(
-            EXIT_FAILURE,
-            format!("cannot list {}: {e}", dir.path().display()),
-        )
-    })?;
+    let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task)
+        .map_err(|e| cannot_list(&dir, &e))?;
     if !known {
         let there = match others.len() {
             0 => "no task has log files there".to_owned(),
@@ -347,7 +344,22 @@ fn cli_error(e: FollowError) -> CliError {
         FollowError::LogDir(LogDirError::Missing { .. }) => EXIT_USAGE,
         _ => EXIT_FAILURE,
     };
-    CliError::new(code, e)
+    let hint = match &e {
+        FollowError::Io(p) => sandbox_hint(&p.source),
+        _ => "",
+    };
+    CliError::new(code, format!("{e}{hint}"))
+}
+
+/// What to add to a refusal that root gets only because `logs` confined
+/// itself (the sandbox drops root's override of file permissions, so a
+/// directory of another owner's with mode 0700 is closed to it).
+fn sandbox_hint(e: &io::Error) -> &'static str {
+    if e.kind() == io::ErrorKind::PermissionDenied && nix::unistd::geteuid().is_root() {
+        ": logs confines itself, and its sandbox drops root's override of file permissions; run it as the directory's owner, or pass --no-sandbox"
+    } else {
+        ""
+    }
 }
 
 fn cursor_error(e: CursorError) -> CliError {
@@ -631,12 +643,8 @@ fn resume_at(
             format!("cannot look at {}: {e}", dir.path().display()),
         )
     })?;
-    let newest = crate::readers::follow::newest_file(dir, &trust, task, stream).map_err(|e| {
-        CliError::new(
-            EXIT_FAILURE,
-            format!("cannot list {}: {e}", dir.path().display()),
-        )
-    })?;
+    let newest = crate::readers::follow::newest_file(dir, &trust, task, stream)
+        .map_err(|e| cannot_list(dir, &e))?;
     let hwm = crate::shared::index::read_hwm_trusted(dir, &trust, task, stream);
     let beyond = match newest.max(hwm) {
         Some(top) => saved.index > top,
@@ -1078,4 +1086,22 @@ fn trim_to_lines(held: &mut VecDeque<Piece>, n: u64) {
         }
         lines -= 1;
     }
+}
+
+/// A log directory that cannot be listed: root is refused a directory of
+/// another owner's (mode 0700, say) only because `logs` confines itself
+/// and gives up root's override of permissions, so that is said, with
+/// what to do.
+fn cannot_list(dir: &Dir, e: &std::io::Error) -> CliError {
+    let hint = if e.kind() == std::io::ErrorKind::PermissionDenied
+        && nix::unistd::geteuid().is_root()
+    {
+        ": logs confines itself (its sandbox drops root's override of file permissions); run it as the directory's owner, or pass --no-sandbox"
+    } else {
+        ""
+    };
+    CliError::new(
+        EXIT_FAILURE,
+        format!("cannot list {}: {e}{hint}", dir.path().display()),
+    )
 }

@@ -20,6 +20,7 @@ use super::{note, out_line, CliError, CliResult, EXIT_FAILURE, EXIT_USAGE};
 use crate::node::find::stream_index;
 use crate::node::{self, Survey, TaskView};
 use crate::shared::config::Stream;
+use crate::shared::time::DurationFlag;
 
 /// What `ls --help` says after the flags.
 pub const HELP: &str = "\
@@ -80,38 +81,35 @@ pub struct LsArgs {
     pub counters: Option<PathBuf>,
     /// Measure B/S between two samples this far apart (e.g. 2s) instead of
     /// as the average since each logmon started.
-    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval, allow_hyphen_values = true)]
     pub interval: Option<Duration>,
     /// How long each logmon may take to answer (e.g. 500ms, 2s).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_timeout, env = "LOGMON_LS_TIMEOUT")]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_timeout, env = "LOGMON_LS_TIMEOUT", allow_hyphen_values = true)]
     pub timeout: Duration,
 }
 
-/// A duration: `500ms`, `2s`, `1m`, between `min` and one minute.
-fn parse_duration(s: &str, min: Duration) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration: write it as 500ms, 2s or 1m");
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        _ => return Err(bad()),
-    };
-    let max = Duration::from_secs(60);
-    if d < min || d > max {
-        return Err(format!("between {min:?} and {max:?}"));
-    }
-    Ok(d)
-}
+/// `--interval`: from 100 ms (shorter measures the clock) to a minute.
+const INTERVAL: DurationFlag = DurationFlag::new(
+    "--interval",
+    None,
+    Duration::from_millis(100),
+    Duration::from_secs(60),
+);
+
+/// `--timeout`: from 10 ms to a minute.
+const TIMEOUT: DurationFlag = DurationFlag::new(
+    "--timeout",
+    Some("LOGMON_LS_TIMEOUT"),
+    Duration::from_millis(10),
+    Duration::from_secs(60),
+);
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    parse_duration(s, Duration::from_millis(100))
+    INTERVAL.parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
-    parse_duration(s, Duration::from_millis(10))
+    TIMEOUT.parse(s).map_err(|e| e.to_string())
 }
 
 /// `logmon ls`.

@@ -159,7 +159,26 @@ pub fn out_line(line: &str) -> Result<(), CliError> {
 
 /// Prints `logmon: note: <msg>` on stderr (best effort: never a panic).
 pub fn note(msg: impl std::fmt::Display) {
-    let _ = writeln!(std::io::stderr(), "logmon: note: {msg}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "logmon: note: {}",
+        one_line(&msg.to_string())
+    );
+}
+
+/// `text` with every control character escaped (`\n`, `\u{1b}`): an
+/// error or note stays one line, and a name from a user or a directory
+/// (a task, a file) cannot move the cursor or forge a line.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A command's failure: one line for the user, and the exit code.
@@ -200,7 +219,7 @@ Examples:
 
 /// logmon: capture a task's stdout/stderr FIFOs into size-rotated files.
 #[derive(Debug, Parser)]
-#[command(name = "logmon", version, about, after_help = EXAMPLES)]
+#[command(name = "logmon", version, propagate_version = true, about, after_help = EXAMPLES)]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]
@@ -266,11 +285,13 @@ fn parse_pipe_size_arg(s: &str) -> Result<u64, String> {
 }
 
 fn parse_delay_arg(s: &str) -> Result<std::time::Duration, String> {
-    config::parse_delay(s).map_err(|e| e.to_string())
+    config::MAX_DELAY.parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_task_arg(s: &str) -> Result<TaskName, String> {
-    TaskName::new(s).map_err(|e| e.to_string())
+    let task = TaskName::new(s).map_err(|e| e.to_string())?;
+    config::printable_task(&task).map_err(|e| e.to_string())?;
+    Ok(task)
 }
 
 /// The flags of `run` (and `launch`, `ensure`, `exec`).
@@ -304,11 +325,11 @@ pub struct RunArgs {
     #[arg(long, env = "LOGMON_PIPE_SIZE", default_value_t = config::DEFAULT_PIPE_SIZE, value_parser = parse_pipe_size_arg, allow_negative_numbers = true)]
     pub pipe_size: u64,
     /// Longest a quiet stream's first bytes wait in the pipe for more to
-    /// join them in one drain (fewer wakeups on a busy node): whole ms or s
-    /// (50ms, 1s), at most 60s; 0 drains at once. Bounds the time from a
+    /// join them in one drain (fewer wakeups on a busy node): whole
+    /// milliseconds (50ms, 1s), at most 1m; 0 drains at once. Bounds the time from a
     /// write to the file; a filling pipe, a partial line's 1 s wait and a
     /// stop drain at once.
-    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_negative_numbers = true)]
+    #[arg(long, env = "LOGMON_MAX_DELAY", value_name = "DURATION", default_value = "50ms", value_parser = parse_delay_arg, allow_hyphen_values = true)]
     pub max_delay: std::time::Duration,
     /// Hold purge for `logmon ship`: keep up to SIZE bytes per stream of
     /// files past --max-files that the shipper has not read yet (its
@@ -523,7 +544,7 @@ fn report(e: CliError, launched_run: bool) -> i32 {
             let _ = out_line(&j);
         }
     }
-    let _ = writeln!(std::io::stderr(), "logmon: error: {}", e.message);
+    let _ = writeln!(std::io::stderr(), "logmon: error: {}", one_line(&e.message));
     e.code
 }
 
@@ -601,12 +622,27 @@ fn env_context(e: &clap::Error, var_prefix: &str) -> String {
         return String::new();
     };
     let on_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
-    let var = format!("{var_prefix}{}", flag[2..].replace('-', "_").to_uppercase());
+    let var = declared_env(flag)
+        .unwrap_or_else(|| format!("{var_prefix}{}", flag[2..].replace('-', "_").to_uppercase()));
     if !on_line && std::env::var_os(&var).is_some() {
         format!(" (set by environment variable {var})")
     } else {
         String::new()
     }
+}
+
+/// The variable `logmon`'s subcommand (the first argument) declares for
+/// its `flag`: `ls --timeout` reads `LOGMON_LS_TIMEOUT`, not a name made
+/// from the flag.
+fn declared_env(flag: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let sub = std::env::args().nth(1)?;
+    let cmd = Cli::command();
+    let sub = cmd.find_subcommand(&sub)?;
+    let arg = sub
+        .get_arguments()
+        .find(|a| a.get_long() == flag.strip_prefix("--"))?;
+    Some(arg.get_env()?.to_string_lossy().into_owned())
 }
 
 /// Reports a clap error (help and version go to stdout, exit 0) and
@@ -630,12 +666,16 @@ pub(crate) fn clap_failure_of(e: &clap::Error, program: &str, var_prefix: &str) 
         }
         _ => {}
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "{program}: error: {}{}{} (see '{program} --help')",
+    let line = format!(
+        "{}{}{}",
         clap_error_line(e),
         env_context(e, var_prefix),
         exec_hint(e, std::env::args_os().nth(1).as_deref())
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{program}: error: {} (see '{program} --help')",
+        one_line(&line)
     );
     EXIT_USAGE
 }

@@ -42,7 +42,9 @@
 //! - the ready line is printed only when FIFOs, files and socket are ready;
 //! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
 //!   partial line included), the active files fsynced, the socket removed,
-//!   and the process exits 0.
+//!   and the process exits 0;
+//! - SIGHUP is ignored, with a line in its own log
+//!   (`tests/it/cli/errors.rs::sighup_is_ignored_and_said`).
 //!
 //! Its parts are the modules below: `capture` (pipes into files), `rotate`
 //! (where each byte goes), `server` (the control socket), `reactor` (the
@@ -626,6 +628,7 @@ fn serve_until_stopped(
         foreign_names: std::cell::Cell::new(s.foreign),
         meta: cfg.meta.clone(),
         log_dir: s.log_dir.clone(),
+        settings: cfg.settings(),
     };
     let server = held.insert(
         server::Server::new(s.socket.listener, &poller)
@@ -683,9 +686,13 @@ fn serve_until_stopped(
 /// same signalfd (see `capture::sigio`).
 fn watch_signals() -> Result<(crate::shared::signals::Blocked, Poller), DaemonError> {
     crate::daemon::capture::sigio::install_handler().map_err(io_err("cannot handle SIGIO"))?;
-    let signals =
-        crate::shared::signals::Blocked::new(&[Signal::SIGTERM, Signal::SIGINT, Signal::SIGIO])
-            .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
+    let signals = crate::shared::signals::Blocked::new(&[
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGIO,
+        Signal::SIGHUP,
+    ])
+    .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
     let poller = Poller::new().map_err(io_err("cannot make the event loop"))?;
     poller
         .add(signals.fd(), SIGNALS, Interest::Read)
@@ -754,6 +761,12 @@ fn wait_for_events(
             loop {
                 match signals.take() {
                     Ok(Some(Signal::SIGIO)) => woke.sigio = true,
+                    // Its default would kill the daemon (a closed terminal,
+                    // a `kill -HUP` meant to reload): logmon has nothing to
+                    // reload, and its own log is an open descriptor.
+                    Ok(Some(Signal::SIGHUP)) => tracing::warn!(
+                        "SIGHUP ignored: logmon has nothing to reload; to change its settings run `logmon ensure` with them (it relaunches it without losing a byte)"
+                    ),
                     Ok(Some(sig)) => {
                         tracing::info!("{sig}: draining and stopping");
                         woke.stop = true;

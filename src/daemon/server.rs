@@ -1,5 +1,5 @@
 //! The control socket (DESIGN.md §4): binding it safely and serving
-//! `Hello` → `Welcome`, then `Stats`, `Stop`, `Reopen`, `Ping`.
+//! `Hello` → `Welcome`, then `Stats`, `Settings`, `Stop`, `Reopen`, `Ping`.
 //!
 //! A connection speaks the protocol its `Hello` names, if this build
 //! speaks it ([`protocol::speaks`]: its own, and the previous release's
@@ -269,7 +269,7 @@ pub fn unlink_if_ours(dir: &Dir, name: &OsStr, id: FileId) {
 
 /// Whether something listens on the socket at `path`. A refused connect
 /// means stale; EAGAIN means a full backlog, which is live too.
-fn is_live(path: &Path) -> bool {
+pub fn is_live(path: &Path) -> bool {
     let Ok(fd) = socket::socket(
         AddressFamily::Unix,
         SockType::Stream,
@@ -305,6 +305,8 @@ pub struct ServerState {
     /// The log directory opened at start: whether it is sticky, or gone,
     /// is reported in stats.
     pub log_dir: std::sync::Arc<Dir>,
+    /// The effective settings, answering `Settings`.
+    pub settings: crate::shared::config::Settings,
 }
 
 impl ServerState {
@@ -678,6 +680,7 @@ impl Conn {
         let (resp, after) = match request {
             Request::Stats => (Response::Stats(state.stats()), After::Serve),
             Request::Ping => (Response::Pong, After::Serve),
+            Request::Settings => (Response::Settings(state.settings.clone()), After::Serve),
             Request::Reopen => {
                 for c in &state.captures {
                     c.borrow_mut().reopen();

@@ -97,7 +97,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -110,6 +110,7 @@ use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
 use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
 use crate::shared::names::{file_name, index_name, scan_indices_in};
+use crate::shared::time::{format_rfc3339, now_ns, rfc3339, DurationFlag, Rfc3339Error, Why};
 
 /// The longest piece: a longer line is cut in pieces of this size (the
 /// size Kubernetes runtimes cut at).
@@ -145,172 +146,37 @@ pub enum TimeError {
 /// The longest duration, in days, whose nanoseconds an `i64` holds.
 const MAX_DAYS: i64 = i64::MAX / (86_400 * NS);
 
-/// The wall clock in nanoseconds since the epoch.
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
+/// The relative forms of `--since`/`--until`: any duration an `i64` of
+/// nanoseconds holds, counted back from now.
+const SINCE: DurationFlag = DurationFlag::new(
+    "--since/--until",
+    None,
+    Duration::ZERO,
+    Duration::from_secs(MAX_DAYS.unsigned_abs() * 86_400),
+);
 
 /// Parses `--since`/`--until`: RFC 3339 (any offset, any number of
-/// fraction digits, nanoseconds kept), or a duration before `now_ns`:
-/// `500ms`, `90s`, `10m`, `2h`, `1d`.
+/// fraction digits, nanoseconds kept), or a duration before `now_ns`
+/// (the one duration grammar, `shared::time`: `500ms`, `90s`,
+/// `10m`, `2h`, `1d`).
 pub fn parse_time(s: &str, now_ns: i64) -> Result<i64, TimeError> {
-    if let Some(d) = parse_relative(s) {
-        return d
-            .map(|d| now_ns.saturating_sub(d))
-            .ok_or_else(|| TimeError::Overflow(s.to_owned()));
+    match SINCE.parse(s) {
+        Ok(d) => {
+            return i64::try_from(d.as_nanos())
+                .map(|d| now_ns.saturating_sub(d))
+                .map_err(|_| TimeError::Overflow(s.to_owned()))
+        }
+        Err(e) if e.why == Why::TooLong => return Err(TimeError::Overflow(s.to_owned())),
+        Err(e) if matches!(e.why, Why::Negative | Why::Signed) => {
+            return Err(TimeError::Signed(s.to_owned()))
+        }
+        Err(_) => {}
     }
     match rfc3339(s) {
         Ok(t) => Ok(t),
-        Err(Rfc3339::OutOfRange) => Err(TimeError::OutOfRange(s.to_owned())),
-        Err(Rfc3339::Syntax) => match s.strip_prefix(['-', '+']) {
-            Some(rest) if parse_relative(rest).is_some() => Err(TimeError::Signed(s.to_owned())),
-            _ => Err(TimeError::Invalid(s.to_owned())),
-        },
+        Err(Rfc3339Error::OutOfRange) => Err(TimeError::OutOfRange(s.to_owned())),
+        Err(Rfc3339Error::Syntax) => Err(TimeError::Invalid(s.to_owned())),
     }
-}
-
-/// A duration's nanoseconds: `None` if `s` is not one, `Some(None)` if it
-/// is one too long for an `i64`.
-fn parse_relative(s: &str) -> Option<Option<i64>> {
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return None;
-    }
-    let mult = match unit {
-        "ms" => 1_000_000,
-        "s" => NS,
-        "m" => 60 * NS,
-        "h" => 3600 * NS,
-        "d" => 86_400 * NS,
-        _ => return None,
-    };
-    Some(num.parse::<i64>().ok().and_then(|n| n.checked_mul(mult)))
-}
-
-/// Why a text is not an RFC 3339 time this code can hold.
-enum Rfc3339 {
-    Syntax,
-    OutOfRange,
-}
-
-/// Parses an RFC 3339 date-time into nanoseconds since the epoch.
-pub fn parse_rfc3339(s: &str) -> Option<i64> {
-    rfc3339(s).ok()
-}
-
-fn rfc3339(s: &str) -> Result<i64, Rfc3339> {
-    let b = s.as_bytes();
-    let num = |from: usize, to: usize| -> Result<i64, Rfc3339> {
-        let t = b.get(from..to).ok_or(Rfc3339::Syntax)?;
-        if !t.iter().all(u8::is_ascii_digit) {
-            return Err(Rfc3339::Syntax);
-        }
-        std::str::from_utf8(t)
-            .ok()
-            .and_then(|t| t.parse().ok())
-            .ok_or(Rfc3339::Syntax)
-    };
-    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let (h, mi, sec) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-    if b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return Err(Rfc3339::Syntax);
-    }
-    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 60
-    {
-        return Err(Rfc3339::Syntax);
-    }
-    let mut i = 19;
-    let mut frac = 0i64;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        let digits = &b[start..i];
-        if digits.is_empty() {
-            return Err(Rfc3339::Syntax);
-        }
-        for k in 0..9 {
-            frac = frac * 10 + digits.get(k).map_or(0, |c| i64::from(c - b'0'));
-        }
-    }
-    let offset = match &b[i..] {
-        [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
-            let (oh, om) = (num(i + 1, i + 3)?, num(i + 4, i + 6)?);
-            if oh > 23 || om > 59 {
-                return Err(Rfc3339::Syntax);
-            }
-            let o = oh * 3600 + om * 60;
-            if *sign == b'-' {
-                -o
-            } else {
-                o
-            }
-        }
-        _ => return Err(Rfc3339::Syntax),
-    };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset;
-    secs.checked_mul(NS)
-        .and_then(|ns| ns.checked_add(frac))
-        .ok_or(Rfc3339::OutOfRange)
-}
-
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-// Howard Hinnant's civil-date algorithms (proleptic Gregorian).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-/// `ns` as RFC 3339 in UTC with nine fraction digits
-/// (`2026-11-23T15:04:05.123456789Z`), the form CRI runtimes write.
-pub fn format_rfc3339(ns: i64) -> String {
-    let secs = ns.div_euclid(NS);
-    let frac = ns.rem_euclid(NS);
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let sod = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{frac:09}Z",
-        sod / 3600,
-        sod / 60 % 60,
-        sod % 60
-    )
 }
 
 // ---------------------------------------------------------------- stamps
@@ -955,13 +821,22 @@ pub enum CursorError {
     /// Reading or writing it failed (permission denied included).
     #[error(transparent)]
     Io(#[from] PathIo),
-    /// It holds something else than a cursor.
-    #[error("cursor {path} is not a logmon cursor ({reason}); remove it to start over")]
+    /// It holds something else than a cursor (a log file given as
+    /// `--cursor`, say), or a cursor that was damaged.
+    #[error("cursor {path} is not a logmon cursor ({reason}): give --cursor a file of its own, never a log file (it is created when missing); only if this one is a damaged cursor, remove it to start over")]
     Invalid {
         /// The cursor's path.
         path: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A cursor of a later format, written by a newer logmon.
+    #[error("cursor {path} has format version {version}, written by a newer logmon; this one reads 1 to {CURSOR_VERSION}: read it with the logmon that wrote it, or give another --cursor")]
+    NewerVersion {
+        /// The cursor's path.
+        path: String,
+        /// Its format version.
+        version: u32,
     },
     /// The path names no file (`--cursor dir/`).
     #[error("--cursor {path} names no file: give the path of a file (it is created when missing)")]
@@ -1221,6 +1096,12 @@ impl CursorFile {
             return Err(invalid(what));
         }
         let st: CursorState = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if st.version > CURSOR_VERSION {
+            return Err(CursorError::NewerVersion {
+                path: self.path(),
+                version: st.version,
+            });
+        }
         if st.version != 1 && st.version != CURSOR_VERSION {
             return Err(invalid(format!("version {}", st.version)));
         }
@@ -1302,20 +1183,7 @@ mod tests {
     }
 
     #[test]
-    fn rfc3339_round_trips_and_accepts_offsets() {
-        for ns in [0, 1, 1_790_000_000_123_456_789, -1, 951_782_400 * NS + 5] {
-            assert_eq!(parse_rfc3339(&format_rfc3339(ns)), Some(ns), "{ns}");
-        }
-        assert_eq!(
-            format_rfc3339(1_795_446_245_123_456_789),
-            "2026-11-23T15:04:05.123456789Z"
-        );
-        assert_eq!(
-            parse_rfc3339("2026-11-23T16:04:05.5+01:00"),
-            Some(1_795_446_245_500_000_000)
-        );
-        assert_eq!(parse_rfc3339("2026-02-29T00:00:00Z"), None);
-        assert_eq!(parse_rfc3339("2026-11-23T15:04:05"), None);
+    fn since_and_until_take_rfc3339_or_a_duration_back_from_now() {
         assert_eq!(parse_time("90s", 100 * NS).unwrap(), 10 * NS);
         assert_eq!(parse_time("2h", 0).unwrap(), -7200 * NS);
         assert!(matches!(parse_time("10x", 0), Err(TimeError::Invalid(_))));
@@ -1338,7 +1206,6 @@ mod tests {
             parse_time("1600-01-01T00:00:00Z", 0),
             Err(TimeError::OutOfRange(_))
         ));
-        assert_eq!(format_rfc3339(i64::MAX), "2262-04-11T23:47:16.854775807Z");
     }
 
     fn task() -> TaskName {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::shared::meta::Meta;
+use crate::shared::time::DurationFlag;
 
 // Part of the public `config` API: the error of every check here, the
 // task's name and its streams.
@@ -108,45 +109,36 @@ pub fn parse_size_up_to(
     }
 }
 
-/// Parses `--max-delay`: whole milliseconds or seconds (`50ms`, `1s`),
-/// or `0` (drain at once), at most [`MAX_MAX_DELAY`].
+/// `--max-delay` of `run`, `launch`, `ensure` and `exec`: whole
+/// milliseconds from 0 (drain at once) to [`MAX_MAX_DELAY`], in the one
+/// duration grammar (`shared::time`).
 ///
 /// ```
-/// use logmon::config::parse_delay;
+/// use logmon::config::MAX_DELAY;
 /// use std::time::Duration;
-/// assert_eq!(parse_delay("50ms").unwrap(), Duration::from_millis(50));
-/// assert_eq!(parse_delay("0").unwrap(), Duration::ZERO);
-/// assert!(parse_delay("50").is_err());
-/// assert!(parse_delay("1h").is_err());
+/// assert_eq!(MAX_DELAY.parse("50ms").unwrap(), Duration::from_millis(50));
+/// assert_eq!(MAX_DELAY.parse("0").unwrap(), Duration::ZERO);
+/// assert!(MAX_DELAY.parse("50").is_err());
+/// assert!(MAX_DELAY.parse("1h").is_err());
 /// ```
+pub const MAX_DELAY: DurationFlag = DurationFlag::new(
+    "--max-delay",
+    Some("LOGMON_MAX_DELAY"),
+    Duration::ZERO,
+    MAX_MAX_DELAY,
+)
+.in_steps_of(Duration::from_millis(1));
+
+/// The shipper's `--max-delay`: the same range as [`MAX_DELAY`], its own
+/// variable.
+pub const SHIP_MAX_DELAY: DurationFlag = DurationFlag {
+    env: Some("LOGMON_SHIP_MAX_DELAY"),
+    ..MAX_DELAY
+};
+
+/// Parses a `--max-delay` value ([`MAX_DELAY`]).
 pub fn parse_delay(input: &str) -> Result<Duration, ConfigError> {
-    let invalid = |why| ConfigError::InvalidDelay {
-        input: input.to_owned(),
-        why,
-    };
-    const UNITS: &str =
-        "expected whole milliseconds or seconds, at most 60s (such as 50ms or 1s), or 0 to drain at once";
-    let s = input.trim();
-    if s.starts_with('-') {
-        return Err(invalid("a delay cannot be negative"));
-    }
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(digits);
-    let Ok(n) = number.parse::<u64>() else {
-        return Err(invalid(UNITS));
-    };
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "" if n == 0 => Duration::ZERO,
-        _ => return Err(invalid(UNITS)),
-    };
-    if d > MAX_MAX_DELAY {
-        return Err(invalid(
-            "at most 60s: longer, lines trail their task by more than a reader waits",
-        ));
-    }
-    Ok(d)
+    Ok(MAX_DELAY.parse(input)?)
 }
 
 /// `d` as [`parse_delay`] reads it back (whole milliseconds).
@@ -204,6 +196,91 @@ pub struct CaptureConfig {
     pub meta: Meta,
 }
 
+/// Refuses a task name with a control character (ESC, a newline) for a
+/// task logmon would capture: such a name is printed in tables, notes and
+/// logs, where it could forge or hide output. Names already on disk are
+/// still read (and printed escaped) by the readers and the shipper.
+pub fn printable_task(task: &TaskName) -> Result<(), ConfigError> {
+    match task.as_str().chars().any(char::is_control) {
+        true => Err(ConfigError::InvalidTask {
+            name: task.as_str().to_owned(),
+            why: "must not contain control characters (such as ESC or a newline)",
+        }),
+        false => Ok(()),
+    }
+}
+
+/// The flags whose value changes what a running logmon does, as `run`
+/// takes them: the one list [`CaptureConfig::settings`] reports (the
+/// daemon answers it over the control socket, `Request::Settings`), and
+/// `ensure` compares before it trusts a running logmon. The paths (task,
+/// log directory, FIFOs, socket) are the task's identity, compared
+/// elsewhere. A flag added to `run` that changes behaviour is added here.
+pub const SETTINGS: [&str; 8] = [
+    "--max-files",
+    "--max-file-size",
+    "--on-write-error",
+    "--pipe-size",
+    "--max-delay",
+    "--keep-unshipped",
+    "--no-sandbox",
+    "--meta",
+];
+
+/// A logmon's effective settings: each flag of [`SETTINGS`] with its
+/// value in one canonical text (sizes in bytes, delays in milliseconds),
+/// so equal settings compare equal however they were written. A map of
+/// names, so a setting added later is not a protocol change: a peer that
+/// does not know a name ignores it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings(pub std::collections::BTreeMap<String, String>);
+
+/// `--meta`'s value in [`Settings`] when there is none.
+const NO_META: &str = "none";
+
+/// One setting that differs between a running logmon and a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    /// The flag (`--keep-unshipped`).
+    pub flag: String,
+    /// The running logmon's value (`None`: it does not report the flag).
+    pub running: Option<String>,
+    /// The value asked for.
+    pub wanted: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.running {
+            Some(r) => write!(f, "{} {r}, not {}", self.flag, self.wanted),
+            None => write!(f, "{} unknown, not {}", self.flag, self.wanted),
+        }
+    }
+}
+
+impl Settings {
+    /// The settings of `wanted` that `self` (a running logmon's) does not
+    /// have, in [`SETTINGS`] order. `--meta` is compared only when
+    /// `wanted` has some: empty means "keep the running logmon's".
+    pub fn differences(&self, wanted: &Settings) -> Vec<Difference> {
+        SETTINGS
+            .iter()
+            .filter_map(|&flag| {
+                let want = wanted.0.get(flag)?;
+                if flag == "--meta" && want == NO_META {
+                    return None;
+                }
+                let running = self.0.get(flag);
+                (running != Some(want)).then(|| Difference {
+                    flag: flag.to_owned(),
+                    running: running.cloned(),
+                    wanted: want.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
 impl CaptureConfig {
     /// Builds a configuration with the defaults for everything but the task
     /// and the log directory.
@@ -226,8 +303,34 @@ impl CaptureConfig {
         }
     }
 
-    /// Checks the numeric limits.
+    /// The effective settings ([`SETTINGS`], each flag's value as text).
+    pub fn settings(&self) -> Settings {
+        let values = [
+            self.max_files.to_string(),
+            self.max_file_size.to_string(),
+            match self.on_write_error {
+                WriteErrorPolicy::Drop => "drop".to_owned(),
+                WriteErrorPolicy::Block => "block".to_owned(),
+            },
+            self.pipe_size.to_string(),
+            format_delay(self.max_delay),
+            self.keep_unshipped.to_string(),
+            self.no_sandbox.to_string(),
+            // Meta's Display says "none" when empty: NO_META.
+            self.meta.to_string(),
+        ];
+        Settings(
+            SETTINGS
+                .iter()
+                .zip(values)
+                .map(|(f, v)| ((*f).to_owned(), v))
+                .collect(),
+        )
+    }
+
+    /// Checks the task's name ([`printable_task`]) and the numeric limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        printable_task(&self.task)?;
         if self.max_files == 0 {
             return Err(ConfigError::OutOfRange {
                 what: "--max-files",
@@ -368,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn delays_are_whole_milliseconds_or_seconds_up_to_a_minute() {
+    fn delays_are_whole_milliseconds_up_to_a_minute() {
         assert_eq!(parse_delay("50ms"), Ok(Duration::from_millis(50)));
         assert_eq!(parse_delay("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
@@ -379,12 +482,11 @@ mod tests {
             "50",
             "-1",
             "-5ms",
-            "1.5s",
+            "1.0005s",
             "61s",
             "60001ms",
             "1h",
             "ms",
-            "5 ms",
             "99999999999999999999s",
         ] {
             assert!(parse_delay(bad).is_err(), "{bad:?} accepted");
@@ -393,6 +495,43 @@ mod tests {
             parse_delay(&format_delay(DEFAULT_MAX_DELAY)),
             Ok(DEFAULT_MAX_DELAY)
         );
+    }
+
+    #[test]
+    fn settings_name_every_flag_and_differ_only_where_they_differ() {
+        let base = CaptureConfig::new(TaskName::new("t").unwrap(), "/tmp");
+        let s = base.settings();
+        assert_eq!(
+            s.0.keys()
+                .map(String::as_str)
+                .collect::<std::collections::BTreeSet<_>>(),
+            SETTINGS.into_iter().collect()
+        );
+        assert!(s.differences(&s).is_empty());
+        let mut other = base.clone();
+        other.keep_unshipped = 256 << 20;
+        other.max_delay = Duration::from_secs(5);
+        let d = s.differences(&other.settings());
+        assert_eq!(
+            d.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "--max-delay 50ms, not 5000ms",
+                "--keep-unshipped 0, not 268435456"
+            ]
+        );
+        // No metadata asked for: the running logmon's is kept, not a
+        // difference; some asked for: compared.
+        let mut running = base.clone();
+        running.meta.insert_pair("job=web").unwrap();
+        assert!(running.settings().differences(&s).is_empty());
+        assert_eq!(
+            s.differences(&running.settings())[0].to_string(),
+            "--meta none, not job=web"
+        );
+        // A logmon that does not report a flag differs in it.
+        let mut partial = s.clone();
+        partial.0.remove("--pipe-size");
+        assert_eq!(partial.differences(&s)[0].running, None);
     }
 
     #[test]

@@ -272,7 +272,7 @@ impl Diag {
     fn write_event(&self, buf: &mut Vec<u8>, event: &Event<'_>) {
         match &self.sink {
             Sink::Stderr => {
-                format_line(buf, now_ns(), event);
+                format_line(buf, crate::shared::time::now_ns(), event);
                 // Stderr is unbuffered: one write(2) for the whole line.
                 let _ = io::stderr().lock().write_all(buf);
             }
@@ -289,7 +289,7 @@ impl Diag {
             }
             #[cfg(test)]
             Sink::Memory(m) => {
-                format_line(buf, now_ns(), event);
+                format_line(buf, crate::shared::time::now_ns(), event);
                 m.lock().unwrap().extend_from_slice(buf);
             }
         }
@@ -343,18 +343,11 @@ impl tracing::Subscriber for Diag {
     fn exit(&self, _: &Id) {}
 }
 
-/// Now, in ns since the epoch (0 if the clock is before it).
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
 /// `event` as one stderr line in `tracing_subscriber::fmt`'s shape:
 /// `<RFC 3339, µs, UTC> <level, 5 wide> <target>: <message> <k=v>…\n`.
 fn format_line(buf: &mut Vec<u8>, now_ns: i64, event: &Event<'_>) {
     let meta = event.metadata();
-    let ts = crate::readers::timeline::format_rfc3339(now_ns);
+    let ts = crate::shared::time::format_rfc3339(now_ns);
     // `…:SS.nnnnnnnnnZ` → `…:SS.uuuuuuZ`, as fmt prints it.
     buf.extend_from_slice(&ts.as_bytes()[..ts.len().saturating_sub(4)]);
     let _ = write!(buf, "Z {:>5} {}: ", meta.level().as_str(), meta.target());
@@ -543,10 +536,7 @@ mod tests {
             .map(|l| {
                 let (ts, rest) = l.split_at(27);
                 assert!(ts.ends_with('Z') && ts.as_bytes()[19] == b'.', "{l:?}");
-                assert!(
-                    crate::readers::timeline::parse_rfc3339(ts).is_some(),
-                    "{l:?}"
-                );
+                assert!(crate::shared::time::parse_rfc3339(ts).is_some(), "{l:?}");
                 rest.to_owned()
             })
             .collect()

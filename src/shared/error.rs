@@ -63,13 +63,8 @@ pub enum ConfigError {
         max_human: &'static str,
     },
     /// A duration flag did not parse, or is out of range.
-    #[error("{input:?} is not a valid delay: {why}")]
-    InvalidDelay {
-        /// The rejected text.
-        input: String,
-        /// Why.
-        why: &'static str,
-    },
+    #[error(transparent)]
+    Duration(#[from] crate::shared::time::DurationError),
     /// A `--meta KEY=VALUE` pair cannot be used.
     #[error("invalid metadata {pair:?}: {why}")]
     InvalidMeta {

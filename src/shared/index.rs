@@ -814,14 +814,8 @@ pub fn parse_hwm(text: &[u8]) -> Option<u64> {
 // index of the active file and the stream's high-water mark.
 // ---------------------------------------------------------------------
 
-/// The wall clock (CLOCK_REALTIME) in nanoseconds since the epoch; a clock
-/// before 1970 reads as 0 (records only need non-decreasing times, which
-/// [`IndexWriter::append`] ensures).
-pub fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
+/// The clock records are stamped with (one clock for all of logmon).
+pub use crate::shared::time::now_ns;
 
 /// The index of the active log file, open for appending beside it.
 ///

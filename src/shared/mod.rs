@@ -22,3 +22,4 @@ pub mod shipped;
 #[allow(unsafe_code)] // registering the signalfd with the runtime (logs, ship)
 pub mod signals;
 pub mod sockaddr;
+pub mod time;

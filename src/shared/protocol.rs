@@ -36,6 +36,12 @@
 //! layout cannot decode a message that grew a trailing field ("Hit the end
 //! of buffer"), and `#[serde(default)]` does not help (issue #32.3).
 //!
+//! The effective settings travel as a map of flag names
+//! (`Request::Settings`, added in protocol 2's development cycle at the
+//! end of both enums): a setting added to `run` later adds a name, not a
+//! version. Protocol 1 has no such request; a client asks only a logmon
+//! that speaks 2 or later.
+//!
 //! What stays the same in every protocol, so that peers of any two
 //! versions can tell each other so by name, never by a decode panic:
 //! `Hello` is variant 0 of [`Request`] and `Welcome` / `Refused` are
@@ -107,6 +113,9 @@ pub enum Request {
     Reopen,
     /// Liveness check.
     Ping,
+    /// Ask for the effective settings (protocol 2 on; last, so the
+    /// variants before it keep their numbers).
+    Settings,
 }
 
 /// A message from the server.
@@ -136,6 +145,10 @@ pub enum Response {
         /// What went wrong.
         message: String,
     },
+    /// The effective settings, answering `Settings` (protocol 2 on; last,
+    /// so the variants before it keep their numbers). A map of flag
+    /// names: a setting added later is not a protocol change.
+    Settings(crate::shared::config::Settings),
 }
 
 /// Who the server is: compared by the client against the persisted state.
@@ -345,7 +358,7 @@ pub fn read_payload(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
 /// [`speaks`]; the client side).
 pub fn frame_request(version: u32, req: &Request) -> Result<Vec<u8>, FrameError> {
     match version {
-        v1::VERSION => frame(&v1::Request::from(req)),
+        v1::VERSION => frame(&v1::Request::try_from(req)?),
         _ => frame(req),
     }
 }
@@ -482,6 +495,22 @@ mod tests {
         assert!(matches!(
             decode::<v1::Response>(payload).unwrap(),
             v1::Response::Stats(s) if s.task == "web"
+        ));
+    }
+
+    #[test]
+    fn settings_travel_in_protocol_2_and_are_never_asked_in_1() {
+        let cfg = crate::shared::config::CaptureConfig::new(
+            crate::shared::config::TaskName::new("t").unwrap(),
+            "/l",
+        );
+        let resp = Response::Settings(cfg.settings());
+        let framed = frame_response(PROTOCOL_VERSION, &resp).unwrap();
+        let (payload, _) = next_frame(&framed).unwrap().unwrap();
+        assert_eq!(decode_response(PROTOCOL_VERSION, payload).unwrap(), resp);
+        assert!(matches!(
+            frame_request(v1::VERSION, &Request::Settings),
+            Err(FrameError::Invalid(_))
         ));
     }
 

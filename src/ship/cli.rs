@@ -183,7 +183,9 @@ fn parse_metrics_listen(s: &str) -> Result<std::net::SocketAddr, String> {
 /// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
 /// capture's parser: one syntax for both flags).
 fn parse_delay(s: &str) -> Result<Duration, String> {
-    crate::shared::config::parse_delay(s).map_err(|e| e.to_string())
+    crate::shared::config::SHIP_MAX_DELAY
+        .parse(s)
+        .map_err(|e| e.to_string())
 }
 
 /// The whole `logmon-ship` program.

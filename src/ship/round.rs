@@ -218,7 +218,7 @@ impl Shipper {
             h.insert("Logmon-File", p.file.to_string());
             h.insert("Logmon-Offset", off.to_string());
             if let Some(ns) = t.stamp(p.file, off) {
-                h.insert("Logmon-Time", crate::readers::timeline::format_rfc3339(ns));
+                h.insert("Logmon-Time", crate::shared::time::format_rfc3339(ns));
             }
             out.push((t.subject.clone(), h, buf.slice(at..at + piece)));
             at += piece;

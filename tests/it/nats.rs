@@ -520,8 +520,8 @@ pub fn check_headers(
             }
         }
         assert!(m.payload.ends_with(b"\n"), "a message ends mid-line");
-        let t = logmon::internals::timeline::parse_rfc3339(&m.headers["Logmon-Time"])
-            .expect("Logmon-Time");
+        let t =
+            logmon::internals::time::parse_rfc3339(&m.headers["Logmon-Time"]).expect("Logmon-Time");
         assert!(
             t >= t0 && t <= logmon::internals::index::now_ns(),
             "capture time out of the run"

@@ -160,9 +160,11 @@ pub struct Stats {
     pub meta: BTreeMap<String, String>,
 }
 
-impl From<&super::Request> for Request {
-    fn from(r: &super::Request) -> Request {
-        match r {
+impl TryFrom<&super::Request> for Request {
+    type Error = super::FrameError;
+    /// Fails for a request protocol 1 does not have (`Settings`).
+    fn try_from(r: &super::Request) -> Result<Request, super::FrameError> {
+        Ok(match r {
             super::Request::Hello { protocol } => Request::Hello {
                 protocol: *protocol,
             },
@@ -170,7 +172,12 @@ impl From<&super::Request> for Request {
             super::Request::Stop => Request::Stop,
             super::Request::Reopen => Request::Reopen,
             super::Request::Ping => Request::Ping,
-        }
+            super::Request::Settings => {
+                return Err(super::FrameError::Invalid(
+                    "protocol 1 has no Settings request".into(),
+                ))
+            }
+        })
     }
 }
 
@@ -199,6 +206,10 @@ impl From<&super::Response> for Response {
             super::Response::Pong => Response::Pong,
             super::Response::Error { message } => Response::Error {
                 message: message.clone(),
+            },
+            // Never asked in protocol 1 (its requests have no Settings).
+            super::Response::Settings(_) => Response::Error {
+                message: "protocol 1 has no Settings request".into(),
             },
         }
     }
@@ -467,7 +478,7 @@ mod tests {
             Request::Ping,
         ] {
             let current: crate::shared::protocol::Request = r.clone().into();
-            assert_eq!(Request::from(&current), r);
+            assert_eq!(Request::try_from(&current).unwrap(), r);
         }
         let bytes = encode(&Response::Stats(s.clone())).unwrap();
         assert_eq!(decode::<Response>(&bytes).unwrap(), Response::Stats(s));

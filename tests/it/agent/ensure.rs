@@ -763,16 +763,18 @@ fn metadata_survives_a_kill_9_and_a_relaunch_without_meta() {
         "the relaunched logmon runs with --meta job=web"
     );
 
-    // Reattach with other metadata: kept, and said.
+    // Ensure with other metadata: the running logmon is relaunched with
+    // it, and that is said naming the flag.
     let out = a.ensure(&["--meta", "job=api"]);
     let err = assert_exit(&out, 0);
     assert!(
         err.contains("logmon: note:")
-            && err.contains("runs with --meta job=web, ns=prod, not job=api"),
+            && err.contains("ran with --meta job=web, ns=prod, not job=api"),
         "{err}"
     );
-    assert_eq!(a.saved(), second);
-    assert_eq!(status_of(&a)["meta"], want);
+    assert_ne!(a.saved().pid, second.pid);
+    assert_eq!(status_of(&a)["meta"], serde_json::json!({"job": "api"}));
+    let second = a.saved();
 
     // A launch with --meta: the given metadata wins over the state's.
     kill_checked(&second);
@@ -1125,4 +1127,75 @@ fn hook_stop_of_a_logmon_whose_log_dir_was_deleted_succeeds() {
     std::fs::remove_dir_all(t.logs()).unwrap();
     Hook::stop(&first, LONG).expect("stopped");
     assert!(logmon::process::wait_gone(first.pid, first.start_time, LONG).unwrap());
+}
+
+/// `ensure` compares every setting that changes behaviour
+/// (`logmon::config::SETTINGS`, read from the running logmon over its
+/// socket): one that differs relaunches the logmon with the settings asked
+/// for, says so naming the flag, and loses no line of a task streaming
+/// through the relaunch. The same settings again reattach, silently.
+#[test]
+fn ensure_with_other_settings_relaunches_naming_them_and_loses_no_line() {
+    const N: u64 = 100_000;
+    let a = Agent::new();
+    let (_, _, first) = a.ensure_ok();
+    let writer = task_writer(a.logs(), N);
+    assert!(wait_until(LONG, || stream_bytes(a.logs()) > 100_000));
+    for (flags, named) in [
+        (
+            &["--keep-unshipped", "256MiB"][..],
+            "--keep-unshipped 0, not 268435456",
+        ),
+        (
+            &["--keep-unshipped", "256MiB", "--max-delay", "5s"][..],
+            "--max-delay 50ms, not 5000ms",
+        ),
+        (
+            &[
+                "--keep-unshipped",
+                "256MiB",
+                "--max-delay",
+                "5s",
+                "--no-sandbox",
+            ][..],
+            "--no-sandbox false, not true",
+        ),
+    ] {
+        let before = a.saved();
+        let out = a.ensure(flags);
+        let err = assert_exit(&out, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["action"], "launched", "{flags:?}: {err}");
+        assert!(
+            v["reason"].as_str().unwrap().starts_with("SettingsChanged"),
+            "{v}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("logmon: note:") && err.contains(named),
+            "{flags:?}: {err}"
+        );
+        assert_ne!(a.saved().pid, before.pid);
+        assert!(!logmon::process::is_alive_with(
+            before.pid,
+            before.start_time
+        ));
+    }
+    // Asked again with the same settings: reattached, nothing said.
+    let out = a.ensure(&[
+        "--keep-unshipped",
+        "256MiB",
+        "--max-delay",
+        "5s",
+        "--no-sandbox",
+    ]);
+    let err = assert_exit(&out, 0);
+    assert!(err.is_empty(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["action"], "reattached");
+    assert_ne!(a.saved().pid, first.pid);
+    let _end = writer.join().expect("the task got a write error");
+    wait_for_all_lines(a.logs(), N);
+    a.stop();
+    assert_all_lines(a.logs(), N);
 }

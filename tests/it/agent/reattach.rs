@@ -630,8 +630,6 @@ fn stopped_daemon_is_unresponsive_not_a_hang() {
     assert_exit_naming(&out, 75, "Unresponsive");
     let out = cli(&["status", "--state", state.to_str().unwrap()]);
     assert_failed_naming(&out, "Unresponsive");
-    let out = cli(&["stop", "--state", state.to_str().unwrap()]);
-    assert_exit_naming(&out, 75, "Unresponsive");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut early = early;
@@ -653,6 +651,20 @@ fn stopped_daemon_is_unresponsive_not_a_hang() {
     wait_captured(dir.path(), "t", 500);
     assert_numbered(&read_stream(dir.path(), "t", Stream::Stdout), 0, 500);
     h.ping().unwrap();
+    drop(h);
+
+    // `stop --state` of a stopped daemon continues and terminates it (it
+    // drains and exits), saying why, instead of failing with 75.
+    process::pidfd_signal(&pidfd, Signal::SIGSTOP).unwrap();
+    assert!(wait_until(PATIENCE, || stat_field(rc.pid, 3).as_deref() == Some("T")));
+    let out = cli(&["stop", "--state", state.to_str().unwrap()]);
+    let err = assert_exit(&out, 0);
+    assert!(
+        err.contains("Unresponsive") && err.contains("SIGCONT"),
+        "{err}"
+    );
+    assert!(!process::is_alive_with(rc.pid, rc.start_time));
+    assert_numbered(&read_stream(dir.path(), "t", Stream::Stdout), 0, 500);
     // `d` SIGKILLs it on drop.
 }
 

@@ -430,3 +430,64 @@ fn unknown_flag_and_missing_required_flag_exit_2_with_one_line() {
         "COMMAND",
     );
 }
+
+/// `--version` exits 0 and prints the version wherever it is given: the
+/// daemon's own binary and every subcommand included.
+#[test]
+fn version_exits_0_from_every_binary_and_subcommand() {
+    let version = env!("CARGO_PKG_VERSION");
+    let run_bin = support::bin().with_file_name("logmon-run");
+    let mut cmds: Vec<std::process::Command> = Vec::new();
+    let mut c = std::process::Command::new(&run_bin);
+    c.arg("--version");
+    cmds.push(c);
+    for sub in [
+        &["--version"][..],
+        &["run", "--version"],
+        &["exec", "--version"],
+        &["ensure", "--version"],
+        &["stop", "--version"],
+        &["logs", "--version"],
+    ] {
+        cmds.push(support::logmon(sub));
+    }
+    for cmd in cmds {
+        let shown = format!("{cmd:?}");
+        let out = support::finish(cmd);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{shown}: {}",
+            support::text(&out.stderr)
+        );
+        assert!(
+            support::text(&out.stdout).contains(version),
+            "{shown}: {}",
+            support::text(&out.stdout)
+        );
+    }
+}
+
+/// A task name with a control character (ESC, newline) is refused with
+/// exit 2 before anything is made, and the refusal shows it escaped: the
+/// name is printed in tables, notes and logs, where it could forge or hide
+/// output.
+#[test]
+fn task_names_with_control_characters_are_refused_escaped() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["a\u{1b}[2Jb", "a\nb", "tab\there"] {
+        for cmd in CAPTURE_CMDS {
+            let mut args = vec![cmd, "--task", name, "--log-dir", s(d.path())];
+            if cmd == "exec" {
+                args.extend_from_slice(&["--", "true"]);
+            }
+            let line = assert_error(&args, 2, "control characters");
+            assert!(!line.contains('\u{1b}'), "printed raw: {line:?}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(d.path()).unwrap().count(),
+        0,
+        "left files"
+    );
+}

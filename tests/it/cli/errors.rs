@@ -348,14 +348,46 @@ fn cases() -> Vec<Case> {
             leaves: 0,
         },
         Case {
-            name: "stop of a logmon that already stopped is success",
+            name: "stop of a kill -9'd logmon removes its stale socket, so ls shows it stopped",
             setup: |w| {
                 let (rc, s) = w.launch_with_state("web");
                 kill_checked(&rc);
-                run(&["stop", "--state", &s])
+                run(&["stop", "--state", &s]).check(move |w| {
+                    assert!(!rc.socket.exists(), "the stale socket was left");
+                    let out = logmon(&["ls", "--json", "--log-dir", &w.logs()]).output().unwrap();
+                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                    assert_eq!(v["tasks"][0]["state"], "stopped", "{v}");
+                })
             },
             code: 0,
-            stderr: &["logmon: note: ProcessGone", "already stopped"],
+            stderr: &["logmon: note: ProcessGone", "already stopped", "removed its stale socket"],
+            leaves: 0,
+        },
+        Case {
+            name: "stop of a SIGSTOPped logmon continues and terminates it, and says so",
+            setup: |w| {
+                let (rc, s) = w.launch_with_state("web");
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(rc.pid as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+                run(&["stop", "--state", &s]).check(move |_| {
+                    assert!(!alive(&rc), "the stopped logmon still runs");
+                })
+            },
+            code: 0,
+            stderr: &["logmon: note: Unresponsive", "SIGCONT, SIGTERM"],
+            leaves: 0,
+        },
+        Case {
+            name: "exec whose logmon is SIGSTOPped stops it by signal, and says so",
+            setup: |w| {
+                let script = format!(
+                    "kill -STOP $({} ls --json --log-dir {} | grep -o '\"pid\":[0-9]*' | cut -d: -f2)",
+                    bin().display(),
+                    w.logs()
+                );
+                run(&["exec", "--task", "web", "--log-dir", &w.logs(), "--", "sh", "-c", &script])
+            },
+            code: 0,
+            stderr: &["logmon: note: Unresponsive", "SIGCONT, SIGTERM"],
             leaves: 0,
         },
         // ---------------------------------------------- stdout closed or full
@@ -619,14 +651,14 @@ fn cases() -> Vec<Case> {
             leaves: 1,
         },
         Case {
-            name: "ensure warns when its flags differ from the running logmon's",
+            name: "ensure relaunches, naming the flag, when its flags differ from the running logmon's",
             setup: |w| {
                 let (_, s) = w.launch_with_state("web");
                 run(&["ensure", "--state", &s, "--task", "web", "--log-dir", &w.logs(), "--max-files", "3"])
             },
             code: 0,
-            stderr: &["logmon: note: logmon pid", "runs with --max-files 10, not 3"],
-            leaves: 0,
+            stderr: &["logmon: note: logmon pid", "ran with --max-files 10, not 3: stopped it"],
+            leaves: 1,
         },
         Case {
             name: "ensure of a missing log dir",
@@ -1184,6 +1216,63 @@ fn logs_cases() -> Vec<LogsCase> {
             stdout: "",
         },
         LogsCase {
+            name: "logs --cursor naming a log file is never told to remove it",
+            setup: |w| {
+                let c = format!("{}/web.stdout.0", w.logs());
+                let r = logs_run(w, &["--cursor", &c]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        "is not a logmon cursor",
+                        "give --cursor a file of its own, never a log file",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs --cursor of a newer format names the version",
+            setup: |w| {
+                let path = w.p("state/c");
+                std::fs::write(
+                    &path,
+                    r#"{"version":9,"task":"web","stdout":{"index":0,"offset":0}}"#,
+                )
+                .unwrap();
+                let r = logs_run(w, &["--cursor", &path]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cursor ",
+                        "has format version 9, written by a newer logmon; this one reads 1 to 2",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
+            name: "logs as root of another owner's 0700 log dir hints at the sandbox",
+            setup: |w| {
+                let logs = w.logs();
+                std::os::unix::fs::chown(&logs, Some(NOBODY), Some(NOBODY)).unwrap();
+                std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o700)).unwrap();
+                let r = logs_run(w, &[]);
+                (
+                    r,
+                    strings(&[
+                        "logmon: error: cannot list ",
+                        "Permission denied",
+                        "run it as the directory's owner, or pass --no-sandbox",
+                    ]),
+                )
+            },
+            code: 1,
+            stdout: "",
+        },
+        LogsCase {
             name: "logs --cursor /dev/null",
             setup: |w| {
                 let r = logs_run(w, &["--cursor", "/dev/null"]);
@@ -1485,12 +1574,22 @@ fn config_mistakes_name_the_flag_and_what_it_accepts() {
         (
             vec!["--max-delay".as_ref(), "5x".as_ref()],
             None,
-            &["--max-delay", "not a valid delay", "50ms"],
+            &[
+                "--max-delay",
+                "LOGMON_MAX_DELAY",
+                "\"5x\" is not a duration",
+                "from 0s to 1m",
+            ],
         ),
         (
             vec!["--max-delay".as_ref(), "1h".as_ref()],
             None,
-            &["--max-delay", "at most 60s"],
+            &["--max-delay", "\"1h\" is too long", "from 0s to 1m"],
+        ),
+        (
+            vec!["--max-delay".as_ref(), "-1s".as_ref()],
+            None,
+            &["--max-delay", "\"-1s\" is negative", "from 0s to 1m"],
         ),
         (
             vec![],
@@ -1528,4 +1627,103 @@ fn config_mistakes_name_the_flag_and_what_it_accepts() {
         ));
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// Every duration flag takes one grammar (`500ms`, `2s`, `1m`, `1h`) and
+/// refuses with one sentence: the flag, its variable when it has one, what
+/// is wrong (a negative value included, never clap's "unexpected
+/// argument"), and the range it accepts.
+#[test]
+fn durations_are_refused_naming_the_flag_and_range() {
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().to_str().unwrap();
+    let run = ["run", "--task", "t", "--log-dir", dir];
+    let ls = ["ls", "--log-dir", dir];
+    /// The command, a variable set, what its one stderr line must name.
+    type Case<'a> = (Vec<&'a str>, Option<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: Vec<Case> = vec![
+        (
+            [&run[..], &["--max-delay", "-1s"]].concat(),
+            None,
+            &[
+                "--max-delay (or LOGMON_MAX_DELAY)",
+                "\"-1s\" is negative",
+                "from 0s to 1m",
+            ],
+        ),
+        (
+            run.to_vec(),
+            Some(("LOGMON_MAX_DELAY", "1h")),
+            &["LOGMON_MAX_DELAY", "\"1h\" is too long", "from 0s to 1m"],
+        ),
+        (
+            [&ls[..], &["--interval", "-1s"]].concat(),
+            None,
+            &["--interval", "\"-1s\" is negative", "from 100ms to 1m"],
+        ),
+        (
+            [&ls[..], &["--interval", "1h"]].concat(),
+            None,
+            &["--interval", "\"1h\" is too long", "from 100ms to 1m"],
+        ),
+        (
+            ls.to_vec(),
+            Some(("LOGMON_LS_TIMEOUT", "forever")),
+            &[
+                "LOGMON_LS_TIMEOUT",
+                "\"forever\" is not a duration",
+                "from 10ms to 1m",
+                "set by environment variable LOGMON_LS_TIMEOUT",
+            ],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (args, env, needles) in &cases {
+        let mut cmd = logmon(args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = finish(cmd);
+        let err = text(&out.stderr);
+        let ok = out.status.code() == Some(2)
+            && err.lines().count() == 1
+            && !err.contains("panicked")
+            && needles.iter().all(|n| err.contains(n));
+        if !ok {
+            failures.push(format!(
+                "{args:?} {env:?}: exit {:?}: {err}",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(
+        std::fs::read_dir(logs.path()).unwrap().next().is_none(),
+        "a refused command left files"
+    );
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// SIGHUP to a logmon (a closed terminal, a `kill -HUP` meant to reload)
+/// neither kills it nor passes silently: it runs on, answers, and says so
+/// in its own log.
+#[test]
+fn sighup_is_ignored_and_said() {
+    let mut w = World::new();
+    let (rc, s) = w.launch_with_state("web");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rc.pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let log = Path::new(&w.logs()).join(".web.logmon.log");
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("SIGHUP ignored"))
+        }),
+        "no SIGHUP line in {}",
+        log.display()
+    );
+    assert!(alive(&rc), "SIGHUP killed the logmon");
+    let out = logmon(&["status", "--state", &s]).output().unwrap();
+    assert_exit(&out, 0);
 }

@@ -26,7 +26,7 @@ use crate::support::{logmon, text, wait_until, PATIENCE};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, Record};
 use logmon::internals::names::index_name;
-use logmon::internals::timeline::format_rfc3339;
+use logmon::internals::time::format_rfc3339;
 use nix::libc;
 
 /// The task's uid and gid.

@@ -11,7 +11,7 @@ use crate::support::{assert_exit_naming, logmon, logs, wait_until};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, Record};
 use logmon::internals::names::index_name;
-use logmon::internals::timeline::format_rfc3339;
+use logmon::internals::time::format_rfc3339;
 
 const T0: i64 = 1_795_446_245_000_000_000; // 2026-11-24T15:04:05Z
 const MS: i64 = 1_000_000;
@@ -214,7 +214,7 @@ fn cri_pieces_parse_back_with_p_for_cut_lines() {
     assert_eq!(recs[3].0, ts(T0 + 2 * MS));
     assert!(recs.iter().all(|r| r.1 == "stdout"));
     for r in &recs {
-        assert!(logmon::internals::timeline::parse_rfc3339(&r.0).is_some());
+        assert!(logmon::internals::time::parse_rfc3339(&r.0).is_some());
     }
 }
 

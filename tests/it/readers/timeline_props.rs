@@ -15,7 +15,7 @@ use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, Index, Record, Stamp};
 use logmon::internals::names::index_name;
-use logmon::internals::timeline::{format_rfc3339, parse_rfc3339};
+use logmon::internals::time::{format_rfc3339, parse_rfc3339};
 use proptest::prelude::*;
 
 const T0: i64 = 1_795_446_245_000_000_000;

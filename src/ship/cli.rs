@@ -70,6 +70,24 @@ pub struct Args {
     /// half a second (docs/performance.md).
     #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
     pub max_delay: Duration,
+    /// Authentication and TLS (shared with `logs --nats`).
+    #[command(flatten)]
+    pub auth: Auth,
+    /// Serve the node's metrics at /metrics on this address (OpenMetrics to
+    /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
+    /// loopback (e.g. :9464). Loopback unless you name another address.
+    #[arg(long, env = "LOGMON_SHIP_METRICS_LISTEN", value_name = "ADDR",
+          value_parser = crate::node::serve::parse_listen)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Print the state in --state-dir as JSON and exit.
+    #[arg(long, env = "LOGMON_SHIP_STATUS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    pub status: bool,
+}
+
+/// How `logmon ship` and `logmon logs --nats` authenticate to the NATS
+/// server: one definition, the same flags and `LOGMON_SHIP_*` variables.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Auth {
     /// User name (with --password).
     #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]
     pub user: Option<String>,
@@ -94,15 +112,26 @@ pub struct Args {
     /// Client key (PEM), with --tls-cert.
     #[arg(long, env = "LOGMON_SHIP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Serve the node's metrics at /metrics on this address (OpenMetrics to
-    /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
-    /// loopback (e.g. :9464). Loopback unless you name another address.
-    #[arg(long, env = "LOGMON_SHIP_METRICS_LISTEN", value_name = "ADDR",
-          value_parser = crate::node::serve::parse_listen)]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Print the state in --state-dir as JSON and exit.
-    #[arg(long, env = "LOGMON_SHIP_STATUS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
-    pub status: bool,
+}
+
+impl Auth {
+    /// Checks the seed and the files named, before connecting (exit 2).
+    pub fn check(&self) -> Result<(), Failure> {
+        if let Some(k) = &self.nkey {
+            check_nkey(k)?;
+        }
+        for (flag, file) in [
+            ("--tls-ca", &self.tls_ca),
+            ("--tls-cert", &self.tls_cert),
+            ("--tls-key", &self.tls_key),
+            ("--creds", &self.creds),
+        ] {
+            if let Some(f) = file {
+                check_readable(flag, f)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `--max-delay`: whole milliseconds or seconds, `0`, at most 60s (the
@@ -190,29 +219,8 @@ fn check(args: &Args) -> Result<Checked, Failure> {
                 .into(),
         ));
     }
-    let mut addrs = Vec::new();
-    for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        let a: async_nats::ServerAddr = u
-            .parse()
-            .map_err(|e| usage(format!("bad NATS URL {u:?}: {e}")))?;
-        addrs.push(a);
-    }
-    if addrs.is_empty() {
-        return Err(usage("--nats names no server".into()));
-    }
-    if let Some(k) = &args.nkey {
-        check_nkey(k)?;
-    }
-    for (flag, file) in [
-        ("--tls-ca", &args.tls_ca),
-        ("--tls-cert", &args.tls_cert),
-        ("--tls-key", &args.tls_key),
-        ("--creds", &args.creds),
-    ] {
-        if let Some(f) = file {
-            check_readable(flag, f)?;
-        }
-    }
+    let addrs = parse_urls(&urls)?;
+    args.auth.check()?;
     for d in &args.log_dirs {
         check_dir("--log-dir", d)?;
     }
@@ -250,6 +258,21 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             fd_budget: raise_open_file_limit(),
         },
     })
+}
+
+/// The servers of `--nats` (comma-separated URLs).
+pub fn parse_urls(urls: &str) -> Result<Vec<async_nats::ServerAddr>, Failure> {
+    let mut addrs = Vec::new();
+    for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let a: async_nats::ServerAddr = u
+            .parse()
+            .map_err(|e| fail(EXIT_USAGE, format!("bad NATS URL {u:?}: {e}")))?;
+        addrs.push(a);
+    }
+    if addrs.is_empty() {
+        return Err(fail(EXIT_USAGE, "--nats names no server"));
+    }
+    Ok(addrs)
 }
 
 /// A directory a flag names: there, and a directory.
@@ -350,7 +373,8 @@ fn check_nkey(seed: &str) -> Result<(), Failure> {
     }
 }
 
-async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
+/// The client's options for `auth`, named `name`.
+pub async fn options(args: &Auth, name: &str) -> Result<async_nats::ConnectOptions, Failure> {
     let mut o = async_nats::ConnectOptions::new();
     if let Some(c) = &args.creds {
         o = o
@@ -375,7 +399,7 @@ async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
             .add_client_certificate(c.clone(), k.clone())
             .require_tls(true);
     }
-    Ok(o.name("logmon-ship")
+    Ok(o.name(name)
         .connection_timeout(Duration::from_secs(5))
         // Reconnect forever while running; the files are the buffer.
         .max_reconnects(None)
@@ -430,10 +454,27 @@ async fn connect(
     args: &Args,
     checked: &Checked,
 ) -> Result<(async_nats::jetstream::Context, u64), Failure> {
+    let opts = options(&args.auth, "logmon-ship").await?;
+    let client = connect_client(opts, &checked.urls, &checked.addrs).await?;
+    let max_payload = u64::try_from(client.server_info().max_payload)
+        .unwrap_or(1 << 20)
+        .saturating_sub(64 * 1024)
+        .max(4096);
+    let mut js = async_nats::jetstream::new(client);
+    js.set_timeout(Duration::from_secs(5));
+    ensure_stream(&js, &checked.stream, args, &checked.cfg.subject).await?;
+    Ok((js, max_payload))
+}
+
+/// Connects to the servers `addrs` (`shown` as given); a failure is one
+/// line: 1 refused (credentials, TLS), 2 a bad URL, 75 unreachable.
+pub async fn connect_client(
+    opts: async_nats::ConnectOptions,
+    shown: &str,
+    addrs: &[async_nats::ServerAddr],
+) -> Result<async_nats::Client, Failure> {
     use async_nats::ConnectErrorKind as K;
-    let opts = options(args).await?;
-    let shown = &checked.urls;
-    let client = opts.connect(checked.addrs.clone()).await.map_err(|e| {
+    opts.connect(addrs.to_vec()).await.map_err(|e| {
         // A failed handshake comes back as an io error: it is the
         // configuration, not the network, so exit 1, not "try again later".
         if let Some(t) = tls_error(&e) {
@@ -451,15 +492,7 @@ async fn connect(
                 format!("cannot reach the NATS server at {shown}: {e}"),
             ),
         }
-    })?;
-    let max_payload = u64::try_from(client.server_info().max_payload)
-        .unwrap_or(1 << 20)
-        .saturating_sub(64 * 1024)
-        .max(4096);
-    let mut js = async_nats::jetstream::new(client);
-    js.set_timeout(Duration::from_secs(5));
-    ensure_stream(&js, &checked.stream, args, &checked.cfg.subject).await?;
-    Ok((js, max_payload))
+    })
 }
 
 /// The TLS (rustls) error inside a connection's io error, if that is why

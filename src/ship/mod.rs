@@ -56,6 +56,7 @@
 
 pub mod cli;
 mod exit;
+pub mod readback;
 mod round;
 pub mod scan;
 pub mod state;

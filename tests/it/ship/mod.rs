@@ -11,6 +11,8 @@
 
 // The shipper against a hostile task and a node's worth of streams.
 mod hostile;
+// `logs --nats`: what the shipper published, read back.
+mod readback;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -513,6 +513,30 @@ impl Stamper {
         self.files.entry(n).or_insert(t)
     }
 
+    /// Waits, when byte `offset` of file `n` would be estimated and the
+    /// file was written within the last second, for its record: the
+    /// daemon writes a batch's record right after the data, at the latest
+    /// when its pump next sleeps, so a look at the index every 2 ms, at
+    /// most 5 times, finds it. For the shipper, whose stamps travel with
+    /// the bytes (`crate::ship::readback::times`); a file whose record
+    /// never comes (no index, a damaged one) costs one such wait per look.
+    pub fn settle(&mut self, n: u64, offset: u64) {
+        for _ in 0..5 {
+            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
+                return;
+            }
+            self.refresh(n);
+            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
+                return;
+            }
+            let recent = now_ns().saturating_sub(self.times(n).mtime_ns) < NS;
+            if !recent {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// The capture time of byte `offset` of file `n` (see the module docs).
     pub fn stamp(&mut self, n: u64, offset: u64) -> Stamp {
         let known = self.files.get(&n).map(|t| offset < t.len);

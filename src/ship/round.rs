@@ -223,6 +223,7 @@ impl Shipper {
             // Each line's capture time as the index gives it (the reader
             // stamps as the local one: super::readback::times).
             let file = p.file;
+            t.settle(file, off + piece as u64 - 1);
             let steps = super::readback::times::steps(|o| t.stamp_of(file, o), off, piece as u64);
             if !steps.is_empty() {
                 h.insert(

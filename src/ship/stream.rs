@@ -248,6 +248,13 @@ impl Tracked {
         self.open.as_mut().map(|o| o.stamper.stamp(n, offset).ns())
     }
 
+    /// See [`Stamper::settle`].
+    pub fn settle(&mut self, n: u64, offset: u64) {
+        if let Some(o) = self.open.as_mut() {
+            o.stamper.settle(n, offset);
+        }
+    }
+
     /// As [`Self::stamp`], saying whether the time is indexed or
     /// estimated (the `Logmon-Times` header: `crate::ship::readback`).
     pub fn stamp_of(&mut self, n: u64, offset: u64) -> Option<crate::shared::index::Stamp> {

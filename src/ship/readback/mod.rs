@@ -135,7 +135,12 @@ pub async fn run(
         .map(|&s| (s, template.reader_filter(req.task.as_str(), s.as_str())))
         .collect();
     check_subjects(&mut st, req, &filters).await?;
-    check_task(&st, req, &template, &filters).await?;
+    // The task is there when either of its streams is, as locally.
+    let both: Vec<(Stream, String)> = [Stream::Stdout, Stream::Stderr]
+        .iter()
+        .map(|&s| (s, template.reader_filter(req.task.as_str(), s.as_str())))
+        .collect();
+    check_task(&st, req, &template, &both).await?;
     let saved = match cursor {
         Some(c) => c
             .load(&req.task)
@@ -178,7 +183,18 @@ async fn get_stream(
 ) -> Result<jetstream::stream::Stream, Failure> {
     use async_nats::jetstream::context::GetStreamErrorKind as G;
     use async_nats::jetstream::ErrorCode;
-    js.get_stream(name).await.map_err(|e| match e.kind() {
+    // A cluster that just lost a node answers once it elected a leader.
+    let mut tries = 0;
+    let got = loop {
+        match js.get_stream(name).await {
+            Err(e) if matches!(e.kind(), G::Request) && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            r => break r,
+        }
+    };
+    got.map_err(|e| match e.kind() {
         G::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => fail(
             EXIT_FAILURE,
             format!("JetStream stream {name:?} does not exist at {urls}: check --stream (the shipper's)"),
@@ -570,8 +586,8 @@ impl Drive<'_> {
     /// Takes message `m` of `s`, with its notes.
     fn take(&mut self, s: &mut Source, m: &jetstream::Message) {
         match s.take(m) {
-            Taken::Gap(b) => note(&format!(
-                "note: skipped {b} bytes of {}'s {}: purged on the node before they were shipped (a gap record)",
+            Taken::Gap(b, files) => note(&format!(
+                "note: skipped {b} bytes ({files} files) of {}'s {}: purged on the node before they were shipped (a gap record)",
                 self.req.task.as_str(),
                 s.stream
             )),

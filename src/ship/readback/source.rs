@@ -50,8 +50,9 @@ pub enum Taken {
         /// Its times are estimated.
         estimated: bool,
     },
-    /// A gap record: bytes purged on the node before they were shipped.
-    Gap(u64),
+    /// A gap record: bytes (and files) purged on the node before they
+    /// were shipped.
+    Gap(u64, u64),
     /// Another task's or stream's message on the subject, or a copy of
     /// bytes already read: nothing.
     Skipped,
@@ -225,7 +226,7 @@ impl Source {
             self.asm.reset();
             // The shipper goes on at the start of a later file.
             self.read_to = None;
-            return Taken::Gap(b);
+            return Taken::Gap(b, num("Logmon-Gap-Files").unwrap_or(0));
         }
         let (Some(file), Some(offset)) = (num("Logmon-File"), num("Logmon-Offset")) else {
             return Taken::Skipped;

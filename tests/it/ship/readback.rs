@@ -43,8 +43,6 @@ fn start_shipper(urls: &str, state: &Path, logs: &Path, create: bool) -> Shipper
         state.to_str().unwrap(),
         "--log-dir",
         logs.to_str().unwrap(),
-        "--max-delay",
-        "0",
     ];
     if create {
         a.push("--create-stream");
@@ -62,7 +60,14 @@ fn wait_shipped(urls: &str, logs: &Path, task: &str) {
             r.status.success() && l.stdout == r.stdout
         })
     });
-    assert!(ok, "not everything was shipped");
+    let (l, r) = (local(logs, task, &[]), remote(urls, task, &[]));
+    assert!(
+        ok,
+        "not everything was shipped: local {} bytes, remote {} bytes, {}",
+        l.stdout.len(),
+        r.stdout.len(),
+        text(&r.stderr)
+    );
 }
 
 /// Writes `n` lines in bursts of `burst` with pauses (so the files hold
@@ -270,15 +275,40 @@ fn gap_records_are_said_and_the_rest_reads_as_locally() {
         "web",
         &["--max-file-size", "4KiB", "--max-files", "3"],
     );
-    // Written before any shipper: most files are purged unshipped.
-    bursts(&logs, "web", Stream::Stdout, 0, 2000, 100);
-    let _ship = start_shipper(&url, &state, &logs, true);
+    let mut ship = start_shipper(&url, &state, &logs, true);
+    bursts(&logs, "web", Stream::Stdout, 0, 100, 100);
     wait_shipped(&url, &logs, "web");
+    // Written while the shipper is down: most files are purged unshipped.
+    ship.kill9();
+    bursts(&logs, "web", Stream::Stdout, 100, 2000, 100);
+    ship.spawn();
+    // The stream holds the lines shipped before the purge, a gap record,
+    // then what the node still has: the local reader's output ends it.
+    let ok = wait_until(Duration::from_secs(60), || {
+        let l = local(&logs, "web", &["-t"]).stdout;
+        let r = remote(&url, "web", &["-t"]).stdout;
+        !l.is_empty() && r.ends_with(&l)
+    });
+    assert!(ok, "the files left on the node were not read back");
     let r = remote(&url, "web", &["-t"]);
     let err = text(&r.stderr);
-    assert!(err.contains("gap record"), "{err}");
+    assert!(err.contains("(a gap record)"), "{err}");
     assert!(err.contains("purged on the node"), "{err}");
-    same(&url, &logs, "web", &["-t"]);
+    let shipped_first = local_lines_before_purge(&r.stdout);
+    assert!(
+        shipped_first >= 100,
+        "the lines shipped before the purge are read back"
+    );
+}
+
+/// How many numbered lines from 0 on the output holds before its first
+/// hole.
+fn local_lines_before_purge(out: &[u8]) -> usize {
+    text(out)
+        .lines()
+        .enumerate()
+        .take_while(|(i, l)| l.contains(&format!("line {i:09} ")))
+        .count()
 }
 
 #[test]

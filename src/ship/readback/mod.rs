@@ -170,6 +170,8 @@ pub async fn run(
         cursor,
         sink,
         noted: false,
+        style: req.style.clone(),
+        meta_seen: false,
     }
     .run(srcs, tail, &mut state)
     .await
@@ -523,6 +525,10 @@ struct Drive<'a> {
     cursor: Option<&'a CursorFile>,
     sink: &'a mut dyn Sink,
     noted: bool,
+    /// How pieces are written: the request's, with `attrs` from the
+    /// messages' metadata.
+    style: Style,
+    meta_seen: bool,
 }
 
 impl Drive<'_> {
@@ -545,7 +551,7 @@ impl Drive<'_> {
                 .all(|s| s.done || (s.caught_up && s.asm.out.is_empty()));
             if caught_up && tail.is_some() {
                 for p in held.drain(..) {
-                    self.req.style.write(&p, &mut out);
+                    self.style.write(&p, &mut out);
                 }
                 tail = None;
             }
@@ -585,7 +591,18 @@ impl Drive<'_> {
 
     /// Takes message `m` of `s`, with its notes.
     fn take(&mut self, s: &mut Source, m: &jetstream::Message) {
-        match s.take(m) {
+        let taken = s.take(m);
+        if matches!(taken, Taken::Data { .. })
+            && self.style.format == crate::readers::timeline::Format::Json
+            && !self.meta_seen
+        {
+            // The metadata of the task's first message (as the local
+            // reader loads it once): `attrs` when it has any.
+            let meta = Source::meta_of(m);
+            self.style.attrs = Some(meta).filter(|m| !m.is_empty());
+            self.meta_seen = true;
+        }
+        match taken {
             Taken::Gap(b, files) => note(&format!(
                 "note: skipped {b} bytes ({files} files) of {}'s {}: purged on the node before they were shipped (a gap record)",
                 self.req.task.as_str(),
@@ -641,7 +658,7 @@ impl Drive<'_> {
                     held.push_back(p);
                     trim_to_lines(held, n);
                 }
-                None => self.req.style.write(&p, out),
+                None => self.style.write(&p, out),
             }
             if out.len() >= 64 * 1024 {
                 break;

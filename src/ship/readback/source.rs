@@ -194,6 +194,26 @@ impl Source {
         }
     }
 
+    /// The task's metadata a message carries (`Logmon-Meta-<key>`), as
+    /// the JSON format's `attrs`: what the local reader takes from the
+    /// task's metadata file.
+    pub fn meta_of(m: &jetstream::Message) -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        let Some(h) = m.message.headers.as_ref() else {
+            return out;
+        };
+        for (k, vs) in h.iter() {
+            let k: &str = k.as_ref();
+            let Some(key) = k.strip_prefix("Logmon-Meta-") else {
+                continue;
+            };
+            if let Some(v) = vs.first() {
+                out.insert(key.to_owned(), unescape(v.as_str()));
+            }
+        }
+        out
+    }
+
     /// Where message `m` starts in the node's files, when it is lines of
     /// this task's stream.
     pub fn position_of(&self, m: &jetstream::Message) -> Option<Position> {
@@ -299,4 +319,30 @@ impl Source {
         }
         None
     }
+}
+
+/// Undoes `crate::ship::scan::header_value` (`%XX` for a control
+/// character or `%`).
+fn unescape(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+            }
+            (c, ..) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

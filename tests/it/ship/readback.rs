@@ -136,7 +136,14 @@ fn every_view_reads_back_as_the_local_reader_prints_it() {
     let _web = Daemon::start(
         &logs,
         "web",
-        &["--max-file-size", "16KiB", "--max-files", "1000"],
+        &[
+            "--max-file-size",
+            "16KiB",
+            "--max-files",
+            "1000",
+            "--meta",
+            "job=api 50%",
+        ],
     );
     let _other = Daemon::start(&logs, "other", &[]);
     let mut ship = start_shipper(&url, &state, &logs, true);
@@ -182,6 +189,8 @@ fn every_view_reads_back_as_the_local_reader_prints_it() {
     for v in &views {
         same(&url, &logs, "web", v);
     }
+    let json = text(&remote(&url, "web", &["--format", "json"]).stdout);
+    assert!(json.contains(r#""attrs":{"job":"api 50%"}"#), "{json:.300}");
     // Another task on the same stream is never printed.
     let other = text(&local(&logs, "other", &[]).stdout);
     assert!(other.contains("OTHER"));

@@ -139,7 +139,7 @@ pub struct NatsArgs {
     pub subject: String,
     /// The shipper's authentication and TLS flags and variables.
     #[command(flatten)]
-    pub auth: crate::ship::cli::Auth,
+    pub auth: crate::ship::readback::Auth,
 }
 
 /// `logmon logs`.
@@ -1109,11 +1109,11 @@ struct NatsSink<'a> {
 }
 
 impl crate::ship::readback::Sink for NatsSink<'_> {
-    fn write(&mut self, bytes: &[u8]) -> Result<bool, crate::ship::cli::Failure> {
+    fn write(&mut self, bytes: &[u8]) -> Result<bool, crate::ship::readback::Failure> {
         match self.out.write(bytes, self.stop) {
             Ok(()) => Ok(true),
             Err(Ended::Stopped | Ended::Closed) => Ok(false),
-            Err(Ended::Failed(e)) => Err(crate::ship::cli::Failure {
+            Err(Ended::Failed(e)) => Err(crate::ship::readback::Failure {
                 code: EXIT_FAILURE,
                 message: format!("cannot write to stdout: {e}"),
             }),
@@ -1156,7 +1156,7 @@ fn run_nats(a: &LogsArgs) -> CliResult {
             || range.since.is_some()
             || range.until.is_some(),
     };
-    let ship_err = |f: crate::ship::cli::Failure| CliError::new(f.code, f.message);
+    let ship_err = |f: crate::ship::readback::Failure| CliError::new(f.code, f.message);
     crate::ship::readback::check(&req, &n.auth).map_err(ship_err)?;
     let cursor = match &a.cursor {
         Some(p) => {

@@ -55,6 +55,7 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+pub mod connect;
 mod exit;
 pub mod readback;
 mod round;

@@ -1,7 +1,7 @@
 //! `logmon logs --nats URL --stream NAME --task T`: a task's logs read
 //! back from the JetStream stream `logmon ship` publishes into, printed
 //! byte for byte as `logmon logs --log-dir D --task T` prints them on the
-//! node with the same flags, capture times included (docs/design.md §15).
+//! node with the same flags, capture times included (docs/guide.md, "Reading back: `logs --nats`").
 //!
 //! What it guarantees, and the tests that prove them
 //! (`tests/it/ship/readback.rs`):
@@ -49,7 +49,9 @@ use async_nats::jetstream;
 use futures_util::future::select_all;
 
 use self::source::{Source, Taken};
-use super::cli::{Auth, Failure, EXIT_FAILURE, EXIT_USAGE};
+pub use super::connect::Auth;
+pub use super::exit::Failure;
+use super::exit::{EXIT_FAILURE, EXIT_USAGE};
 use super::scan::{header_value, Template};
 use crate::readers::follow::Position;
 use crate::readers::timeline::{
@@ -111,7 +113,7 @@ pub fn check(
     req: &Request,
     auth: &Auth,
 ) -> Result<(Vec<async_nats::ServerAddr>, Template), Failure> {
-    let addrs = super::cli::parse_urls(&req.urls)?;
+    let addrs = super::connect::parse_urls(&req.urls)?;
     auth.check()?;
     let t = Template::parse(&req.subject, 0).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
     Ok((addrs, t))
@@ -125,8 +127,8 @@ pub async fn run(
     sink: &mut dyn Sink,
 ) -> Result<(), Failure> {
     let (addrs, template) = check(req, auth)?;
-    let opts = super::cli::options(auth, "logmon-logs").await?;
-    let client = super::cli::connect_client(opts, &req.urls, &addrs).await?;
+    let opts = super::connect::options(auth, "logmon-logs").await?;
+    let client = super::connect::connect_client(opts, &req.urls, &addrs).await?;
     let js = jetstream::new(client);
     let mut st = get_stream(&js, &req.stream, &req.urls).await?;
     let filters: Vec<(Stream, String)> = req
@@ -205,7 +207,7 @@ async fn get_stream(
             fail(EXIT_USAGE, format!("{name:?} is not a valid JetStream stream name"))
         }
         G::Request => fail(
-            super::cli::EXIT_TEMPFAIL,
+            super::exit::EXIT_TEMPFAIL,
             format!("cannot look up JetStream stream {name:?} at {urls}: {e}"),
         ),
         _ => fail(

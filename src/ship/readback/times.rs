@@ -1,7 +1,7 @@
 //! The `Logmon-Times` header: each line's capture time as the node's
 //! index gives it, carried in the message so that a reader far from the
 //! node stamps every piece exactly as `logmon logs --log-dir` does there
-//! (docs/design.md §15).
+//! (docs/guide.md, "Reading back: `logs --nats`").
 //!
 //! A line's time is a step function of its offset (the time of the index
 //! record of the batch holding the byte, or an estimate where no record

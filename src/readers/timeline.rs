@@ -516,12 +516,13 @@ impl Stamper {
     /// Waits, when byte `offset` of file `n` would be estimated and the
     /// file was written within the last second, for its record: the
     /// daemon writes a batch's record right after the data, at the latest
-    /// when its pump next sleeps, so a look at the index every 2 ms, at
-    /// most 5 times, finds it. For the shipper, whose stamps travel with
+    /// when its pump next sleeps ([`crate::shared::index::FLUSH_AGE`]
+    /// while data flows), so a look at the index every 2 ms finds it; at
+    /// most 50 looks (100 ms), for a daemon starved of CPU. For the shipper, whose stamps travel with
     /// the bytes (`crate::ship::readback::times`); a file whose record
     /// never comes (no index, a damaged one) costs one such wait per look.
     pub fn settle(&mut self, n: u64, offset: u64) {
-        for _ in 0..5 {
+        for _ in 0..50 {
             if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
                 return;
             }

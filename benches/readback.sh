@@ -76,9 +76,8 @@ until [ -f "$TMP/state/ship.state" ] && [ "$(shipped)" -ge "$BYTES" ]; do sleep 
 
 measure() { # name cmd... -> "name seconds MB/s peakKiB"
   local name=$1; shift
-  local out
-  out=$( { /usr/bin/time -f '%e %M' "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
-  python3 - "$name" "$BYTES" $out <<'PY'
+  /usr/bin/time -o "$TMP/time" -f '%e %M' "$@" >/dev/null 2>"$TMP/stderr"
+  python3 - "$name" "$BYTES" $(tail -1 "$TMP/time") <<'PY'
 import sys
 name, b, secs, kib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 print(f"{name:<22} {secs:7.2f} s {b/1e6/max(secs,1e-9):8.1f} MB/s  peak RSS {kib/1024:6.1f} MiB")

@@ -7,7 +7,7 @@
 //! (`tests/it/ship/readback.rs`):
 //!
 //! - **The same output as the local reader.** Pieces are cut and stamped
-//!   by the local reader's [`Assembler`] and written by its [`Style`]: one
+//!   by the local reader's [`crate::readers::timeline::Assembler`] and written by its [`Style`]: one
 //!   code path for both readers. Each message carries its lines' capture
 //!   times as the node's index gives them (`Logmon-Times`, [`times`]), so
 //!   nothing is estimated centrally; a message of an older shipper (no
@@ -17,8 +17,8 @@
 //! - **Only the task's lines.** `--subject` is the shipper's template,
 //!   parsed by the shipper's parser: `{task}` and `{stream}` are filled
 //!   in, any other placeholder matches any token, and each message's
-//!   `Logmon-Task` and `Logmon-Stream` are checked too (`…`, the other
-//!   task written to the same stream is never printed).
+//!   `Logmon-Task` and `Logmon-Stream` are checked too (in
+//!   `every_view_…`, another task on the same stream is never printed).
 //! - **Read only.** An ephemeral consumer with ack policy none: nothing
 //!   is acknowledged, altered or deleted; it reads R1 and R3 streams and
 //!   goes on while one node of a cluster is down (the consumer is made
@@ -27,12 +27,13 @@
 //!   start by reading windows from the end, each four times the last, not
 //!   the whole stream (`benches/readback.sh` measures the peak RSS).
 //! - **Gaps said.** A gap record (bytes purged on the node before they
-//!   were shipped) is one note on stderr with the bytes it stands for.
+//!   were shipped) is one note on stderr with the bytes it stands for
+//!   (`gap_records_are_said_and_the_rest_reads_as_locally`).
 //! - **The cursor** (`--cursor FILE`, the local reader's file and format:
 //!   the node's file number and offset per stream) is saved after each
 //!   write to stdout; a restart finds the message holding the position
 //!   by probing from the end, and resumes after the last line written
-//!   (`a_killed_reader_resumes_from_its_cursor`).
+//!   (`follow_picks_up_new_lines_and_a_killed_reader_resumes_from_its_cursor`).
 //!
 //! Errors, one line each: a server that cannot be reached 75, a missing
 //! stream 1, a task without messages 1 (naming the tasks there, unless

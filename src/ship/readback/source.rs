@@ -4,7 +4,7 @@
 //! down), with a bounded batch in bytes (what keeps the reader's memory
 //! flat whatever the stream's size); each message checked (task, stream
 //! headers), de-duplicated by position, stamped from its `Logmon-Times`
-//! and cut into pieces by the local reader's [`Assembler`].
+//! and cut into pieces by the local reader's [`crate::readers::timeline::Assembler`].
 
 use std::time::{Duration, Instant};
 

@@ -40,7 +40,8 @@
 //!   times, `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **[`ship`]** — `logmon ship` (its own binary, `logmon-ship`): one per
 //!   node, it publishes every task stream into NATS JetStream exactly once
-//!   (DESIGN.md §12).
+//!   (DESIGN.md §12); `ship::readback` is `logs --nats`, which reads a
+//!   task's logs back from there through the readers' pieces and formats.
 //! - **`node/`** — finds every logmon under given directories, proves who
 //!   answers before believing it, and reports them (`logmon ls`) or serves
 //!   them as OpenMetrics (the shipper's `--metrics-listen`; DESIGN.md §13).

@@ -105,8 +105,8 @@ use tokio::io::Interest;
 
 use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
 use crate::readers::timeline::{
-    locate_since, parse_time, Assembler, CursorError, CursorFile, CursorState, Format, Piece,
-    Stamper, StreamCursor, Style, PARTIAL_WAIT,
+    locate_since, parse_time, trim_to_lines, Assembler, CursorError, CursorFile, CursorState,
+    Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
 };
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, LogDirError};
@@ -118,8 +118,36 @@ use super::{CliError, CliResult, LogsArgs, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USA
 /// the others are counted and said once at the end.
 pub const SKIPS_NAMED: usize = 10;
 
+/// `logs --nats`: the task's logs read back from the JetStream stream
+/// `logmon ship` publishes into ([`crate::ship::readback`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct NatsArgs {
+    /// Read back what `logmon ship` published, from these NATS servers
+    /// (comma-separated URLs), instead of --log-dir; prints what `logs
+    /// --log-dir` prints on the node.
+    #[arg(long, conflicts_with = "log_dir", requires = "stream")]
+    pub nats: Option<String>,
+    /// With --nats: the JetStream stream (the shipper's --stream).
+    #[arg(long, requires = "nats")]
+    pub stream: Option<String>,
+    /// With --nats: the shipper's --subject ({task} and {stream} filled
+    /// in, any other placeholder matches any token).
+    #[arg(
+        long,
+        env = "LOGMON_SHIP_SUBJECT",
+        default_value = "logmon.{task}.{stream}"
+    )]
+    pub subject: String,
+    /// The shipper's authentication and TLS flags and variables.
+    #[command(flatten)]
+    pub auth: crate::ship::readback::Auth,
+}
+
 /// `logmon logs`.
 pub fn run(a: &LogsArgs) -> CliResult {
+    if a.nats.nats.is_some() {
+        return run_nats(a);
+    }
     // Before any other thread exists (the `notify` watcher inherits the
     // mask): see crate::shared::signals.
     let signals = Blocked::new(&crate::shared::signals::STOP)
@@ -150,7 +178,13 @@ pub fn run(a: &LogsArgs) -> CliResult {
 /// Opens the log directory, warns once when other users could have
 /// renamed files in it, and checks that the task has anything there.
 fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
-    let dir = Dir::open_log_dir_to_read(&a.log_dir)
+    let Some(path) = &a.log_dir else {
+        return Err(CliError::new(
+            EXIT_USAGE,
+            "give --log-dir DIR or --nats URL",
+        ));
+    };
+    let dir = Dir::open_log_dir_to_read(path)
         .map_err(FollowError::from)
         .map_err(cli_error)?;
     let trust = dir.trust().map_err(|e| {
@@ -1074,17 +1108,24 @@ async fn sleep_or_never(d: Option<Duration>) {
     }
 }
 
-/// Keeps only the pieces of the last `n` lines (a continuation piece at
-/// the front counts as a line of its own).
-fn trim_to_lines(held: &mut VecDeque<Piece>, n: u64) {
-    let mut lines = held.iter().filter(|p| p.starts_line).count() as u64
-        + u64::from(held.front().is_some_and(|p| !p.starts_line));
-    while lines > n {
-        held.pop_front();
-        while held.front().is_some_and(|p| !p.starts_line) {
-            held.pop_front();
+// ------------------------------------------------------------ --nats
+
+/// stdout for [`crate::ship::readback`]: the reader's own writes.
+struct NatsSink<'a> {
+    out: &'a Out,
+    stop: &'a StopProbe,
+}
+
+impl crate::ship::readback::Sink for NatsSink<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<bool, crate::ship::readback::Failure> {
+        match self.out.write(bytes, self.stop) {
+            Ok(()) => Ok(true),
+            Err(Ended::Stopped | Ended::Closed) => Ok(false),
+            Err(Ended::Failed(e)) => Err(crate::ship::readback::Failure {
+                code: EXIT_FAILURE,
+                message: format!("cannot write to stdout: {e}"),
+            }),
         }
-        lines -= 1;
     }
 }
 
@@ -1104,4 +1145,65 @@ fn cannot_list(dir: &Dir, e: &std::io::Error) -> CliError {
         EXIT_FAILURE,
         format!("cannot list {}: {e}{hint}", dir.path().display()),
     )
+}
+
+/// `logs --nats`: every view of the local reader, from JetStream. Not
+/// confined (it talks to the network; it reads no log directory).
+fn run_nats(a: &LogsArgs) -> CliResult {
+    let signals = Blocked::new(&crate::shared::signals::STOP)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot handle signals: {e}")))?;
+    let stop = StopProbe::new()?;
+    let range = Range::parse(a)?;
+    let n = &a.nats;
+    let req = crate::ship::readback::Request {
+        urls: n.nats.clone().unwrap_or_default(),
+        stream: n.stream.clone().unwrap_or_default(),
+        subject: n.subject.clone(),
+        task: a.task.clone(),
+        streams: match (a.merged, a.stderr) {
+            (true, _) => vec![Stream::Stdout, Stream::Stderr],
+            (false, true) => vec![Stream::Stderr],
+            (false, false) => vec![Stream::Stdout],
+        },
+        since: range.since,
+        until: range.until,
+        lines: a.lines,
+        bytes: a.bytes,
+        follow: a.follow,
+        style: Style {
+            format: a.format,
+            timestamps: a.timestamps,
+            tag: a.merged,
+            attrs: None,
+        },
+        notes_times: a.timestamps
+            || a.merged
+            || a.format != Format::Raw
+            || range.since.is_some()
+            || range.until.is_some(),
+    };
+    let ship_err = |f: crate::ship::readback::Failure| CliError::new(f.code, f.message);
+    crate::ship::readback::check(&req, &n.auth).map_err(ship_err)?;
+    let cursor = match &a.cursor {
+        Some(p) => {
+            let mut c = CursorFile::open(p).map_err(cursor_error)?;
+            c.lock().map_err(cursor_error)?;
+            Some(c)
+        }
+        None => None,
+    };
+    let out = Out::new();
+    let rt = runtime()?;
+    rt.block_on(async {
+        let mut signals = watch(signals)?;
+        let mut sink = NatsSink {
+            out: &out,
+            stop: &stop,
+        };
+        let read = crate::ship::readback::run(&req, &n.auth, cursor.as_ref(), &mut sink);
+        tokio::select! {
+            _ = signals.recv() => Ok(0),
+            r = read => r.map(|()| 0).map_err(ship_err),
+        }
+    })
 }

@@ -417,8 +417,8 @@ pub struct EnsureArgs {
 #[derive(Debug, Clone, Args)]
 pub struct LogsArgs {
     /// Directory of the log files.
-    #[arg(long, env = "LOGMON_LOG_DIR")]
-    pub log_dir: PathBuf,
+    #[arg(long, env = "LOGMON_LOG_DIR", required_unless_present = "nats")]
+    pub log_dir: Option<PathBuf>,
     /// Task name.
     #[arg(long, env = "LOGMON_TASK", value_parser = parse_task_arg)]
     pub task: TaskName,
@@ -463,6 +463,9 @@ pub struct LogsArgs {
     /// Do not confine this reader (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
+    /// Reading back from JetStream instead (`--nats`).
+    #[command(flatten)]
+    pub nats: logs::NatsArgs,
 }
 
 /// `exec`'s flags.

@@ -379,6 +379,31 @@ impl Stamper {
         self.files.entry(n).or_insert(t)
     }
 
+    /// Waits, when byte `offset` of file `n` would be estimated and the
+    /// file was written within the last second, for its record: the
+    /// daemon writes a batch's record right after the data, at the latest
+    /// when its pump next sleeps ([`crate::shared::index::FLUSH_AGE`]
+    /// while data flows), so a look at the index every 2 ms finds it; at
+    /// most 50 looks (100 ms), for a daemon starved of CPU. For the shipper, whose stamps travel with
+    /// the bytes (`crate::ship::readback::times`); a file whose record
+    /// never comes (no index, a damaged one) costs one such wait per look.
+    pub fn settle(&mut self, n: u64, offset: u64) {
+        for _ in 0..50 {
+            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
+                return;
+            }
+            self.refresh(n);
+            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
+                return;
+            }
+            let recent = now_ns().saturating_sub(self.times(n).mtime_ns) < NS;
+            if !recent {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// The capture time of byte `offset` of file `n` (see the module docs).
     pub fn stamp(&mut self, n: u64, offset: u64) -> Stamp {
         let known = self.files.get(&n).map(|t| offset < t.len);
@@ -527,6 +552,21 @@ fn line_start_at_or_after(f: &File, offset: u64) -> io::Result<u64> {
 
 // ---------------------------------------------------------------- pieces
 
+/// Where an [`Assembler`] takes each piece's time: the index beside the
+/// file ([`Stamper`]), or the times a shipped message carries
+/// (`crate::ship::readback`), so that both readers cut and stamp pieces
+/// with this one code.
+pub trait Stamps {
+    /// The capture time of byte `offset` of file `n`.
+    fn stamp(&mut self, n: u64, offset: u64) -> Stamp;
+}
+
+impl Stamps for Stamper {
+    fn stamp(&mut self, n: u64, offset: u64) -> Stamp {
+        Stamper::stamp(self, n, offset)
+    }
+}
+
 /// A piece of a line, stamped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
@@ -576,7 +616,7 @@ impl Assembler {
     }
 
     /// Takes in the next chunk of the stream.
-    pub fn push(&mut self, stamper: &mut Stamper, chunk: &Chunk) {
+    pub fn push(&mut self, stamper: &mut impl Stamps, chunk: &Chunk) {
         if let Some(p) = &self.partial {
             // A file ending without a newline (rotation), or a jump.
             if p.index != chunk.index || p.start + p.buf.len() as u64 != chunk.offset {
@@ -641,6 +681,20 @@ impl Assembler {
     /// Whether a partial line is held.
     pub fn has_partial(&self) -> bool {
         self.partial.is_some()
+    }
+}
+
+/// Keeps only the pieces of the last `n` lines (a continuation piece at
+/// the front counts as a line of its own).
+pub fn trim_to_lines(held: &mut std::collections::VecDeque<Piece>, n: u64) {
+    let mut lines = held.iter().filter(|p| p.starts_line).count() as u64
+        + u64::from(held.front().is_some_and(|p| !p.starts_line));
+    while lines > n {
+        held.pop_front();
+        while held.front().is_some_and(|p| !p.starts_line) {
+            held.pop_front();
+        }
+        lines -= 1;
     }
 }
 

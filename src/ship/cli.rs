@@ -23,6 +23,8 @@ use std::time::Duration;
 use clap::Parser;
 
 // How the shipper ends: `--status` (`status`) returns the same failures.
+pub use super::connect::Auth;
+use super::connect::{connect_client, options, parse_urls};
 use super::exit::fail;
 pub use super::exit::{Failure, EXIT_FAILURE, EXIT_TEMPFAIL, EXIT_USAGE};
 use super::scan::{Pattern, Template};
@@ -78,30 +80,9 @@ pub struct Args {
     /// half a second (docs/performance.md).
     #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
     pub max_delay: Duration,
-    /// User name (with --password).
-    #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]
-    pub user: Option<String>,
-    /// Password (with --user).
-    #[arg(long, env = "LOGMON_SHIP_PASSWORD", requires = "user")]
-    pub password: Option<String>,
-    /// Authentication token.
-    #[arg(long, env = "LOGMON_SHIP_TOKEN", conflicts_with_all = ["creds", "nkey"])]
-    pub token: Option<String>,
-    /// NATS credentials file (JWT + NKEY seed).
-    #[arg(long, env = "LOGMON_SHIP_CREDS", conflicts_with = "nkey")]
-    pub creds: Option<PathBuf>,
-    /// NKEY seed (SU…).
-    #[arg(long, env = "LOGMON_SHIP_NKEY")]
-    pub nkey: Option<String>,
-    /// CA certificate (PEM) to verify the server.
-    #[arg(long, env = "LOGMON_SHIP_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// Client certificate (PEM), with --tls-key.
-    #[arg(long, env = "LOGMON_SHIP_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// Client key (PEM), with --tls-cert.
-    #[arg(long, env = "LOGMON_SHIP_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
+    /// Authentication and TLS (shared with `logs --nats`).
+    #[command(flatten)]
+    pub auth: Auth,
     /// Serve the node's metrics at /metrics on this address (OpenMetrics to
     /// Prometheus, the text format 0.0.4 to others): IP:PORT, or :PORT for
     /// loopback (e.g. :9464). Loopback unless you name another address.
@@ -363,29 +344,8 @@ fn check(args: &Args) -> Result<Checked, Failure> {
         return Err(usage("--nats and --stream are required".into()));
     };
     check_scope(args)?;
-    let mut addrs = Vec::new();
-    for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        let a: async_nats::ServerAddr = u
-            .parse()
-            .map_err(|e| usage(format!("bad NATS URL {u:?}: {e}")))?;
-        addrs.push(a);
-    }
-    if addrs.is_empty() {
-        return Err(usage("--nats names no server".into()));
-    }
-    if let Some(k) = &args.nkey {
-        check_nkey(k)?;
-    }
-    for (flag, file) in [
-        ("--tls-ca", &args.tls_ca),
-        ("--tls-cert", &args.tls_cert),
-        ("--tls-key", &args.tls_key),
-        ("--creds", &args.creds),
-    ] {
-        if let Some(f) = file {
-            check_readable(flag, f)?;
-        }
-    }
+    let addrs = parse_urls(&urls)?;
+    args.auth.check()?;
     let (watch, subject) = check_tree(args)?;
     if (args.log_dirs.len() + usize::from(watch.is_some()) > 1
         || watch.as_ref().is_some_and(|(_, p)| p.captures() > 0))
@@ -448,18 +408,6 @@ fn check_dir(flag: &str, d: &Path) -> Result<(), Failure> {
     }
 }
 
-/// A file a flag names: a regular file this user can read.
-fn check_readable(flag: &str, f: &Path) -> Result<(), Failure> {
-    match std::fs::File::open(f).and_then(|h| h.metadata()) {
-        Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(fail(
-            EXIT_USAGE,
-            format!("{flag} {} is not a regular file", f.display()),
-        )),
-        Err(e) => Err(fail(EXIT_USAGE, format!("{flag} {}: {e}", f.display()))),
-    }
-}
-
 /// The state directory: created if missing, a directory, this shipper's
 /// alone (its lock), its state readable and writable.
 fn lock_state(dir: &Path) -> Result<(state::Lock, state::Journal, state::State), Failure> {
@@ -515,57 +463,6 @@ fn raise_open_file_limit() -> usize {
         .saturating_sub(64)
 }
 
-/// Checks an `--nkey` seed now: the client would only parse it while
-/// connecting and report a refusal. The seed is secret: never echoed.
-fn check_nkey(seed: &str) -> Result<(), Failure> {
-    match nkeys::KeyPair::from_seed(seed.trim()) {
-        Ok(kp) if matches!(kp.key_pair_type(), nkeys::KeyPairType::User) => Ok(()),
-        Ok(kp) => Err(fail(
-            EXIT_USAGE,
-            format!(
-                "--nkey is a seed of type {:?}, not a user's: give the user's seed (SU…)",
-                kp.key_pair_type()
-            ),
-        )),
-        Err(e) => Err(fail(
-            EXIT_USAGE,
-            format!("--nkey is not a valid NKEY seed ({e}): give the user's seed, the SU… line `nk -gen user` or `nsc` printed"),
-        )),
-    }
-}
-
-async fn options(args: &Args) -> Result<async_nats::ConnectOptions, Failure> {
-    let mut o = async_nats::ConnectOptions::new();
-    if let Some(c) = &args.creds {
-        o = o
-            .credentials_file(c)
-            .await
-            .map_err(|e| fail(EXIT_USAGE, format!("--creds {}: {e}", c.display())))?;
-    }
-    if let (Some(u), Some(p)) = (&args.user, &args.password) {
-        o = o.user_and_password(u.clone(), p.clone());
-    }
-    if let Some(t) = &args.token {
-        o = o.token(t.clone());
-    }
-    if let Some(k) = &args.nkey {
-        o = o.nkey(k.trim().to_owned());
-    }
-    if let Some(ca) = &args.tls_ca {
-        o = o.add_root_certificates(ca.clone()).require_tls(true);
-    }
-    if let (Some(c), Some(k)) = (&args.tls_cert, &args.tls_key) {
-        o = o
-            .add_client_certificate(c.clone(), k.clone())
-            .require_tls(true);
-    }
-    Ok(o.name("logmon-ship")
-        .connection_timeout(Duration::from_secs(5))
-        // Reconnect forever while running; the files are the buffer.
-        .max_reconnects(None)
-        .retain_servers_order())
-}
-
 async fn serve(
     args: Args,
     checked: Checked,
@@ -617,28 +514,8 @@ async fn connect(
     args: &Args,
     checked: &Checked,
 ) -> Result<(async_nats::jetstream::Context, u64), Failure> {
-    use async_nats::ConnectErrorKind as K;
-    let opts = options(args).await?;
-    let shown = &checked.urls;
-    let client = opts.connect(checked.addrs.clone()).await.map_err(|e| {
-        // A failed handshake comes back as an io error: it is the
-        // configuration, not the network, so exit 1, not "try again later".
-        if let Some(t) = tls_error(&e) {
-            return fail(EXIT_FAILURE, tls_failure(shown, t));
-        }
-        match e.kind() {
-            K::AuthorizationViolation | K::Authentication => fail(
-                EXIT_FAILURE,
-                format!("the NATS server at {shown} refused the credentials: {e}"),
-            ),
-            K::Tls => fail(EXIT_FAILURE, format!("TLS with {shown} failed: {e}")),
-            K::ServerParse => fail(EXIT_USAGE, format!("bad NATS URL {shown:?}: {e}")),
-            _ => fail(
-                EXIT_TEMPFAIL,
-                format!("cannot reach the NATS server at {shown}: {e}"),
-            ),
-        }
-    })?;
+    let opts = options(&args.auth, "logmon-ship").await?;
+    let client = connect_client(opts, &checked.urls, &checked.addrs).await?;
     let max_payload = u64::try_from(client.server_info().max_payload)
         .unwrap_or(1 << 20)
         .saturating_sub(64 * 1024)
@@ -671,40 +548,6 @@ fn check_binds(name: &str, bound: &[String], subject: &Template) -> Result<(), F
             "JetStream stream {name:?} binds {bound:?}, not the subjects {want:?} of --subject: give a --subject the stream binds, or add {want:?} to the stream's subjects"
         ),
     ))
-}
-
-/// The TLS (rustls) error inside a connection's io error, if that is why
-/// it failed.
-fn tls_error(e: &async_nats::ConnectError) -> Option<&async_nats::rustls::Error> {
-    std::error::Error::source(e)?
-        .downcast_ref::<std::io::Error>()?
-        .get_ref()?
-        .downcast_ref::<async_nats::rustls::Error>()
-}
-
-/// One line naming TLS, what went wrong and what to check.
-fn tls_failure(shown: &str, e: &async_nats::rustls::Error) -> String {
-    use async_nats::rustls::{AlertDescription as A, Error as R};
-    match e {
-        R::InvalidCertificate(why) => format!(
-            "TLS with {shown} failed: the server's certificate is not trusted ({why:?}): check that --tls-ca names the CA that signed it and that the URL's host is in it"
-        ),
-        R::AlertReceived(
-            a @ (A::BadCertificate
-            | A::CertificateRequired
-            | A::UnknownCA
-            | A::UnsupportedCertificate
-            | A::CertificateExpired
-            | A::CertificateRevoked
-            | A::CertificateUnknown
-            | A::AccessDenied),
-        ) => format!(
-            "TLS with {shown} failed: the server refused the client certificate ({a:?}): check that --tls-cert and --tls-key are given and signed by a CA the server trusts"
-        ),
-        other => format!(
-            "TLS with {shown} failed: {other}: check --tls-ca, --tls-cert, --tls-key and the server's tls settings"
-        ),
-    }
 }
 
 /// Checks that `name` exists (or creates it with --create-stream) and

@@ -62,8 +62,10 @@
 //! size (as rotation cuts a line longer than a file).
 
 pub mod cli;
+pub mod connect;
 pub mod dirlock;
 mod exit;
+pub mod readback;
 mod round;
 pub mod scan;
 pub mod state;

@@ -220,6 +220,17 @@ impl Shipper {
             if let Some(ns) = t.stamp(p.file, off) {
                 h.insert("Logmon-Time", crate::shared::time::format_rfc3339(ns));
             }
+            // Each line's capture time as the index gives it (the reader
+            // stamps as the local one: super::readback::times).
+            let file = p.file;
+            t.settle(file, off + piece as u64 - 1);
+            let steps = super::readback::times::steps(|o| t.stamp_of(file, o), off, piece as u64);
+            if !steps.is_empty() {
+                h.insert(
+                    super::readback::times::HEADER,
+                    super::readback::times::encode(&steps),
+                );
+            }
             out.push((t.subject.clone(), h, buf.slice(at..at + piece)));
             at += piece;
         }

@@ -328,6 +328,42 @@ impl Template {
             .any(|p| matches!(p, Piece::Capture(_)))
     }
 
+    /// The subjects of one task's stream under this template, for a
+    /// reader (`logs --nats`): `{task}` and `{stream}` filled in as
+    /// [`Template::render`] fills them, every token holding another
+    /// placeholder `*` (it matches whatever the shipper put there).
+    pub fn reader_filter(&self, task: &str, stream: &str) -> String {
+        self.tokens
+            .iter()
+            .map(|tok| {
+                if tok
+                    .iter()
+                    .any(|p| matches!(p, Piece::Capture(_) | Piece::Meta(_)))
+                {
+                    return "*".to_owned();
+                }
+                let one = Template {
+                    tokens: vec![tok.clone()],
+                };
+                one.render(&SubjectValues {
+                    task,
+                    stream,
+                    captures: &[],
+                    meta: &BTreeMap::new(),
+                })
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// The position of the token that is `{task}` alone, if one is: where
+    /// a reader finds the tasks of a stream's subjects.
+    pub fn task_token(&self) -> Option<usize> {
+        self.tokens
+            .iter()
+            .position(|t| matches!(t.as_slice(), [Piece::Task]))
+    }
+
     /// The metadata keys the template uses.
     pub fn meta_keys(&self) -> BTreeSet<&str> {
         self.tokens

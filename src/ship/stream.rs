@@ -254,6 +254,19 @@ impl Tracked {
         self.open.as_mut().map(|o| o.stamper.stamp(n, offset).ns())
     }
 
+    /// See [`Stamper::settle`].
+    pub fn settle(&mut self, n: u64, offset: u64) {
+        if let Some(o) = self.open.as_mut() {
+            o.stamper.settle(n, offset);
+        }
+    }
+
+    /// As [`Self::stamp`], saying whether the time is indexed or
+    /// estimated (the `Logmon-Times` header: `crate::ship::readback`).
+    pub fn stamp_of(&mut self, n: u64, offset: u64) -> Option<crate::shared::index::Stamp> {
+        self.open.as_mut().map(|o| o.stamper.stamp(n, offset))
+    }
+
     /// The bytes `[start, end)` of the cursor's file `n`: those the plan
     /// read already (a window is read once), else read now.
     pub fn window_bytes(&mut self, n: u64, start: u64, end: u64) -> Result<Vec<u8>, WindowError> {

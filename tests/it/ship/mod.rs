@@ -11,6 +11,8 @@
 
 // The shipper against a hostile task and a node's worth of streams.
 mod hostile;
+// `logs --nats`: what the shipper published, read back.
+mod readback;
 // What the shipper used to do silently (or not at all).
 mod silent;
 

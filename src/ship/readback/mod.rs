@@ -1,0 +1,752 @@
+//! `logmon logs --nats URL --stream NAME --task T`: a task's logs read
+//! back from the JetStream stream `logmon ship` publishes into, printed
+//! byte for byte as `logmon logs --log-dir D --task T` prints them on the
+//! node with the same flags, capture times included (docs/guide.md, "Reading back: `logs --nats`").
+//!
+//! What it guarantees, and the tests that prove them
+//! (`tests/it/ship/readback.rs`):
+//!
+//! - **The same output as the local reader.** Pieces are cut and stamped
+//!   by the local reader's [`crate::readers::timeline::Assembler`] and written by its [`Style`]: one
+//!   code path for both readers. Each message carries its lines' capture
+//!   times as the node's index gives them (`Logmon-Times`, [`times`]), so
+//!   nothing is estimated centrally; a message of an older shipper (no
+//!   such header) reads with its `Logmon-Time` marked estimated (`~`), as
+//!   the local reader marks a line no index record covers
+//!   (`every_view_reads_back_as_the_local_reader_prints_it`).
+//! - **Only the task's lines.** `--subject` is the shipper's template,
+//!   parsed by the shipper's parser: `{task}` and `{stream}` are filled
+//!   in, any other placeholder matches any token, and each message's
+//!   `Logmon-Task` and `Logmon-Stream` are checked too (in
+//!   `every_view_…`, another task on the same stream is never printed).
+//! - **Read only.** An ephemeral consumer with ack policy none: nothing
+//!   is acknowledged, altered or deleted; it reads R1 and R3 streams and
+//!   goes on while one node of a cluster is down (the consumer is made
+//!   again at the next sequence: `reads_an_r3_stream_with_a_node_down`).
+//! - **Bounded.** A pull asks for at most 4 MiB; `-n`/`-c` find their
+//!   start by reading windows from the end, each four times the last, not
+//!   the whole stream (`benches/readback.sh` measures the peak RSS).
+//! - **Gaps said.** A gap record (bytes purged on the node before they
+//!   were shipped) is one note on stderr with the bytes it stands for
+//!   (`gap_records_are_said_and_the_rest_reads_as_locally`).
+//! - **The cursor** (`--cursor FILE`, the local reader's file and format:
+//!   the node's file number and offset per stream) is saved after each
+//!   write to stdout; a restart finds the message holding the position
+//!   by probing from the end, and resumes after the last line written
+//!   (`follow_picks_up_new_lines_and_a_killed_reader_resumes_from_its_cursor`).
+//!
+//! Errors, one line each: a server that cannot be reached 75, a missing
+//! stream 1, a task without messages 1 (naming the tasks there, unless
+//! following), a `--subject` that no subject of the stream can match 2.
+
+mod source;
+pub mod times;
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures_util::future::select_all;
+
+use self::source::{Source, Taken};
+pub use super::connect::Auth;
+pub use super::exit::Failure;
+use super::exit::{EXIT_FAILURE, EXIT_USAGE};
+use super::scan::{header_value, Template};
+use crate::readers::follow::Position;
+use crate::readers::timeline::{
+    trim_to_lines, CursorFile, CursorState, Piece, StreamCursor, Style, PARTIAL_WAIT,
+};
+use crate::shared::config::{Stream, TaskName};
+use crate::shared::time::now_ns;
+
+/// What to read back, and how to print it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `--nats`, as given.
+    pub urls: String,
+    /// `--stream`.
+    pub stream: String,
+    /// `--subject`, as given.
+    pub subject: String,
+    /// `--task`.
+    pub task: TaskName,
+    /// The streams read (both: merged).
+    pub streams: Vec<Stream>,
+    /// `--since`, `--until` (ns).
+    pub since: Option<i64>,
+    /// See `since`.
+    pub until: Option<i64>,
+    /// `-n`.
+    pub lines: Option<u64>,
+    /// `-c`.
+    pub bytes: Option<u64>,
+    /// `-f`.
+    pub follow: bool,
+    /// How pieces are written (the local reader's).
+    pub style: Style,
+    /// Whether estimated times are worth a note (times shown or used).
+    pub notes_times: bool,
+}
+
+/// Where the output goes: `write` takes the bytes (`false`: stdout is
+/// gone, the end).
+pub trait Sink {
+    /// Writes `bytes` to stdout.
+    fn write(&mut self, bytes: &[u8]) -> Result<bool, Failure>;
+}
+
+/// One line on stderr, prefixed `logmon: ` (best effort).
+fn note(text: &str) {
+    let _ = writeln!(std::io::stderr(), "logmon: {text}");
+}
+
+fn fail(code: i32, m: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: m.into(),
+    }
+}
+
+/// Checks what can be checked before connecting (exit 2): the URLs, the
+/// template, the auth flags.
+pub fn check(
+    req: &Request,
+    auth: &Auth,
+) -> Result<(Vec<async_nats::ServerAddr>, Template), Failure> {
+    let addrs = super::connect::parse_urls(&req.urls)?;
+    auth.check()?;
+    let t = Template::parse(&req.subject, 0).map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
+    Ok((addrs, t))
+}
+
+/// Reads back (see the module docs) until the end, or forever with `-f`.
+pub async fn run(
+    req: &Request,
+    auth: &Auth,
+    cursor: Option<&CursorFile>,
+    sink: &mut dyn Sink,
+) -> Result<(), Failure> {
+    let (addrs, template) = check(req, auth)?;
+    let opts = super::connect::options(auth, "logmon-logs").await?;
+    let client = super::connect::connect_client(opts, &req.urls, &addrs).await?;
+    let js = jetstream::new(client);
+    let mut st = get_stream(&js, &req.stream, &req.urls).await?;
+    let filters: Vec<(Stream, String)> = req
+        .streams
+        .iter()
+        .map(|&s| (s, template.reader_filter(req.task.as_str(), s.as_str())))
+        .collect();
+    check_subjects(&mut st, req, &filters).await?;
+    // The task is there when either of its streams is, as locally.
+    let both: Vec<(Stream, String)> = [Stream::Stdout, Stream::Stderr]
+        .iter()
+        .map(|&s| (s, template.reader_filter(req.task.as_str(), s.as_str())))
+        .collect();
+    check_task(&st, req, &template, &both).await?;
+    let saved = match cursor {
+        Some(c) => c
+            .load(&req.task)
+            .map_err(|e| fail(EXIT_FAILURE, e.to_string()))?,
+        None => None,
+    };
+    let mut srcs = Vec::new();
+    for (s, filter) in &filters {
+        let from = saved.as_ref().and_then(|c| c.get(*s));
+        srcs.push(open_source(&st, req, *s, filter, from).await?);
+    }
+    let mut state = saved.unwrap_or_else(|| CursorState {
+        version: crate::readers::timeline::CURSOR_VERSION,
+        task: req.task.as_str().to_owned(),
+        ..Default::default()
+    });
+    state.version = crate::readers::timeline::CURSOR_VERSION;
+    let tail = match (
+        cursor.is_some() && srcs.iter().any(|s| s.pos != StreamCursor::default()),
+        req.lines,
+    ) {
+        (false, Some(n)) => Some(n),
+        _ => None,
+    };
+    Drive {
+        req,
+        cursor,
+        sink,
+        noted: false,
+        style: req.style.clone(),
+        meta_seen: false,
+    }
+    .run(srcs, tail, &mut state)
+    .await
+}
+
+/// The stream `name`, or one line saying why not.
+async fn get_stream(
+    js: &jetstream::Context,
+    name: &str,
+    urls: &str,
+) -> Result<jetstream::stream::Stream, Failure> {
+    use async_nats::jetstream::context::GetStreamErrorKind as G;
+    use async_nats::jetstream::ErrorCode;
+    // A cluster that just lost a node answers once it elected a leader.
+    let mut tries = 0;
+    let got = loop {
+        match js.get_stream(name).await {
+            Err(e) if matches!(e.kind(), G::Request) && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            r => break r,
+        }
+    };
+    got.map_err(|e| match e.kind() {
+        G::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => fail(
+            EXIT_FAILURE,
+            format!("JetStream stream {name:?} does not exist at {urls}: check --stream (the shipper's)"),
+        ),
+        G::InvalidStreamName | G::EmptyName => {
+            fail(EXIT_USAGE, format!("{name:?} is not a valid JetStream stream name"))
+        }
+        G::Request => fail(
+            super::exit::EXIT_TEMPFAIL,
+            format!("cannot look up JetStream stream {name:?} at {urls}: {e}"),
+        ),
+        _ => fail(
+            EXIT_FAILURE,
+            format!("cannot look up JetStream stream {name:?} (is JetStream enabled on the server?): {e}"),
+        ),
+    })
+}
+
+/// Whether two subjects with wildcards can match one subject.
+fn overlap(a: &str, b: &str) -> bool {
+    let (mut x, mut y) = (a.split('.'), b.split('.'));
+    loop {
+        match (x.next(), y.next()) {
+            (None, None) => return true,
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(p), Some(q)) if p == q || p == "*" || q == "*" => {}
+            _ => return false,
+        }
+    }
+}
+
+/// A `--subject` none of the stream's subjects can match is a mistake
+/// of the command line (exit 2).
+async fn check_subjects(
+    st: &mut jetstream::stream::Stream,
+    req: &Request,
+    filters: &[(Stream, String)],
+) -> Result<(), Failure> {
+    let info = st.info().await.map_err(|e| {
+        fail(
+            EXIT_FAILURE,
+            format!("cannot look up stream {:?}: {e}", req.stream),
+        )
+    })?;
+    let bound = info.config.subjects.clone();
+    for (_, f) in filters {
+        if !bound.iter().any(|b| overlap(b, f)) {
+            return Err(fail(
+                EXIT_USAGE,
+                format!(
+                    "--subject {:?} gives {f} for task {}, which stream {:?} does not hold (it binds {}): give the shipper's --subject",
+                    req.subject,
+                    req.task.as_str(),
+                    req.stream,
+                    bound.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A task with no message in the stream: exit 1 naming the tasks there
+/// (a note while following: its first lines are waited for).
+async fn check_task(
+    st: &jetstream::stream::Stream,
+    req: &Request,
+    template: &Template,
+    filters: &[(Stream, String)],
+) -> Result<(), Failure> {
+    let mut any = false;
+    for (_, f) in filters {
+        let info = st.get_info().await.map_err(|e| {
+            fail(
+                EXIT_FAILURE,
+                format!("cannot look up stream {:?}: {e}", req.stream),
+            )
+        })?;
+        if info.state.messages == 0 {
+            break;
+        }
+        let s = st.clone();
+        let subjects = s.info_with_subjects(f.as_str()).await.map_err(|e| {
+            fail(
+                EXIT_FAILURE,
+                format!("cannot list the subjects of {:?}: {e}", req.stream),
+            )
+        })?;
+        if subjects_nonempty(subjects).await {
+            any = true;
+            break;
+        }
+    }
+    if any {
+        return Ok(());
+    }
+    let there = tasks_there(st, template).await;
+    let what = format!(
+        "no messages of task {} in stream {:?} ({there})",
+        req.task.as_str(),
+        req.stream
+    );
+    if req.follow {
+        note(&format!("note: {what}: waiting for its first lines"));
+        return Ok(());
+    }
+    Err(fail(EXIT_FAILURE, what))
+}
+
+async fn subjects_nonempty(mut s: jetstream::stream::InfoWithSubjects) -> bool {
+    use futures_util::TryStreamExt;
+    matches!(s.try_next().await, Ok(Some(_)))
+}
+
+/// "tasks there: a, b" from the stream's subjects (the token `{task}`
+/// stands alone in), at most ten named.
+async fn tasks_there(st: &jetstream::stream::Stream, template: &Template) -> String {
+    use futures_util::TryStreamExt;
+    let Some(at) = template.task_token() else {
+        return "its subjects do not name tasks".to_owned();
+    };
+    let mut tasks = std::collections::BTreeSet::new();
+    let s = st.clone();
+    if let Ok(mut subs) = s.info_with_subjects(template.filter()).await {
+        while let Ok(Some((subject, _))) = subs.try_next().await {
+            if let Some(t) = subject.split('.').nth(at) {
+                tasks.insert(t.to_owned());
+            }
+        }
+    }
+    match tasks.len() {
+        0 => "the stream holds no task's messages".to_owned(),
+        n if n <= 10 => format!(
+            "tasks there: {}",
+            tasks.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+        n => format!(
+            "tasks there: {}, and {} more",
+            tasks
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            n - 10
+        ),
+    }
+}
+
+/// Where a stream starts: after the cursor's position, at `--since`,
+/// `-n`/`-c` from the end, or the first message.
+async fn open_source(
+    st: &jetstream::stream::Stream,
+    req: &Request,
+    s: Stream,
+    filter: &str,
+    from: Option<StreamCursor>,
+) -> Result<Source, Failure> {
+    let info = st.get_info().await.map_err(|e| {
+        fail(
+            EXIT_FAILURE,
+            format!("cannot look up stream {:?}: {e}", req.stream),
+        )
+    })?;
+    let (first, last) = (info.state.first_sequence.max(1), info.state.last_sequence);
+    let task_header = header_value(req.task.as_str());
+    let mk = |seq: u64, from: Option<StreamCursor>, follow: bool| {
+        Source::new(
+            st.clone(),
+            filter.to_owned(),
+            task_header.clone(),
+            s,
+            seq,
+            from,
+            follow,
+        )
+    };
+    let probe_err = |e: String| fail(EXIT_FAILURE, e);
+    if let Some(c) = from {
+        let seq = probe_back(
+            first,
+            last,
+            |seq| {
+                let mut p = mk(seq, None, false);
+                async move { first_position(&mut p).await }
+            },
+            c.position(),
+        )
+        .await
+        .map_err(probe_err)?;
+        return Ok(mk(seq, Some(c), req.follow));
+    }
+    if let Some(t) = req.since {
+        let seq = seq_at_time(st, filter, t, last).await.map_err(probe_err)?;
+        return Ok(mk(seq, None, req.follow));
+    }
+    let want = match (req.lines, req.bytes) {
+        (Some(n), _) if req.until.is_none() => Some((Some(n), None)),
+        (None, Some(c)) => Some((None, Some(c))),
+        _ => None,
+    };
+    let Some((lines, bytes)) = want else {
+        return Ok(mk(first, None, req.follow));
+    };
+    let (seq, skip) = tail_start(first, last, lines, bytes, |lo| mk(lo, None, false))
+        .await
+        .map_err(probe_err)?;
+    let mut src = mk(seq, None, req.follow);
+    src.skip_bytes = skip;
+    Ok(src)
+}
+
+/// The position of the first message of the source (its task's).
+async fn first_position(p: &mut Source) -> Result<Option<Position>, String> {
+    while let Some(m) = p.next().await? {
+        if let Some(pos) = p.position_of(&m) {
+            return Ok(Some(pos));
+        }
+    }
+    Ok(None)
+}
+
+/// The sequence to start at to find the position `pos`: windows from the
+/// end, each four times the last, until the first message of one is at
+/// or before `pos`.
+async fn probe_back<F, Fut>(first: u64, last: u64, mut at: F, pos: Position) -> Result<u64, String>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Position>, String>>,
+{
+    let mut w = 64u64;
+    loop {
+        let lo = last.saturating_sub(w).max(first);
+        match at(lo).await? {
+            Some(p) if (p.index, p.offset) <= (pos.index, pos.offset) => return Ok(lo),
+            _ if lo == first => return Ok(first),
+            _ => w = w.saturating_mul(4),
+        }
+    }
+}
+
+/// The first sequence of `filter` published at or after `t` (capture
+/// precedes publication, so no line captured at or after `t` is before
+/// it); past the end when none is.
+async fn seq_at_time(
+    st: &jetstream::stream::Stream,
+    filter: &str,
+    t: i64,
+    last: u64,
+) -> Result<u64, String> {
+    use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+    use futures_util::StreamExt;
+    let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t))
+        .map_err(|e| e.to_string())?;
+    let c = st
+        .create_consumer(pull::Config {
+            filter_subject: filter.to_owned(),
+            ack_policy: AckPolicy::None,
+            deliver_policy: DeliverPolicy::ByStartTime { start_time },
+            inactive_threshold: Duration::from_secs(30),
+            memory_storage: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create a consumer on {filter}: {e}"))?;
+    if c.cached_info().num_pending == 0 {
+        return Ok(last + 1);
+    }
+    let mut b = c
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .map_err(|e| format!("cannot read {filter}: {e}"))?;
+    match b.next().await {
+        Some(Ok(m)) => m
+            .info()
+            .map(|i| i.stream_sequence)
+            .map_err(|e| e.to_string()),
+        Some(Err(e)) => Err(format!("cannot read {filter}: {e}")),
+        None => Ok(last + 1),
+    }
+}
+
+/// Where `-n`/`-c` start: windows from the end, each four times the last,
+/// until one holds more than `lines` newlines or `bytes` bytes of the
+/// task's stream (or is the whole stream); with `bytes`, how many bytes
+/// of the window come before the last `bytes`.
+async fn tail_start<F>(
+    first: u64,
+    last: u64,
+    lines: Option<u64>,
+    bytes: Option<u64>,
+    mut mk: F,
+) -> Result<(u64, u64), String>
+where
+    F: FnMut(u64) -> Source,
+{
+    let (mut hi, mut w) = (last + 1, 256u64);
+    let (mut nl, mut total) = (0u64, 0u64);
+    loop {
+        let lo = hi.saturating_sub(w).max(first);
+        let mut p = mk(lo);
+        while let Some(m) = p.next().await? {
+            let seq = m.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
+            if seq >= hi {
+                break;
+            }
+            if p.position_of(&m).is_some() {
+                total += m.message.payload.len() as u64;
+                nl += memchr::memchr_iter(b'\n', &m.message.payload).count() as u64;
+            }
+        }
+        let enough = lines.is_some_and(|n| nl > n) || bytes.is_some_and(|c| total >= c);
+        if enough || lo == first {
+            return Ok((lo, bytes.map_or(0, |c| total.saturating_sub(c))));
+        }
+        hi = lo;
+        w = w.saturating_mul(4);
+    }
+}
+
+/// How [`Drive::run`] writes.
+struct Drive<'a> {
+    req: &'a Request,
+    cursor: Option<&'a CursorFile>,
+    sink: &'a mut dyn Sink,
+    noted: bool,
+    /// How pieces are written: the request's, with `attrs` from the
+    /// messages' metadata.
+    style: Style,
+    meta_seen: bool,
+}
+
+impl Drive<'_> {
+    /// Reads every stream as far as the server has it, writes the pieces
+    /// in time order (stdout first on a tie) as the local reader does,
+    /// saves the cursor after each write, then waits (`-f`) or ends.
+    async fn run(
+        &mut self,
+        mut srcs: Vec<Source>,
+        mut tail: Option<u64>,
+        state: &mut CursorState,
+    ) -> Result<(), Failure> {
+        let mut held: VecDeque<Piece> = VecDeque::new();
+        let mut out = Vec::new();
+        loop {
+            self.read_available(&mut srcs).await?;
+            self.write_in_order(&mut srcs, tail, &mut held, state, &mut out);
+            let caught_up = srcs
+                .iter()
+                .all(|s| s.done || (s.caught_up && s.asm.out.is_empty()));
+            if caught_up && tail.is_some() {
+                for p in held.drain(..) {
+                    self.style.write(&p, &mut out);
+                }
+                tail = None;
+            }
+            if !out.is_empty() {
+                if !self.flush(&mut out, state)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            if !caught_up {
+                continue;
+            }
+            if !self.req.follow || srcs.iter().all(|s| s.done) {
+                return Ok(());
+            }
+            self.wait(&mut srcs).await?;
+        }
+    }
+
+    /// Reads, in every stream not caught up, up to 256 pieces; at the end
+    /// (not following, or a partial line's deadline) the partial line is
+    /// cut, as the local reader cuts it.
+    async fn read_available(&mut self, srcs: &mut [Source]) -> Result<(), Failure> {
+        for s in srcs.iter_mut().filter(|s| !s.done) {
+            while s.asm.out.len() < 256 && !s.caught_up {
+                match s.next().await.map_err(|e| fail(EXIT_FAILURE, e))? {
+                    Some(m) => self.take(s, &m),
+                    None => break,
+                }
+            }
+            if s.caught_up && (!self.req.follow || s.last_data.elapsed() >= PARTIAL_WAIT) {
+                s.asm.cut();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes message `m` of `s`, with its notes.
+    fn take(&mut self, s: &mut Source, m: &jetstream::Message) {
+        let taken = s.take(m);
+        if matches!(taken, Taken::Data { .. })
+            && self.style.format == crate::readers::timeline::Format::Json
+            && !self.meta_seen
+        {
+            // The metadata of the task's first message (as the local
+            // reader loads it once): `attrs` when it has any.
+            let meta = Source::meta_of(m);
+            self.style.attrs = Some(meta).filter(|m| !m.is_empty());
+            self.meta_seen = true;
+        }
+        match taken {
+            Taken::Gap(b, files) => note(&format!(
+                "note: skipped {b} bytes ({files} files) of {}'s {}: purged on the node before they were shipped (a gap record)",
+                self.req.task.as_str(),
+                s.stream
+            )),
+            Taken::Data { estimated: true } if self.req.notes_times && !self.noted => {
+                self.noted = true;
+                note("note: the capture times of some lines are estimated (shipped by a logmon ship that did not send them)");
+            }
+            Taken::Data { .. } | Taken::Skipped => {}
+        }
+    }
+
+    /// As the local reader: the earliest head first while no stream not
+    /// caught up may still hold an earlier line; `-n` into `held`.
+    fn write_in_order(
+        &self,
+        srcs: &mut [Source],
+        tail: Option<u64>,
+        held: &mut VecDeque<Piece>,
+        state: &mut CursorState,
+        out: &mut Vec<u8>,
+    ) {
+        loop {
+            let mut best: Option<(usize, i64)> = None;
+            let mut blocked = false;
+            for (i, s) in srcs.iter_mut().enumerate() {
+                if s.done {
+                    continue;
+                }
+                match s.head(self.req.since, self.req.until) {
+                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
+                    Some(_) => {}
+                    None if !s.caught_up && !s.done => blocked = true,
+                    None => {}
+                }
+            }
+            let Some((i, _)) = best.filter(|_| !blocked) else {
+                break;
+            };
+            let s = &mut srcs[i];
+            let Some(p) = s.asm.out.pop_front() else {
+                break;
+            };
+            s.pos = StreamCursor {
+                index: p.end.index,
+                offset: p.end.offset,
+                mid_line: !p.ends_line,
+            };
+            state.set(p.stream, s.pos);
+            match tail {
+                Some(n) => {
+                    held.push_back(p);
+                    trim_to_lines(held, n);
+                }
+                None => self.style.write(&p, out),
+            }
+            if out.len() >= 64 * 1024 {
+                break;
+            }
+        }
+    }
+
+    /// Writes `out` and saves the cursor; `false` when stdout is gone.
+    fn flush(&mut self, out: &mut Vec<u8>, state: &CursorState) -> Result<bool, Failure> {
+        if !self.sink.write(out)? {
+            return Ok(false);
+        }
+        out.clear();
+        if let Some(c) = self.cursor {
+            c.save(state)
+                .map_err(|e| fail(EXIT_FAILURE, e.to_string()))?;
+        }
+        Ok(true)
+    }
+
+    /// Following, caught up: waits for a message of any stream, a partial
+    /// line's deadline, or the end of `--until` (and its grace of 1 s).
+    async fn wait(&mut self, srcs: &mut [Source]) -> Result<(), Failure> {
+        let partial = srcs
+            .iter()
+            .filter(|s| !s.done && s.asm.has_partial())
+            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
+            .min();
+        let until_left = self.req.until.map(|u| {
+            let left = u.saturating_add(1_000_000_000).saturating_sub(now_ns());
+            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
+        });
+        let sleep_for = partial.into_iter().chain(until_left).min();
+        let got = {
+            let waits = srcs
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| !s.done)
+                .map(|(i, s)| Box::pin(async move { (i, s.next().await) }));
+            tokio::select! {
+                ((i, r), _, _) = select_all(waits) => Some((i, r)),
+                () = sleep_or_never(sleep_for) => None,
+            }
+        };
+        match got {
+            Some((i, r)) => {
+                if let Some(m) = r.map_err(|e| fail(EXIT_FAILURE, e))? {
+                    let s = &mut srcs[i];
+                    self.take(s, &m);
+                }
+            }
+            None => {
+                if self
+                    .req
+                    .until
+                    .is_some_and(|u| now_ns() > u.saturating_add(1_000_000_000))
+                {
+                    for s in srcs.iter_mut() {
+                        if s.caught_up && s.asm.out.is_empty() {
+                            s.done = true;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn subjects_overlap_as_nats_matches_them() {
+        use super::overlap;
+        assert!(overlap("logmon.*.*", "logmon.web.stdout"));
+        assert!(overlap("logs.>", "logs.*.web.stdout"));
+        assert!(!overlap("logmon.*.*", "logs.web.stdout"));
+        assert!(!overlap("logmon.*", "logmon.web.stdout"));
+    }
+}

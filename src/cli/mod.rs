@@ -22,6 +22,7 @@ use crate::shared::config::{self, CaptureConfig, ConfigError, TaskName, WriteErr
 mod control;
 #[allow(unsafe_code)] // the command's pre_exec
 mod exec;
+mod gc;
 #[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
 mod ls;
@@ -227,6 +228,9 @@ pub enum Command {
     /// List every logmon of the node: state, rates, drops, errors, files, lag.
     #[command(after_help = ls::HELP)]
     Ls(LsArgs),
+    /// Remove what stopped tasks left: FIFOs, locks, sockets, indexes; old logs with --older-than.
+    #[command(after_help = gc::HELP)]
+    Gc(gc::GcArgs),
     /// Publish the node's task logs into NATS JetStream, exactly once
     /// (execs `logmon-ship` beside this binary; 'logmon ship --help').
     #[command(disable_help_flag = true)]
@@ -498,6 +502,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         }
         Command::Exec(a) => exec::run(&a),
         Command::Ls(a) => ls::run(&a),
+        Command::Gc(a) => gc::run(&a),
         Command::Ship(a) => exec_ship(&a),
     };
     match result {

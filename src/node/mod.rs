@@ -32,6 +32,7 @@
 pub mod ask;
 pub mod carry;
 pub mod find;
+pub mod gc;
 pub mod metrics;
 pub mod serve;
 

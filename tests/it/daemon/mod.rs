@@ -8,5 +8,6 @@ mod daemon_binary;
 mod faults;
 mod hostile;
 mod hostile_daemon;
+mod rate_limit;
 mod rotation_props;
 mod systemd;

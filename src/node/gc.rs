@@ -22,7 +22,7 @@
 //! What it removes of a stopped task: its default FIFOs, socket, drop
 //! ledgers, diagnostics log, indexes whose log file is gone, and its lock
 //! (last, while holding it); with `--older-than AGE`, once the task's
-//! newest file is older than AGE, its log files (plain and compressed),
+//! newest file is older than AGE, its log files,
 //! their indexes, the shipper's positions and its metadata too. Every
 //! name is looked at and removed through the directory's handle
 //! (`fstatat`/`unlinkat`, never following a link); removing a name never
@@ -356,7 +356,7 @@ fn carry_out(dir: &Dir, v: &TaskView, p: Planned, dry_run: bool) -> Entry {
 enum Kind {
     /// Left by a logmon that ran: always removed once it stopped.
     Leftover(&'static str, SFlag),
-    /// A log file (plain or compressed) of a stream.
+    /// A log file of a stream.
     Log(Stream, u64),
     /// A log file's capture-time index.
     Index(Stream, u64),
@@ -375,12 +375,6 @@ fn kind(name: &str, task: &TaskName) -> Option<Kind> {
         }
         if let Some(n) = names::parse_index_name(name, task, s) {
             return Some(Kind::Index(s, n));
-        }
-        if let Some(n) = name
-            .strip_suffix(".zst")
-            .and_then(|p| names::parse_index(p, task, s))
-        {
-            return Some(Kind::Log(s, n));
         }
         let fixed = [
             (
@@ -586,10 +580,6 @@ mod tests {
     fn only_the_tasks_own_names_are_sorted_into_kinds() {
         let t = TaskName::new("web").unwrap();
         assert_eq!(kind("web.stdout.3", &t), Some(Kind::Log(Stream::Stdout, 3)));
-        assert_eq!(
-            kind("web.stderr.3.zst", &t),
-            Some(Kind::Log(Stream::Stderr, 3))
-        );
         assert_eq!(
             kind(".web.stdout.3.idx", &t),
             Some(Kind::Index(Stream::Stdout, 3))

@@ -47,6 +47,13 @@ fn gc_cleans_a_stopped_task_and_never_touches_a_running_one() {
     stopped_task(&logs, "done");
     let web = Daemon::start(&logs, "web", &[]);
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 0, 10);
+    // Its files all made before the listing is taken.
+    assert!(wait_until(PATIENCE, || {
+        let n = names(&logs);
+        ["web.stdout.0", ".web.stdout.0.idx", ".web.stdout.hwm"]
+            .iter()
+            .all(|x| n.contains(*x))
+    }));
     let before = names(&logs);
     assert!(before.contains(".done.stdout.fifo") && before.contains(".done.logmon.lock"));
 

@@ -39,6 +39,13 @@
 //!   (`tests/it/daemon/capture.rs::capture_times_are_recorded_beside_byte_identical_files`,
 //!   `kill_9_mid_stream_loses_no_line`).
 //!
+//! - **`--rate-limit`** (docs/design.md §16): the one exception to "no
+//!   byte leaves the pipe before it is in a file", by the operator's
+//!   choice: over the limit, whole lines are discarded, counted in
+//!   [`StreamStats::bytes_suppressed`] and announced by one marker line
+//!   ([`limit`]; consulted at one point, before a write;
+//!   `tests/it/daemon/rate_limit.rs`).
+//!
 //! [`StreamCapture`] is the synchronous state machine, driven by a
 //! [`Source`]; [`Pump`] drives it from a FIFO in the daemon's event loop.
 

@@ -248,6 +248,8 @@ mod tests {
         cfg.keep_unshipped = 1 << 20;
         cfg.max_delay = std::time::Duration::from_millis(7);
         cfg.no_sandbox = true;
+        cfg.rate_limit = Some(1 << 20);
+        cfg.rate_burst = Some(8192);
         cfg.meta.insert_pair("job=web").expect("meta");
         let args = crate::agent::launch::run_args(&cfg);
         assert_eq!(args[0], "run");
@@ -319,6 +321,9 @@ mod tests {
             Just("2s".to_string()),
             Just("61s".to_string()),
             Just("99999999999GiB".to_string()),
+            Just("1MiB/s".to_string()),
+            Just("-1KiB/s".to_string()),
+            Just("4096".to_string()),
             Just(String::new()),
         ];
         let flag = prop_oneof![
@@ -335,6 +340,8 @@ mod tests {
             Just("--meta"),
             Just("--max-delay"),
             Just("--no-sandbox"),
+            Just("--rate-limit"),
+            Just("--rate-burst"),
             Just("--tsak"),
         ];
         (flag, value, 0..3u8).prop_map(|(f, v, form)| match (f, form) {

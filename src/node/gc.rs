@@ -15,6 +15,8 @@
 //! - the high-water mark `.<task>.<stream>.hwm` (a few bytes): a stream's
 //!   file numbers are never reused (docs/design.md §11), so a cursor or
 //!   the shipper's position never points into a different file;
+//! - a FIFO some process still has open (`/proc/*/fd`): the task of a
+//!   stopped logmon may still be writing into it;
 //! - any name logmon did not make (a symlink, a hard link, a file or FIFO
 //!   of another uid): reported, never removed; and every name in a
 //!   directory others can rename names in (no sticky bit).
@@ -32,7 +34,7 @@
 //! untouched, unshipped bytes kept, `--dry-run`, `--older-than`, names
 //! planted by uid 65534 against a root gc, the errors).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -173,10 +175,46 @@ pub fn gc(scope: &Scope, opts: &Options) -> Result<Report, GcError> {
             .collect(),
         ..Report::default()
     };
+    let open = open_fifos();
     for v in survey.tasks.iter().filter(|v| chosen(v)) {
-        collect_task(v, opts, &mut report.entries);
+        collect_task(v, opts, &open, &mut report.entries);
     }
     Ok(report)
+}
+
+/// The FIFOs some process has open now (device, inode), from
+/// `/proc/*/fd`: a task whose logmon stopped may still be writing into
+/// its FIFO, and removing the name would cut it off from the next
+/// logmon. Processes whose descriptors this user cannot see are missed
+/// (root sees all).
+fn open_fifos() -> HashSet<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        if !p
+            .file_name()
+            .as_encoded_bytes()
+            .iter()
+            .all(u8::is_ascii_digit)
+        {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            // The magic link's target, stat'ed without opening it.
+            if let Ok(m) = std::fs::metadata(fd.path()) {
+                if m.file_type().is_fifo() {
+                    out.insert((m.dev(), m.ino()));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Whether gc may touch a task in `state`: nothing holds its lock.
@@ -197,7 +235,7 @@ fn task_entry(v: &TaskView, action: Action, why: String) -> Entry {
 }
 
 /// Collects one task: checks, takes its lock, removes (module docs).
-fn collect_task(v: &TaskView, opts: &Options, out: &mut Vec<Entry>) {
+fn collect_task(v: &TaskView, opts: &Options, open: &HashSet<(u64, u64)>, out: &mut Vec<Entry>) {
     if !collectable(v.state) {
         let pid = v.pid.map_or_else(String::new, |p| format!(", pid {p}"));
         out.push(task_entry(
@@ -246,7 +284,7 @@ fn collect_task(v: &TaskView, opts: &Options, out: &mut Vec<Entry>) {
             }
         }
     };
-    let plan = match plan(&dir, v, opts) {
+    let plan = match plan(&dir, v, opts, open) {
         Ok(p) => p,
         Err(e) => {
             out.push(task_entry(
@@ -436,7 +474,12 @@ struct Seen {
 }
 
 /// Every name gc would remove or keep of the task in `dir`, the lock aside.
-fn plan(dir: &Dir, v: &TaskView, opts: &Options) -> std::io::Result<Vec<Planned>> {
+fn plan(
+    dir: &Dir,
+    v: &TaskView,
+    opts: &Options,
+    open: &HashSet<(u64, u64)>,
+) -> std::io::Result<Vec<Planned>> {
     let trust = dir.trust()?;
     let mut seen = Vec::new();
     let mut out = Vec::new();
@@ -471,6 +514,14 @@ fn plan(dir: &Dir, v: &TaskView, opts: &Options) -> std::io::Result<Vec<Planned>
         .collect();
     let hold = holds(v, &seen, opts);
     for s in seen {
+        let in_use = is_type(&s.st, SFlag::S_IFIFO) && open.contains(&(s.st.st_dev, s.st.st_ino));
+        if in_use {
+            out.push(Planned::keep(
+                s.name,
+                "a process still has this FIFO open (the task, still writing?): without its name the next logmon could not reach it".into(),
+            ));
+            continue;
+        }
         out.push(decide(s, &logs, &hold));
     }
     Ok(out)

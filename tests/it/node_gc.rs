@@ -248,6 +248,26 @@ fn gc_as_root_leaves_names_a_task_planted_alone() {
 }
 
 #[test]
+fn a_fifo_the_task_still_holds_open_is_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    stopped_task(&logs, "done");
+    // The task still runs, its stdout open, while its logmon is stopped.
+    let task_end =
+        logmon::internals::fifo::open_task_end(&fifo(&logs, "done", Stream::Stdout)).unwrap();
+    let out = gc(&logs, &[]);
+    assert_exit(&out, 0);
+    let said = text(&out.stdout);
+    assert!(names(&logs).contains(".done.stdout.fifo"), "{said}");
+    assert!(!names(&logs).contains(".done.stderr.fifo"), "{said}");
+    assert!(said.contains("still has this FIFO open"), "{said}");
+    drop(task_end);
+    assert_exit(&gc(&logs, &[]), 0);
+    assert!(!names(&logs).contains(".done.stdout.fifo"));
+}
+
+#[test]
 fn gc_refuses_bad_input_in_one_line() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("logs");

@@ -114,6 +114,14 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
         a.push("--keep-unshipped".into());
         a.push(cfg.keep_unshipped.to_string().into());
     }
+    if let Some(rate) = cfg.rate_limit {
+        a.push("--rate-limit".into());
+        a.push(format!("{rate}/s").into());
+    }
+    if let Some(burst) = cfg.rate_burst {
+        a.push("--rate-burst".into());
+        a.push(burst.to_string().into());
+    }
     for (k, v) in cfg.meta.iter() {
         a.push("--meta".into());
         a.push(format!("{k}={v}").into());

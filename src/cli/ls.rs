@@ -34,9 +34,10 @@ States:
 
 Columns: B/S is the bytes captured per second: by default the logmon's captured bytes
 over its uptime (the average since it started); with --interval D, the bytes captured
-between two samples D apart. DROPPED, WERR (write errors) and FOREIGN (names taken by
-something logmon did not make) are the running logmon's counts since it started. FILES
-and DISK are the task's log files present and the space they and their indexes take.
+between two samples D apart. DROPPED, SUPPR (bytes over --rate-limit, dropped by the
+operator's choice), WERR (write errors) and FOREIGN (names taken by something logmon did
+not make) are the running logmon's counts since it started. FILES and DISK are the task's
+log files present and the space they and their indexes take.
 With --state-dir (the shipper's): LAG (bytes not yet acknowledged by JetStream), LAG_S
 (age of the oldest of them) and GAPS (bytes purged before they were shipped).
 
@@ -228,11 +229,15 @@ fn note_of(v: &TaskView) -> String {
     parts.join("; ")
 }
 
+/// The table's columns before the shipper's.
+const HEAD: [&str; 11] = [
+    "TASK", "STATE", "PID", "B/S", "DROPPED", "SUPPR", "WERR", "FOREIGN", "SANDBOX", "FILES",
+    "DISK",
+];
+
 /// The listing as a table, one line per task.
 fn table(s: &Survey, with_ship: bool) -> String {
-    let mut head = vec![
-        "TASK", "STATE", "PID", "B/S", "DROPPED", "WERR", "FOREIGN", "SANDBOX", "FILES", "DISK",
-    ];
+    let mut head = HEAD.to_vec();
     if with_ship {
         head.extend(["LAG", "LAG_S", "GAPS"]);
     }
@@ -253,6 +258,7 @@ fn table(s: &Survey, with_ship: bool) -> String {
             v.bytes_per_sec
                 .map_or_else(dash, |r| human(r.round() as u64)),
             both(|s| s.bytes_dropped).map_or_else(dash, human),
+            both(|s| s.bytes_suppressed).map_or_else(dash, human),
             both(|s| s.write_errors).map_or_else(dash, |n| n.to_string()),
             stats
                 .map(|s| s.foreign_names + s.stdout.foreign_names + s.stderr.foreign_names)

@@ -24,6 +24,7 @@ mod containerd;
 mod control;
 #[allow(unsafe_code)] // the command's pre_exec
 mod exec;
+mod gc;
 #[allow(unsafe_code)] // registering stdout's fd with the runtime
 mod logs;
 mod ls;
@@ -248,6 +249,9 @@ pub enum Command {
     /// List every logmon of the node: state, rates, drops, errors, files, lag.
     #[command(after_help = ls::HELP)]
     Ls(LsArgs),
+    /// Remove what stopped tasks left: FIFOs, locks, sockets, indexes; old logs with --older-than.
+    #[command(after_help = gc::HELP)]
+    Gc(gc::GcArgs),
     /// Publish the node's task logs into NATS JetStream, exactly once
     /// (execs `logmon-ship` beside this binary; 'logmon ship --help').
     #[command(disable_help_flag = true)]
@@ -278,6 +282,10 @@ fn exec_ship(a: &ShipArgs) -> Result<i32, CliError> {
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     config::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    config::parse_rate(s).map_err(|e| e.to_string())
 }
 
 fn parse_pipe_size_arg(s: &str) -> Result<u64, String> {
@@ -337,6 +345,15 @@ pub struct RunArgs {
     /// directory). 0: purge as usual.
     #[arg(long, env = "LOGMON_KEEP_UNSHIPPED", default_value_t = 0, value_parser = parse_size_arg, allow_negative_numbers = true)]
     pub keep_unshipped: u64,
+    /// Limit each stream to RATE bytes per second (e.g. 1MiB/s): over it,
+    /// whole lines are dropped (never blocking the task), counted, and
+    /// announced by one `logmon: suppressed N bytes (rate limit)` line.
+    #[arg(long, env = "LOGMON_RATE_LIMIT", value_name = "RATE", value_parser = parse_rate_arg, allow_hyphen_values = true)]
+    pub rate_limit: Option<u64>,
+    /// Burst of --rate-limit: bytes a stream may write at once after a
+    /// quiet spell (at least 4KiB) [default: one second of the rate].
+    #[arg(long, env = "LOGMON_RATE_BURST", value_name = "SIZE", value_parser = parse_size_arg, allow_negative_numbers = true)]
+    pub rate_burst: Option<u64>,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
@@ -368,6 +385,8 @@ impl RunArgs {
         c.max_delay = self.max_delay;
         c.no_sandbox = self.no_sandbox;
         c.keep_unshipped = self.keep_unshipped;
+        c.rate_limit = self.rate_limit;
+        c.rate_burst = self.rate_burst;
         // Read by hand rather than by clap's `env`: its delimiter would
         // also split a `--meta` value at its commas.
         c.meta = crate::shared::meta::Meta::from_args(
@@ -524,6 +543,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         }
         Command::Exec(a) => exec::run(&a),
         Command::Ls(a) => ls::run(&a),
+        Command::Gc(a) => gc::run(&a),
         Command::Ship(a) => exec_ship(&a),
     };
     match result {

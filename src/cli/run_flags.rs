@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use crate::shared::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
 
 /// Each flag that takes a value, with its variable.
-const VALUED: [(&str, &str); 11] = [
+const VALUED: [(&str, &str); 13] = [
     ("--task", "LOGMON_TASK"),
     ("--log-dir", "LOGMON_LOG_DIR"),
     ("--stdout-fifo", "LOGMON_STDOUT_FIFO"),
@@ -34,6 +34,8 @@ const VALUED: [(&str, &str); 11] = [
     ("--pipe-size", "LOGMON_PIPE_SIZE"),
     ("--keep-unshipped", "LOGMON_KEEP_UNSHIPPED"),
     ("--max-delay", "LOGMON_MAX_DELAY"),
+    ("--rate-limit", "LOGMON_RATE_LIMIT"),
+    ("--rate-burst", "LOGMON_RATE_BURST"),
 ];
 const NO_SANDBOX: (&str, &str) = ("--no-sandbox", "LOGMON_NO_SANDBOX");
 const META: &str = "--meta";
@@ -189,6 +191,14 @@ impl Given {
         cfg.max_file_size = self.size("--max-file-size", config::DEFAULT_MAX_FILE_SIZE, env)?;
         cfg.pipe_size = self.size("--pipe-size", config::DEFAULT_PIPE_SIZE, env)?;
         cfg.keep_unshipped = self.size("--keep-unshipped", 0, env)?;
+        cfg.rate_limit = match self.text("--rate-limit", env)? {
+            Some(s) => Some(config::parse_rate(&s).ok()?),
+            None => None,
+        };
+        cfg.rate_burst = match self.text("--rate-burst", env)? {
+            Some(_) => Some(self.size("--rate-burst", 0, env)?),
+            None => None,
+        };
         cfg.max_delay = match self.text("--max-delay", env)? {
             Some(s) => config::parse_delay(&s).ok()?,
             None => config::DEFAULT_MAX_DELAY,
@@ -238,6 +248,8 @@ mod tests {
         cfg.keep_unshipped = 1 << 20;
         cfg.max_delay = std::time::Duration::from_millis(7);
         cfg.no_sandbox = true;
+        cfg.rate_limit = Some(1 << 20);
+        cfg.rate_burst = Some(8192);
         cfg.meta.insert_pair("job=web").expect("meta");
         let args = crate::agent::launch::run_args(&cfg);
         assert_eq!(args[0], "run");
@@ -309,6 +321,9 @@ mod tests {
             Just("2s".to_string()),
             Just("61s".to_string()),
             Just("99999999999GiB".to_string()),
+            Just("1MiB/s".to_string()),
+            Just("-1KiB/s".to_string()),
+            Just("4096".to_string()),
             Just(String::new()),
         ];
         let flag = prop_oneof![
@@ -325,6 +340,8 @@ mod tests {
             Just("--meta"),
             Just("--max-delay"),
             Just("--no-sandbox"),
+            Just("--rate-limit"),
+            Just("--rate-burst"),
             Just("--tsak"),
         ];
         (flag, value, 0..3u8).prop_map(|(f, v, form)| match (f, form) {

@@ -596,11 +596,9 @@ fn serve_until_stopped(
     let (signals, poller) = watch_signals()?;
     let [r_out, r_err] = s.rotators;
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
-        Rc::new(RefCell::new(StreamCapture::new(
-            stream,
-            r,
-            cfg.on_write_error,
-        )))
+        Rc::new(RefCell::new(
+            StreamCapture::new(stream, r, cfg.on_write_error).with_rate(cfg.rate()),
+        ))
     });
     let stored = systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
     let pumps = make_pumps(s.fifos, &captures, cfg.max_delay)?;

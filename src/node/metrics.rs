@@ -83,7 +83,7 @@ type Gauges = Family<Labels, Gauge>;
 type FloatGauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
 /// The process counters of a stream, carried in this order.
-const STREAM_PROCESS: usize = 4;
+const STREAM_PROCESS: usize = 5;
 
 /// Every family, registered once per exposition.
 #[derive(Default)]
@@ -99,6 +99,7 @@ struct Families {
     write_errors: Counters,
     rotations: Counters,
     index_errors: Counters,
+    suppressed: Counters,
     files: Gauges,
     disk: Gauges,
     planted: Gauges,
@@ -115,6 +116,18 @@ struct Families {
 }
 
 impl Families {
+    /// The counters of one stream's process figures, in the order of
+    /// `task_series`'s array.
+    fn stream_process(&self) -> [&Counters; STREAM_PROCESS] {
+        [
+            &self.dropped,
+            &self.write_errors,
+            &self.rotations,
+            &self.index_errors,
+            &self.suppressed,
+        ]
+    }
+
     /// Every family, registered in `reg` in the order of the exposition:
     /// the logmons', their files', the shipper's.
     fn register(reg: &mut Registry) -> Families {
@@ -150,6 +163,11 @@ impl Families {
             self.rotations.clone(),
         );
         reg.register("logmon_index_errors", "Failed writes of the stream's capture-time index or high-water mark (the log file was written all the same), over restarts", self.index_errors.clone());
+        reg.register(
+            "logmon_suppressed_bytes",
+            "Bytes of whole lines dropped because the stream was over --rate-limit, over restarts",
+            self.suppressed.clone(),
+        );
     }
 
     /// A stream's files in the log directory, and whether they are
@@ -336,6 +354,7 @@ fn task_series(f: &Families, v: &TaskView, store: &mut Store) {
                 st.write_errors,
                 st.rotations,
                 st.index_errors,
+                st.bytes_suppressed,
             ];
             (i.as_str(), c)
         });
@@ -343,10 +362,7 @@ fn task_series(f: &Families, v: &TaskView, store: &mut Store) {
             &format!("{key}/process"),
             current.as_ref().map(|(i, c)| (*i, c.as_slice())),
         ) {
-            for (fam, x) in [&f.dropped, &f.write_errors, &f.rotations, &f.index_errors]
-                .into_iter()
-                .zip(t)
-            {
+            for (fam, x) in f.stream_process().into_iter().zip(t) {
                 counter(fam, &l, x);
             }
         }

@@ -21,7 +21,8 @@
 //! The figures exposed as counters never go down over a logmon's restart:
 //! [`carry`] says how. [`metrics`] encodes a survey (and the shipper's own
 //! figures) with `prometheus-client`; [`serve`] answers Prometheus's
-//! scrapes for the shipper.
+//! scrapes for the shipper. [`gc`] removes what stopped tasks left
+//! (`logmon gc`), on the same survey.
 //!
 //! Tests: the unit tests of each module; `tests/it/node.rs` (every state
 //! for real, planted sockets and locks, a hung socket costing at most its
@@ -32,6 +33,7 @@
 pub mod ask;
 pub mod carry;
 pub mod find;
+pub mod gc;
 pub mod metrics;
 pub mod serve;
 

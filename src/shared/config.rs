@@ -190,6 +190,12 @@ pub struct CaptureConfig {
     /// shipper while it has not read them (`--keep-unshipped`, DESIGN.md
     /// §12); 0: none.
     pub keep_unshipped: u64,
+    /// Bytes per second each stream may write (`--rate-limit`,
+    /// docs/design.md §16); `None`: no limit.
+    pub rate_limit: Option<u64>,
+    /// Depth of each stream's token bucket (`--rate-burst`); `None`: one
+    /// second of the rate, at least [`MIN_RATE_BURST`].
+    pub rate_burst: Option<u64>,
     /// The task's metadata (`--meta KEY=VALUE`, DESIGN.md §11): shown in
     /// `status`, written for readers to `.<task>.logmon.meta`. Empty given
     /// to [`crate::agent::hook::Hook`] means "keep the metadata in the state".
@@ -299,6 +305,8 @@ impl CaptureConfig {
             on_write_error: WriteErrorPolicy::Drop,
             no_sandbox: false,
             keep_unshipped: 0,
+            rate_limit: None,
+            rate_burst: None,
             meta: Meta::new(),
         }
     }
@@ -349,6 +357,7 @@ impl CaptureConfig {
                 why: "must be between 1 byte and 2147483647 bytes (2GiB - 1)",
             });
         }
+        self.validate_rate()?;
         if self.max_delay > MAX_MAX_DELAY
             || !self.max_delay.subsec_nanos().is_multiple_of(1_000_000)
         {
@@ -358,6 +367,32 @@ impl CaptureConfig {
             });
         }
         Ok(())
+    }
+
+    /// `--rate-limit` and `--rate-burst` together: a burst needs a rate,
+    /// and must hold a line the kernel writes whole ([`MIN_RATE_BURST`]).
+    fn validate_rate(&self) -> Result<(), ConfigError> {
+        match (self.rate_limit, self.rate_burst) {
+            (Some(0), _) => Err(ConfigError::OutOfRange {
+                what: "--rate-limit",
+                why: "must be at least 1 byte per second (leave it out for no limit)",
+            }),
+            (None, Some(_)) => Err(ConfigError::OutOfRange {
+                what: "--rate-burst",
+                why: "goes with --rate-limit",
+            }),
+            (_, Some(b)) if b < MIN_RATE_BURST => Err(ConfigError::OutOfRange {
+                what: "--rate-burst",
+                why: "must be at least 4KiB (PIPE_BUF: a burst smaller than a line the kernel writes whole would drop such lines for ever)",
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rate limit in force, as (bytes per second, burst), if any.
+    pub fn rate(&self) -> Option<(u64, u64)> {
+        let rate = self.rate_limit?;
+        Some((rate, self.rate_burst.unwrap_or(rate.max(MIN_RATE_BURST))))
     }
 
     /// The FIFO path of `stream`.
@@ -381,6 +416,35 @@ impl CaptureConfig {
     /// Where a launched daemon's own diagnostics go (`.<task>.logmon.log`).
     pub fn daemon_log_path(&self) -> PathBuf {
         daemon_log_path(&self.log_dir, &self.task)
+    }
+}
+
+/// The smallest `--rate-burst`: PIPE_BUF, the largest write the kernel
+/// keeps whole in a pipe. A line longer than the burst can never pass.
+pub const MIN_RATE_BURST: u64 = 4096;
+
+/// Parses `--rate-limit`: a size per second (`1MiB/s`, `4096/s`); a number
+/// without `/s` is refused, so a rate is never mistaken for a size.
+///
+/// ```
+/// use logmon::config::parse_rate;
+/// assert_eq!(parse_rate("1MiB/s").unwrap(), 1 << 20);
+/// assert!(parse_rate("1MiB").is_err());
+/// assert!(parse_rate("-1KiB/s").is_err());
+/// ```
+pub fn parse_rate(input: &str) -> Result<u64, ConfigError> {
+    let invalid = |why| ConfigError::InvalidRate {
+        input: input.to_owned(),
+        why,
+    };
+    let Some(size) = input.trim().strip_suffix("/s") else {
+        return Err(invalid("it has no unit per second"));
+    };
+    match parse_size(size) {
+        Ok(0) => Err(invalid("it must be at least 1 byte per second")),
+        Ok(n) => Ok(n),
+        Err(ConfigError::InvalidSize { why, .. }) => Err(invalid(why)),
+        Err(_) => Err(invalid("it is too large")),
     }
 }
 

@@ -106,4 +106,12 @@ pub enum ConfigError {
         /// The accepted range.
         why: &'static str,
     },
+    /// A `--rate-limit` that is not a size per second.
+    #[error("{input:?} is not a valid rate: {why}; write bytes per second with its unit, e.g. 1MiB/s, 512KiB/s or 4096/s")]
+    InvalidRate {
+        /// The rejected text.
+        input: String,
+        /// Why.
+        why: &'static str,
+    },
 }

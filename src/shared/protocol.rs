@@ -206,6 +206,10 @@ pub struct StreamStats {
     /// (DESIGN.md §11); the log files were written all the same.
     #[serde(default)]
     pub index_errors: u64,
+    /// Bytes taken out of the pipe and not written because the stream was
+    /// over `--rate-limit` (docs/design.md §16).
+    #[serde(default)]
+    pub bytes_suppressed: u64,
 }
 
 /// The daemon's counters.

@@ -38,6 +38,7 @@ mod agent;
 mod cli;
 mod daemon;
 mod node;
+mod node_gc;
 mod readers;
 mod shared;
 mod ship;

@@ -39,6 +39,13 @@
 //!   (`tests/it/daemon/capture.rs::capture_times_are_recorded_beside_byte_identical_files`,
 //!   `kill_9_mid_stream_loses_no_line`).
 //!
+//! - **`--rate-limit`** (docs/design.md §16): the one exception to "no
+//!   byte leaves the pipe before it is in a file", by the operator's
+//!   choice: over the limit, whole lines are discarded, counted in
+//!   [`StreamStats::bytes_suppressed`] and announced by one marker line
+//!   ([`limit`]; consulted at one point, before a write;
+//!   `tests/it/daemon/rate_limit.rs`).
+//!
 //! [`StreamCapture`] is the synchronous state machine, driven by a
 //! [`Source`]; [`Pump`] drives it from a FIFO in the daemon's event loop.
 
@@ -53,6 +60,7 @@ use crate::daemon::rotate::{plan, Rotator, Step};
 use crate::shared::config::{Stream, WriteErrorPolicy};
 
 mod ledger;
+pub mod limit;
 #[allow(unsafe_code)] // FIONREAD, reading into an uninitialized buffer
 pub mod pipe;
 mod pump;
@@ -243,6 +251,8 @@ pub struct StreamCapture {
     /// How many bytes at the head of the source are known to hold no
     /// newline: a held partial line already searched.
     clean: usize,
+    /// `--rate-limit`, if any.
+    limit: Option<limit::Limit>,
 }
 
 impl StreamCapture {
@@ -270,7 +280,14 @@ impl StreamCapture {
             ledger,
             left: 0,
             clean: 0,
+            limit: None,
         }
+    }
+
+    /// Limits the stream to `rate` = (bytes per second, burst), if given.
+    pub fn with_rate(mut self, rate: Option<(u64, u64)>) -> Self {
+        self.limit = rate.map(|(r, b)| limit::Limit::new(r, b));
+        self
     }
 
     /// Stores the count of bytes dropped and not yet announced.
@@ -496,7 +513,10 @@ impl StreamCapture {
                 }));
             }
             Step::Write(k) => {
-                let ends_line = last_nl == Some(k - 1);
+                let Some((k, cut_at_line)) = self.within_rate(src, now, k, budget)? else {
+                    return Ok(Next::LookAgain);
+                };
+                let ends_line = cut_at_line || last_nl == Some(k - 1);
                 match self.write(src, k, ends_line) {
                     Ok(0) => return Ok(Next::Done(Drained::Empty)),
                     Ok(n) => *budget = budget.saturating_sub(n),
@@ -505,6 +525,52 @@ impl StreamCapture {
             }
         }
         Ok(Next::LookAgain)
+    }
+
+    /// The one point `--rate-limit` acts (docs/design.md §16, [`limit`]):
+    /// of the `k` bytes about to be written, how many may be, and whether
+    /// the limit cut them at a newline; `None` when they were dropped
+    /// (taken out of the pipe unwritten, counted) or when the marker for
+    /// earlier drops went first (the file's end moved: plan again).
+    fn within_rate(
+        &mut self,
+        src: &mut impl Source,
+        now: Instant,
+        k: usize,
+        budget: &mut usize,
+    ) -> io::Result<Option<(usize, bool)>> {
+        let clean = self.clean;
+        let Some(lim) = &mut self.limit else {
+            return Ok(Some((k, false)));
+        };
+        let verdict = lim.decide(now, k, |n| {
+            src.look(n, clean).map(|l| l.last_nl.map(|i| i + 1))
+        })?;
+        let unreported = lim.unreported();
+        match verdict {
+            limit::Verdict::Pass(n) if unreported > 0 => {
+                // Back under the limit: the marker first, then plan again.
+                lim.refund(n);
+                match self.write_note(&limit::marker(unreported)) {
+                    Ok(()) => {
+                        if let Some(l) = &mut self.limit {
+                            l.reported();
+                        }
+                    }
+                    Err(e) => self.fail(now, &e),
+                }
+                Ok(None)
+            }
+            limit::Verdict::Pass(n) => Ok(Some((n, n < k))),
+            limit::Verdict::Drop(n) => {
+                let n = src.discard(n)?;
+                self.clean = self.clean.saturating_sub(n);
+                *budget = budget.saturating_sub(n);
+                self.stats.bytes_suppressed += n as u64;
+                self.partial_since = None;
+                Ok(None)
+            }
+        }
     }
 
     fn write(&mut self, src: &mut impl Source, k: usize, ends_line: bool) -> io::Result<usize> {
@@ -545,6 +611,20 @@ impl StreamCapture {
     /// Tries once to write the marker for bytes dropped since the last
     /// one (logmon is stopping, so the count would otherwise be lost).
     pub fn mark_unreported_drops(&mut self) {
+        let suppressed = self.limit.as_ref().map_or(0, limit::Limit::unreported);
+        if suppressed > 0 {
+            let written = self.write_note(&limit::marker(suppressed));
+            self.rotator.record_batch();
+            match written {
+                Ok(()) => {
+                    if let Some(l) = &mut self.limit {
+                        l.reported();
+                    }
+                }
+                Err(e) => tracing::error!(stream = %self.stream, suppressed, error = %e,
+                    "stopping; cannot write the marker for the suppressed bytes"),
+            }
+        }
         let dropped = self.failure.as_ref().map_or(0, |f| f.dropped_unreported);
         if dropped == 0 {
             return;
@@ -567,12 +647,18 @@ impl StreamCapture {
     }
 
     fn write_marker(&mut self, dropped: u64) -> io::Result<()> {
+        self.write_note(&format!("logmon: dropped {dropped} bytes\n"))
+    }
+
+    /// Writes logmon's own `line` (newline-terminated) into the stream's
+    /// file, on a line of its own.
+    fn write_note(&mut self, line: &str) -> io::Result<()> {
         let sep = if self.rotator.at_line_start() {
             ""
         } else {
             "\n"
         };
-        let marker = format!("{sep}logmon: dropped {dropped} bytes\n");
+        let marker = format!("{sep}{line}");
         let rem = self.rotator.limit().saturating_sub(self.rotator.size());
         if (marker.len() as u64) > rem && self.rotator.size() > 0 {
             self.rotator.rotate();

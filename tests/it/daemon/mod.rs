@@ -10,5 +10,6 @@ mod faults;
 mod hostile;
 mod hostile_daemon;
 mod hostile_layout;
+mod rate_limit;
 mod rotation_props;
 mod systemd;

@@ -728,20 +728,17 @@ fn wait_for_events(
                 server.on_ready(r, poller, state, Instant::now());
                 return;
             }
-            loop {
-                match signals.take() {
-                    Ok(Some(Signal::SIGIO)) => woke.sigio = true,
-                    Ok(Some(sig)) => {
-                        tracing::info!("{sig}: draining and stopping");
-                        woke.stop = true;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot read signals: draining and stopping");
-                        woke.stop = true;
-                        break;
-                    }
+            // One read takes them all (see `take_all`).
+            let taken = signals.take_all(|sig| match sig {
+                Signal::SIGIO => woke.sigio = true,
+                sig => {
+                    tracing::info!("{sig}: draining and stopping");
+                    woke.stop = true;
                 }
+            });
+            if let Err(e) = taken {
+                tracing::error!(error = %e, "cannot read signals: draining and stopping");
+                woke.stop = true;
             }
         })
         .map_err(io_err("cannot wait for events"))?;

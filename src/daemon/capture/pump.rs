@@ -14,7 +14,10 @@
 //!   `kill_9_while_lines_are_held_loses_nothing`). They are drained at
 //!   once when the pipe is half full or the look a hold takes after
 //!   [`PROBE`] says it soon will be (`a_pipe_filling_past_half_is_drained_at_once`),
-//!   at a held partial line's deadline, and at stop;
+//!   at a held partial line's deadline, and at stop; a task writing
+//!   slower than `--max-delay` after a hold that caught nothing costs
+//!   one wakeup per line, its bytes drained at once (`benches/scale.sh`,
+//!   the quiet node);
 //! - a stop drains everything left before it returns.
 //!
 //! It also picks the splice piece: [`SPLICE_PIECE`] while the task runs
@@ -91,7 +94,11 @@ const PROBE: Duration = Duration::from_millis(2);
 ///   unless a page or more came at once) it is or would be by the
 ///   deadline at the pace seen; and at a held partial line's deadline. A
 ///   hold during which nothing more came ends in waiting again: the task
-///   writes now and then, and its next write sends SIGIO.
+///   writes now and then, and its next write sends SIGIO. That next write,
+///   if it comes `--max-delay` or more after the last drain, is drained at
+///   once without a hold (a hold would only add a wakeup that catches
+///   nothing: one wakeup per line instead of two); one that comes sooner
+///   (writes bunching up) is held again.
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
 ///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
 ///   rate counts half after 100 ms) the pipe would be half full at most,

@@ -36,6 +36,9 @@
 #   40 MB/s) because 1,000 tasks at 200 KiB/s (2 M write(2)/s) is more than
 #   a 2-core machine can run, whoever logs; the table gives the rate used.
 #   The node-scale curve (20 MB/s in all): -n "10 100 1000" -r 2000000 -T 20000000.
+#   The quiet node (many tasks, each a line now and then: 20 lines/s):
+#   -n 1000 -r 2000 -I 0 -S 0; before/after in the same run with
+#   LOGMON_BASE=OLD/logmon -L "logmon logmon-base s6-log".
 # Results: summary.md (the table), raw.tsv, and curve.dat (N, logger, CPU
 #   seconds summed over the loggers, CPU %, summed PSS MiB) plotted by
 #   benches/scale.gp into curve.png with gnuplot, when installed (CPU and
@@ -80,7 +83,8 @@ usage: $0 [options]
   -d SECS     write window per N (default $SECS; env SCALE_SECS)
   -r BYTES/S  rate per task (default $RATE; env SCALE_RATE)
   -T BYTES/S  cap on the total rate; per task min(-r, -T/N) (default $TOTAL; env SCALE_TOTAL)
-  -L "..."    loggers (default "$LOGGERS")
+  -L "..."    loggers (default "$LOGGERS"); "logmon-base" runs the binary
+              in env LOGMON_BASE (before/after in the same run)
   -M DELAY    logmon --max-delay (default: logmon's own; env SCALE_MAX_DELAY)
   -I N        idle instances for part 2 (default $IDLE_N; 0 = skip; env SCALE_IDLE_N)
   -i SECS     idle window for the wakeup count (default $IDLE_SECS)
@@ -136,6 +140,10 @@ say "building logmon (cargo build --release)"
 (cd "$ROOT" && cargo build --release --quiet --bin logmon --bin logmon-run) || die "cargo build --release failed"
 LOGMON=${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
+LOGMON_BASE=${LOGMON_BASE:-}
+if [[ " $LOGGERS " == *" logmon-base "* ]]; then
+    [ -x "$LOGMON_BASE" ] || die "logger logmon-base needs LOGMON_BASE=BINARY (an older logmon, e.g. built from main in another worktree)"
+fi
 mkdir -p "$SCRATCH"
 WORK=$(mktemp -d "$SCRATCH/logmon-scale.XXXXXX")
 BIN=$WORK/bin
@@ -167,6 +175,7 @@ mem_kib() { cat "${@/%//smaps_rollup}" 2>/dev/null | awk '/^Rss:/ {r += $2} /^Ps
     echo "date: $(date -Is)"
     echo "host: $(uname -srm); $(nproc) CPUs; load at start $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "logmon: $LOGMON ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?'))"
+    [ -z "$LOGMON_BASE" ] || echo "logmon-base: $LOGMON_BASE"
     echo "s6-log: $(dpkg-query -W -f='${Version}' s6 2>/dev/null || echo '?')"
     echo "args: N='$NS' secs=$SECS rate/task=min($RATE, $TOTAL/N) B/s loggers='$LOGGERS' logmon --max-delay ${MAX_DELAY:-default} scratch=$WORK ($(stat -f -c %T "$WORK"))"
 } >"$OUT/env.txt"
@@ -192,6 +201,8 @@ run_n() { # run_n N LOGGER
     rm -rf "$run"; mkdir -p "$run"
     local -a fifos=() lpids=() holders=()
     local h
+    local bin=$LOGMON
+    [ "$lg" != logmon-base ] || bin=$LOGMON_BASE
     say "N=$n $lg: starting $n loggers ($rate B/s per task, ${SECS}s)"
     for ((i = 0; i < n; i++)); do
         d=$run/$i
@@ -199,8 +210,8 @@ run_n() { # run_n N LOGGER
         mkfifo "$d/fifo"
         fifos+=("$d/fifo")
         case $lg in
-        logmon)
-            "$LOGMON" run --task t --log-dir "$d/log" --stdout-fifo "$d/fifo" --stderr-fifo "$d/err.fifo" \
+        logmon | logmon-base)
+            "$bin" run --task t --log-dir "$d/log" --stdout-fifo "$d/fifo" --stderr-fifo "$d/err.fifo" \
                 --socket "$d/ctl.sock" --max-file-size 64M --max-files 4 ${MAX_DELAY:+--max-delay "$MAX_DELAY"} >"$d/ready" 2>"$d/stderr" &
             ;;
         s6-log)
@@ -215,7 +226,7 @@ run_n() { # run_n N LOGGER
         lpids+=($!)
         PIDS+=($!)
     done
-    if [ "$lg" = logmon ]; then
+    if [ "${lg%-base}" = logmon ]; then
         for ((i = 0; i < n; i++)); do
             local t=0
             until grep -q '"pid"' "$run/$i/ready" 2>/dev/null; do
@@ -234,7 +245,7 @@ run_n() { # run_n N LOGGER
     w0=$(switches "${lpids[@]/#//proc/}")
     ((alive0 == n)) || note+="only-$alive0-alive-before;"
     local -a stamp=()
-    if [ "$lg" = logmon ]; then mkdir -p "$run/wt"; stamp=(-W "$run/wt"); fi
+    if [ "${lg%-base}" = logmon ]; then mkdir -p "$run/wt"; stamp=(-W "$run/wt"); fi
     "$BIN/tasks" -d "$SECS" -r "$rate" -R -o "$run/per-task" "${stamp[@]}" "${fifos[@]}" >"$run/tasks.out" &
     local tpid=$!
     PIDS+=("$tpid")
@@ -246,7 +257,7 @@ run_n() { # run_n N LOGGER
     ((alive1 == n)) || note+="only-$alive1-alive-after;"
     tout=$(cat "$run/tasks.out")
     wsecs=$(kv secs "$tout")
-    if [ "$lg" = logmon ]; then kill -TERM "${lpids[@]}" 2>/dev/null || true; fi
+    if [ "${lg%-base}" = logmon ]; then kill -TERM "${lpids[@]}" 2>/dev/null || true; fi
     for h in "${holders[@]}"; do exec {h}>&-; done
     for i in "${!lpids[@]}"; do wait "${lpids[$i]}" || note+="logger-$i-status=$?;"; done
     PIDS=()
@@ -257,7 +268,7 @@ run_n() { # run_n N LOGGER
         lines=$((lines + cnt))
         [ "$err" = 0 ] || note+="task-$idx-errno=$err;"
         d=$run/$idx/log
-        if [ "$lg" = logmon ]; then
+        if [ "${lg%-base}" = logmon ]; then
             files=$(find "$d" -maxdepth 1 -type f -name 't.stdout.*' | awk -F. '$NF ~ /^[0-9]+$/ {print $NF "\t" $0}' | sort -n | cut -f2-)
         else
             files=$({ find "$d" -maxdepth 1 -type f -name '@*' | LC_ALL=C sort; [ -f "$d/current" ] && echo "$d/current"; } || true)
@@ -276,7 +287,7 @@ run_n() { # run_n N LOGGER
     for k in "${!VERD[@]}"; do verds+="$k x${VERD[$k]} "; done
     # Write-to-file latency of every line (logmon: its capture-time index).
     local lat="" cpu_s
-    if [ "$lg" = logmon ]; then
+    if [ "${lg%-base}" = logmon ]; then
         local -a pairs=()
         for ((i = 0; i < n; i++)); do
             "$LOGMON" logs --log-dir "$run/$i/log" --task t --timestamps >"$run/$i.ts" 2>/dev/null || note+="logs-$i-failed;"

@@ -756,26 +756,23 @@ fn wait_for_events(
                 server.on_ready(r, poller, state, Instant::now());
                 return;
             }
-            loop {
-                match signals.take() {
-                    Ok(Some(Signal::SIGIO)) => woke.sigio = true,
-                    // Its default would kill the daemon (a closed terminal,
-                    // a `kill -HUP` meant to reload): logmon has nothing to
-                    // reload, and its own log is an open descriptor.
-                    Ok(Some(Signal::SIGHUP)) => tracing::warn!(
-                        "SIGHUP ignored: logmon has nothing to reload; to change its settings run `logmon ensure` with them (it relaunches it without losing a byte)"
-                    ),
-                    Ok(Some(sig)) => {
-                        tracing::info!("{sig}: draining and stopping");
-                        woke.stop = true;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot read signals: draining and stopping");
-                        woke.stop = true;
-                        break;
-                    }
+            // One read takes them all (see `take_all`).
+            let taken = signals.take_all(|sig| match sig {
+                Signal::SIGIO => woke.sigio = true,
+                // Its default would kill the daemon (a closed terminal,
+                // a `kill -HUP` meant to reload): logmon has nothing to
+                // reload, and its own log is an open descriptor.
+                Signal::SIGHUP => tracing::warn!(
+                    "SIGHUP ignored: logmon has nothing to reload; to change its settings run `logmon ensure` with them (it relaunches it without losing a byte)"
+                ),
+                sig => {
+                    tracing::info!("{sig}: draining and stopping");
+                    woke.stop = true;
                 }
+            });
+            if let Err(e) = taken {
+                tracing::error!(error = %e, "cannot read signals: draining and stopping");
+                woke.stop = true;
             }
         })
         .map_err(io_err("cannot wait for events"))?;

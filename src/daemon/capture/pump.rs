@@ -14,7 +14,10 @@
 //!   `kill_9_while_lines_are_held_loses_nothing`). They are drained at
 //!   once when the pipe is half full or the look a hold takes after
 //!   [`PROBE`] says it soon will be (`a_pipe_filling_past_half_is_drained_at_once`),
-//!   at a held partial line's deadline, and at stop;
+//!   at a held partial line's deadline, and at stop; a task writing
+//!   slower than `--max-delay` after a hold that caught nothing costs
+//!   one wakeup per line, its bytes drained at once (`benches/scale.sh`,
+//!   the quiet node);
 //! - a stop drains everything left before it returns.
 //!
 //! It also picks the splice piece: [`SPLICE_PIECE`] while the task runs
@@ -91,7 +94,11 @@ const PROBE: Duration = Duration::from_millis(2);
 ///   unless a page or more came at once) it is or would be by the
 ///   deadline at the pace seen; and at a held partial line's deadline. A
 ///   hold during which nothing more came ends in waiting again: the task
-///   writes now and then, and its next write sends SIGIO.
+///   writes now and then, and its next write sends SIGIO. That next write,
+///   if it comes `--max-delay` or more after the last drain, is drained at
+///   once without a hold (a hold would only add a wakeup that catches
+///   nothing: one wakeup per line instead of two); one that comes sooner
+///   (writes bunching up) is held again.
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
 ///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
 ///   rate counts half after 100 ms) the pipe would be half full at most,
@@ -321,8 +328,15 @@ impl Pump {
                     look,
                     ..
                 } => {
-                    let fresh = self.fresh_bytes(look, &mut sigio);
                     let due = self.deadline().is_some_and(|d| d <= now);
+                    if armed && !due && !look && sigio && self.lone_line_due(now) {
+                        sigio = false;
+                        if let Turn::Done = self.lone_line(&mut changed)? {
+                            return Ok(changed);
+                        }
+                        continue;
+                    }
+                    let fresh = self.fresh_bytes(look, &mut sigio);
                     if fresh.is_none() && !due {
                         self.doze();
                         Turn::Done
@@ -359,6 +373,43 @@ impl Pump {
                 return Ok(changed);
             }
         }
+    }
+
+    /// Whether a SIGIO at `now` is taken as a lone line, drained at once
+    /// without a hold ([`lone_line`](Self::lone_line)): the last hold
+    /// caught nothing (the task writes now and then), its drain was
+    /// `--max-delay` ago or more (the writes are not bunching up), and
+    /// nothing is held back in the pipe (a partial line, or bytes a write
+    /// error left), whose wait must be told from new bytes.
+    fn lone_line_due(&self, now: Instant) -> bool {
+        self.sparse
+            && self.left == 0
+            && !self.blocked
+            && !self.max_delay.is_zero()
+            && now.saturating_duration_since(self.last_drain) >= self.max_delay
+    }
+
+    /// A task writing slower than `--max-delay`: a hold would only add a
+    /// wakeup that catches nothing, so a SIGIO is answered by one drain at
+    /// once, whose look counts what waits (no FIONREAD first). A SIGIO that
+    /// was the other FIFO's finds nothing here and goes back to waiting. A
+    /// drain that finds the pipe filling goes on as a draining phase; the
+    /// next SIGIO within `--max-delay` of this drain brings the hold back
+    /// (writes bunching up). The FIFO is disarmed for the drain and armed
+    /// again after it, as after a hold: splice wakes the FIFO's writers'
+    /// queue, and logmon holds the FIFO open for writing too, so an armed
+    /// FIFO would signal logmon's own drain.
+    fn lone_line(&mut self, changed: &mut bool) -> io::Result<Turn> {
+        self.data.disarm_or_warn(self.fd.as_fd());
+        let pass = self.pass()?;
+        *changed |= pass.changed;
+        if pass.moved && pass.fast {
+            let now = Instant::now();
+            self.phase = Phase::Draining(self.next_drain(now, &pass));
+            return Ok(Turn::Done);
+        }
+        self.wait(Instant::now());
+        Ok(Turn::Again)
     }
 
     /// A waiting pump's look at its FIFO (when the wait just began, or

@@ -1038,6 +1038,48 @@ fn an_idle_logmon_does_not_wake_up() {
     stop(dm);
 }
 
+/// A task writing a line now and then, slower than `--max-delay`, costs
+/// logmon one wakeup per line: after a hold that caught nothing, the next
+/// SIGIO is drained at once instead of held for nothing (a hold would add
+/// its timeout's wakeup to each line). Counted from logmon's voluntary
+/// context switches, one per sleep of its event loop.
+#[test]
+fn a_line_now_and_then_costs_one_wakeup_each() {
+    let d = tempfile::tempdir().unwrap();
+    let dm = Daemon::start(d.path(), "t", &["--max-delay", "20ms"]);
+    let mut w = write_task(d.path(), "t", Stream::Stdout, b"");
+    let voluntary = |pid: i32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("voluntary_ctxt_switches"))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    // The first line is held (nothing is known of the task yet), and the
+    // hold catches nothing.
+    w.write_all(&numbered(0, 1)).unwrap();
+    wait_for_size(d.path(), "t", Stream::Stdout, LINE, SOON);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = voluntary(dm.pid());
+    let lines = 10;
+    for i in 1..=lines {
+        // Well apart: slower than --max-delay, even on a loaded machine.
+        std::thread::sleep(Duration::from_millis(150));
+        w.write_all(&numbered(i, i + 1)).unwrap();
+        wait_for_size(d.path(), "t", Stream::Stdout, (i + 1) * LINE, SOON);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let woke = voluntary(dm.pid()) - before;
+    // Two per line with a hold each; a few to spare for the one a writer
+    // preempted on a loaded machine may bring back.
+    assert!(
+        woke <= lines + lines / 2,
+        "{woke} wakeups for {lines} lines"
+    );
+    stop(dm);
+}
+
 /// The fds of `pid` whose link target is `target`.
 fn fds_pointing_to(pid: i32, target: &Path) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -476,12 +476,13 @@ impl Holder {
             tracing::info!("the container's pipes have no writer left: draining and stopping");
             self.stop_since = Some(Instant::now());
         }
-        while let Ok(Some(sig)) = signals.take() {
-            if sig != Signal::SIGCHLD && self.stop_since.is_none() {
+        let stop_since = &mut self.stop_since;
+        while let Ok(1..) = signals.take_all(|sig| {
+            if sig != Signal::SIGCHLD && stop_since.is_none() {
                 tracing::info!("{sig}: draining and stopping");
-                self.stop_since = Some(Instant::now());
+                *stop_since = Some(Instant::now());
             }
-        }
+        }) {}
     }
 
     /// Reaps an exited capture process; the holder's exit code when that

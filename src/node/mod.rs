@@ -31,6 +31,7 @@
 
 pub mod ask;
 pub mod carry;
+pub mod deadline;
 pub mod find;
 pub mod metrics;
 pub mod serve;
@@ -246,6 +247,9 @@ pub enum SurveyError {
     /// The shipper's state directory.
     #[error("--state-dir: {0}")]
     ShipState(#[from] crate::ship::state::StateError),
+    /// The thread that keeps the deadlines cannot start.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A log directory and its listing.
@@ -302,6 +306,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
     // The lock table as it is now; a holder found in it is checked again
     // by the kernel (SO_PEERCRED) before anything it says is used.
     let locks = crate::shared::fifo::FlockTable::read().unwrap_or_default();
+    let watchdog = deadline::Watchdog::start().map_err(SurveyError::Thread)?;
     let listed = pool(&found, opts.workers, |f| {
         f.open()
             .and_then(|d| find::list(&d))
@@ -325,13 +330,14 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             &scanned[d].listing.tasks[t],
             &locks,
             opts,
+            &watchdog,
             ship_state.as_ref(),
         )
     });
     let rate = match opts.interval {
         Some(i) => {
             std::thread::sleep(i);
-            resample(&scanned, &jobs, &mut tasks, opts);
+            resample(&scanned, &jobs, &mut tasks, opts, &watchdog);
             RateBasis::Interval {
                 seconds: i.as_secs_f64(),
             }
@@ -363,6 +369,7 @@ fn look(
     t: &TaskFiles,
     locks: &crate::shared::fifo::FlockTable,
     opts: &Options,
+    watchdog: &deadline::Watchdog,
     ship: Option<&crate::ship::state::State>,
 ) -> TaskView {
     let mut v = TaskView {
@@ -390,7 +397,7 @@ fn look(
         .lock
         .as_ref()
         .and_then(|l| locks.holder(l.st_dev, l.st_ino));
-    ask_holder(&mut v, &dir, t, holder, opts);
+    ask_holder(&mut v, &dir, t, holder, opts, watchdog);
     if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
         v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
     }
@@ -408,11 +415,12 @@ fn ask_holder(
     t: &TaskFiles,
     holder: Option<u32>,
     opts: &Options,
+    watchdog: &deadline::Watchdog,
 ) {
     match holder {
         Some(pid) => {
             v.pid = Some(pid);
-            match ask::ask(dir, t, pid, opts.timeout) {
+            match ask::ask(dir, t, pid, opts.timeout, watchdog) {
                 Ok(a) => {
                     v.state = State::Running;
                     v.meta = a.stats.meta.clone();
@@ -497,7 +505,13 @@ fn since_start(s: &crate::shared::protocol::Stats) -> f64 {
 /// logmon that restarted in between gets its average since it started,
 /// one that no longer answers no rate). `tasks` are still in the order of
 /// `jobs`.
-fn resample(scanned: &[Scanned], jobs: &[(usize, usize)], tasks: &mut [TaskView], opts: &Options) {
+fn resample(
+    scanned: &[Scanned],
+    jobs: &[(usize, usize)],
+    tasks: &mut [TaskView],
+    opts: &Options,
+    watchdog: &deadline::Watchdog,
+) {
     let running: Vec<(usize, u32)> = tasks
         .iter()
         .enumerate()
@@ -508,7 +522,7 @@ fn resample(scanned: &[Scanned], jobs: &[(usize, usize)], tasks: &mut [TaskView]
         let (d, t) = jobs[i];
         let s = &scanned[d];
         let dir = s.found.open().ok()?;
-        ask::ask(&dir, &s.listing.tasks[t], pid, opts.timeout).ok()
+        ask::ask(&dir, &s.listing.tasks[t], pid, opts.timeout, watchdog).ok()
     });
     for (&(i, _), second) in running.iter().zip(again) {
         let v = &mut tasks[i];

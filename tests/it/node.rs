@@ -18,6 +18,8 @@ use crate::nats::*;
 use crate::support::*;
 use logmon::config::Stream;
 
+mod hostile;
+
 const ATTACKER: u32 = 65534;
 
 fn s(p: &Path) -> &str {

@@ -249,9 +249,11 @@ pub fn ask(
 fn verify_peer(h: &Handle, holder: u32, trust: &Trust) -> Result<(), NoAnswer> {
     match h.peer_credentials() {
         Some((pid, uid)) if pid == holder && trusted_uid(trust, uid) => {}
-        Some((pid, uid)) => return Err(unverified(format!(
+        Some((pid, uid)) => {
+            return Err(unverified(format!(
             "the socket is served by pid {pid} (uid {uid}), but pid {holder} holds the task's lock"
-        ))),
+        )))
+        }
         None => return Err(unverified("the socket's peer cannot be identified")),
     }
     if h.welcome().pid != holder {

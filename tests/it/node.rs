@@ -18,6 +18,7 @@ use crate::nats::*;
 use crate::support::*;
 use logmon::config::Stream;
 
+mod cli;
 mod hostile;
 
 const ATTACKER: u32 = 65534;

@@ -218,3 +218,38 @@ fn a_planted_socket_flag_pointing_at_a_root_socket_is_never_connected_to() {
         "root ls connected to root's socket through a path the task named: {ls:#}"
     );
 }
+
+#[test]
+fn escapes_in_a_task_chosen_directory_name_never_reach_the_table_raw() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: needs root (the task runs as uid {ATTACKER})");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The watch root is the task's to write (its alloc directory): it
+    // names a directory to retitle the terminal, clear the screen and
+    // inject a row; the operator's logmon then writes there.
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    nix::unistd::chown(&root, Some(ATTACKER.into()), Some(ATTACKER.into())).unwrap();
+    let evil = "a\x1b]0;owned\x07\x1b[2J\r\nfake  running\tx\x7f\u{9b}";
+    let mut mk = Command::new("mkdir");
+    mk.arg(root.join(evil));
+    assert!(run_as(&mut mk, ATTACKER).status().unwrap().success());
+    let logs = root.join(evil).join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let _web = Daemon::start(&logs, "web", &[]);
+    let out = cli(&["ls", "--watch", s(&root), "--pattern", "*/logs"]);
+    assert_exit(&out, 0);
+    let table = text(&out.stdout);
+    for c in ['\x1b', '\x07', '\r', '\t', '\x7f', '\u{9b}'] {
+        assert!(!table.contains(c), "{c:?} raw in the table: {table:?}");
+    }
+    assert_eq!(table.lines().count(), 2, "one header, one row: {table}");
+    assert!(table.contains("\\x1b]0;owned\\x07"), "{table}");
+    // JSON keeps the name exact (escaped by JSON itself).
+    let out = cli(&["ls", "--watch", s(&root), "--pattern", "*/logs", "--json"]);
+    let ls: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(task(&ls, "web")["dir"], s(&logs), "{ls:#}");
+}

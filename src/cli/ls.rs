@@ -28,6 +28,8 @@ States:
   unresponsive  holds the task's lock but did not answer within --timeout (SIGSTOP, wedged)
   unverified    could not be proven to be the task's logmon (a planted socket or lock,
                 a peer that is not the lock's holder, permission denied): nothing it said is used
+  foreign-lock  a process that is not logmon holds the task's lock (NOTE names its pid and
+                program): no logmon can capture the task meanwhile; it is no hung logmon to kill
   gone          nothing holds the lock but its socket is still there: killed or crashed
   stopped       nothing holds the lock and its socket is gone: stopped cleanly (or never ran)
 

@@ -127,7 +127,7 @@ impl Families {
 
     /// A task's logmon: its state and its counters (over restarts).
     fn register_logmon(&self, reg: &mut Registry) {
-        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", self.state.clone());
+        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), foreign-lock (a process that is not logmon holds the task's lock: no logmon can capture it, but none is hung), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", self.state.clone());
         reg.register(
             "logmon_uptime_seconds",
             "Seconds since the running logmon started",

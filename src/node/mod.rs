@@ -11,7 +11,8 @@
 //! 2. per task, from the kernel's lock table (read once): a logmon holds
 //!    the task's lock → [`ask`] it, trusting the answer only through the
 //!    chain of checks that module describes (`running`, else
-//!    `unresponsive` or `unverified` with the reason); nobody holds it →
+//!    `unresponsive` or `unverified` with the reason, or `foreign-lock`
+//!    when a silent holder is no logmon at all); nobody holds it →
 //!    `gone` if its socket was left behind (killed or crashed), else
 //!    `stopped`; with the shipper's state directory, each stream's lag
 //!    from the files ([`crate::ship::status::lag_of`]) and its gaps;
@@ -53,7 +54,7 @@ use find::{Found, Listing, Skipped, TaskFiles};
 
 /// What a logmon is doing, as far as can be proven.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum State {
     /// It holds the task's lock and answered, and the kernel vouches for
     /// who answered.
@@ -64,6 +65,10 @@ pub enum State {
     /// Something answered, or holds the lock, that could not be proven to
     /// be the task's logmon: nothing it said is used.
     Unverified,
+    /// A process that is not logmon (by its program and name) holds the
+    /// task's lock and did not answer as one: no logmon can capture the
+    /// task meanwhile, but this is not a hung logmon to restart or kill.
+    ForeignLock,
     /// Nothing holds the task's lock, but its control socket is still
     /// there: the logmon was killed or crashed.
     Gone,
@@ -74,10 +79,11 @@ pub enum State {
 
 impl State {
     /// Every state, in the order of the docs.
-    pub const ALL: [State; 5] = [
+    pub const ALL: [State; 6] = [
         State::Running,
         State::Unresponsive,
         State::Unverified,
+        State::ForeignLock,
         State::Gone,
         State::Stopped,
     ];
@@ -88,6 +94,7 @@ impl State {
             State::Running => "running",
             State::Unresponsive => "unresponsive",
             State::Unverified => "unverified",
+            State::ForeignLock => "foreign-lock",
             State::Gone => "gone",
             State::Stopped => "stopped",
         }
@@ -427,10 +434,20 @@ fn ask_holder(
                     v.bytes_per_sec = Some(since_start(&a.stats));
                     v.answer = Some(a);
                 }
-                Err(NoAnswer { state, why }) => {
-                    v.state = state;
-                    v.why = Some(why);
-                }
+                Err(NoAnswer { state, why }) => match foreign_holder(pid) {
+                    // Silent, and not logmon: not a hung logmon either.
+                    Some(what) if state == State::Unresponsive => {
+                        v.state = State::ForeignLock;
+                        v.why = Some(format!(
+                            "pid {pid} ({what}) holds the task's lock and is not a logmon: no logmon can capture the task while it does; find out why it holds {} (do not kill it as a hung logmon)",
+                            dir.display(format!(".{}.logmon.lock", t.task.as_str())).display()
+                        ));
+                    }
+                    _ => {
+                        v.state = state;
+                        v.why = Some(why);
+                    }
+                },
             }
         }
         None if t.socket.as_ref().is_some_and(|st| {
@@ -457,6 +474,28 @@ fn ask_holder(
         }
         None => {}
     }
+}
+
+/// What process `pid` runs (its name, and its program when readable),
+/// unless it is a logmon: `logmon`, `logmon-run`, or a program of that
+/// name. Only a state's wording depends on this, never trust.
+fn foreign_holder(pid: u32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let comm = comm.trim_end_matches('\n');
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let ours = |n: &str| n.starts_with("logmon");
+    let exe_ours = exe
+        .as_ref()
+        .and_then(|e| e.file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(ours);
+    if ours(comm) || exe_ours {
+        return None;
+    }
+    Some(match exe {
+        Some(e) => format!("{comm}, {}", e.display()),
+        None => comm.to_owned(),
+    })
 }
 
 /// The shipper's figures of each of the task's streams in its `state`.

@@ -141,3 +141,51 @@ fn ls_variables_apply_only_where_they_belong_and_errors_name_them() {
     );
     assert_exit_naming(&out, 2, "LOGMON_LS_COUNTERS");
 }
+
+#[test]
+fn a_lock_held_by_a_process_that_is_not_logmon_is_reported_as_such() {
+    if !have_flock() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    stop(Daemon::start(tmp.path(), "web", &[]));
+    // flock(1) takes the task's lock and holds it while sleep runs.
+    let lock = tmp.path().join(".web.logmon.lock");
+    let mut holder = Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "600"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let held = wait_until(PATIENCE, || {
+        std::fs::read_to_string("/proc/locks")
+            .is_ok_and(|l| l.contains(&format!(" {} ", holder.id())))
+    });
+    let out = cli(&["ls", "--log-dir", s(tmp.path()), "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(held, "flock did not take the lock");
+    assert_exit(&out, 0);
+    let ls: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let web = super::task(&ls, "web");
+    assert_eq!(web["state"], "foreign-lock", "{web:#}");
+    assert_eq!(web["pid"], holder.id(), "{web:#}");
+    let why = web["why"].as_str().unwrap();
+    assert!(
+        why.contains("flock") && why.contains("not a logmon"),
+        "{why}"
+    );
+}
+
+fn have_flock() -> bool {
+    let ok = Command::new("flock")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: flock(1) is not installed");
+    }
+    ok
+}

@@ -18,7 +18,9 @@ use crate::support::*;
 /// bytes, then one byte every half second, forever.
 fn trickler(lock: &Path, sock: &Path) -> Command {
     let script = r#"
-import fcntl, os, socket, sys, threading, time
+import ctypes, fcntl, os, socket, sys, threading, time
+# Named as logmon is (PR_SET_NAME): a logmon look-alike, to ls.
+ctypes.CDLL(None).prctl(15, b"logmon", 0, 0, 0)
 lock, path = sys.argv[1], sys.argv[2]
 f = open(lock, "a")
 fcntl.flock(f, fcntl.LOCK_EX)

@@ -502,6 +502,13 @@ fn table(s: &Survey, with_ship: bool) -> String {
             printable(&d.display().to_string())
         ));
     }
+    for (d, n) in &s.omitted {
+        out.push(format!(
+            "note: {}: {n} task(s) left out: only empty log files (no logmon ever ran), or beyond {} tasks in one directory",
+            printable(&d.display().to_string()),
+            node::find::MAX_TASKS_PER_DIR
+        ));
+    }
     out.join("\n")
 }
 
@@ -515,6 +522,7 @@ fn to_json(s: &Survey) -> Value {
         "skipped": s.skipped.iter().map(|k| json!({"dir": k.path, "why": k.why})).collect::<Vec<_>>(),
         "untrusted": s.untrusted.iter().map(|(d, w)| json!({"dir": d, "why": w})).collect::<Vec<_>>(),
         "planted": s.planted.iter().map(|(d, n)| json!({"dir": d, "names": n})).collect::<Vec<_>>(),
+        "omitted": s.omitted.iter().map(|(d, n)| json!({"dir": d, "tasks": n})).collect::<Vec<_>>(),
     })
 }
 

@@ -219,6 +219,9 @@ pub struct Survey {
     /// Per directory, names planted for tasks that have none of logmon's
     /// files there.
     pub planted: Vec<(PathBuf, u64)>,
+    /// Per directory, tasks left out of the survey (see
+    /// [`find::Listing::omitted`]).
+    pub omitted: Vec<(PathBuf, u64)>,
     /// How rates were measured.
     pub rate: RateBasis,
     /// The shipper of the state directory, when one was given.
@@ -234,6 +237,7 @@ impl Survey {
             skipped: Vec::new(),
             untrusted: Vec::new(),
             planted: Vec::new(),
+            omitted: Vec::new(),
             rate: RateBasis::SinceStart,
             shipper: None,
         }
@@ -364,6 +368,11 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             .iter()
             .filter(|s| s.listing.planted_elsewhere > 0)
             .map(|s| (s.found.path.clone(), s.listing.planted_elsewhere))
+            .collect(),
+        omitted: scanned
+            .iter()
+            .filter(|s| s.listing.omitted > 0)
+            .map(|s| (s.found.path.clone(), s.listing.omitted))
             .collect(),
         rate,
         shipper,

@@ -255,3 +255,45 @@ fn escapes_in_a_task_chosen_directory_name_never_reach_the_table_raw() {
     let ls: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(task(&ls, "web")["dir"], s(&logs), "{ls:#}");
 }
+
+#[test]
+fn twenty_thousand_empty_task_made_names_are_no_series() {
+    if !nix::unistd::geteuid().is_root() || !have("python3") {
+        eprintln!("skipping: needs root (the task runs as uid {ATTACKER}) and python3");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let owned = tmp.path().join("owned");
+    std::fs::create_dir(&owned).unwrap();
+    nix::unistd::chown(&owned, Some(ATTACKER.into()), Some(ATTACKER.into())).unwrap();
+    let mut make = Command::new("python3");
+    make.args([
+        "-c",
+        "import sys\nfor i in range(20000): open('%s/t%05d.stdout.0' % (sys.argv[1], i), 'w').close()",
+    ])
+    .arg(&owned);
+    assert!(run_as(&mut make, ATTACKER).status().unwrap().success());
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let _web = Daemon::start(&logs, "web", &[]);
+    let out = cli(&[
+        "ls",
+        "--log-dir",
+        s(&owned),
+        "--log-dir",
+        s(&logs),
+        "--openmetrics",
+    ]);
+    assert_exit(&out, 0);
+    let om = text(&out.stdout);
+    let series = om.lines().filter(|l| !l.starts_with('#')).count();
+    // One task's series and the directories' own: not 20,000 tasks'.
+    assert!(
+        series < 200,
+        "{series} series:\n{}",
+        &om[..om.len().min(4000)]
+    );
+    assert!(om.contains("task=\"web\""), "{om}");
+    assert!(!om.contains("task=\"t00001\""), "{om}");
+}

@@ -364,19 +364,20 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             .iter()
             .filter_map(|s| s.listing.untrusted.map(|w| (s.found.path.clone(), w)))
             .collect(),
-        planted: scanned
-            .iter()
-            .filter(|s| s.listing.planted_elsewhere > 0)
-            .map(|s| (s.found.path.clone(), s.listing.planted_elsewhere))
-            .collect(),
-        omitted: scanned
-            .iter()
-            .filter(|s| s.listing.omitted > 0)
-            .map(|s| (s.found.path.clone(), s.listing.omitted))
-            .collect(),
+        planted: per_dir(&scanned, |l| l.planted_elsewhere),
+        omitted: per_dir(&scanned, |l| l.omitted),
         rate,
         shipper,
     })
+}
+
+/// The directories where `count` of their listing is not 0, with it.
+fn per_dir(scanned: &[Scanned], count: impl Fn(&Listing) -> u64) -> Vec<(PathBuf, u64)> {
+    scanned
+        .iter()
+        .filter(|s| count(&s.listing) > 0)
+        .map(|s| (s.found.path.clone(), count(&s.listing)))
+        .collect()
 }
 
 /// Surveys one task (pass 2 of the module docs).

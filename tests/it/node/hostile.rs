@@ -297,3 +297,76 @@ fn twenty_thousand_empty_task_made_names_are_no_series() {
     assert!(om.contains("task=\"web\""), "{om}");
     assert!(!om.contains("task=\"t00001\""), "{om}");
 }
+
+#[test]
+fn scrapes_succeed_while_sixteen_idle_connections_are_held_and_reopened() {
+    use crate::nats::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _web = Daemon::start(&logs, "web", &[]);
+    let port = free_port();
+    let _ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            s(&tmp.path().join("state")),
+            "--log-dir",
+            s(&logs),
+        ],
+        &[("LOGMON_SHIP_METRICS_LISTEN", &format!(":{port}"))],
+    );
+    assert!(
+        wait_until(PATIENCE, || super::http_get(port, "/").is_some()),
+        "the endpoint never answered"
+    );
+    // Any local user: 16 connections that never send a byte, each
+    // reopened as soon as the server closes it.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let holders: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                        continue;
+                    };
+                    c.set_read_timeout(Some(Duration::from_millis(200)))
+                        .unwrap();
+                    let mut b = [0u8; 1];
+                    // Until the server closes it (0) or stop.
+                    while !stop.load(Ordering::Relaxed) {
+                        match c.read(&mut b) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut ok = 0;
+    for _ in 0..10 {
+        if let Some((200, body)) = super::http_get(port, "/metrics") {
+            ok += usize::from(body.contains("logmon_state{task=\"web\""));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.join().unwrap();
+    }
+    assert_eq!(ok, 10, "scrapes answered while idle connections were held");
+}

@@ -4,11 +4,16 @@
 //! parses). The survey itself, and what is trusted, is `crate::node`.
 //!
 //! Exit codes: 0 once the listing is printed (whatever state the logmons
-//! are in; directories that could not be looked at are named on stderr);
-//! 2 for anything checkable first (no directory given, a `--log-dir` that
-//! is not a directory, a bad `--pattern`, an unreadable `--state-dir` or
-//! `--counters` file); 1 when stdout cannot be written.
-//! Tests: `tests/it/node.rs`.
+//! are in; directories that could not be looked at are named on stderr),
+//! also when the reader went away (`ls | head -1`); 2 for anything
+//! checkable first, before the survey (no directory given, a `--log-dir`
+//! that is not a directory, a bad `--pattern`, a `--state-dir` that is not
+//! a shipper's, a `--counters` file that is a symlink, unreadable or in no
+//! directory), naming the flag or the variable it came from; 1 when stdout
+//! cannot be written. Every table cell is escaped ([`printable`]): a
+//! task's or directory's name never drives the terminal.
+//! Tests: `tests/it/node.rs`, `tests/it/node/cli.rs`,
+//! `tests/it/node/hostile.rs`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,7 +53,7 @@ Examples:
   logmon ls --log-dir /var/log/tasks --prometheus --counters /var/lib/logmon/ls-counters.json \\
       > /var/lib/node_exporter/textfile/logmon.prom.$$ && mv /var/lib/node_exporter/textfile/logmon.prom.$$ /var/lib/node_exporter/textfile/logmon.prom";
 
-/// `ls`'s flags. The variables are read in [`run`] (not by clap), each
+/// `ls`'s flags. The variables are read by `ls` itself (not by clap), each
 /// only where it applies and named in any error it causes.
 #[derive(Debug, Clone, Args)]
 pub struct LsArgs {

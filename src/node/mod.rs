@@ -5,7 +5,7 @@
 //!
 //! A [`survey`] is three passes over the node, each spread over a bounded
 //! pool of threads so that a slow or hostile socket costs one worker at
-//! most its timeout, never the whole survey:
+//! most its timeout in all ([`deadline`]), never the whole survey:
 //! 1. [`find`] the log directories, list each once and sort its names
 //!    into tasks (names a task planted make no task: §9);
 //! 2. per task, from the kernel's lock table (read once): a logmon holds
@@ -27,8 +27,12 @@
 //! Tests: the unit tests of each module; `tests/it/node.rs` (every state
 //! for real, planted sockets and locks, a hung socket costing at most its
 //! timeout, the counters over a restart, a real Prometheus scraping the
-//! shipper, the alerting rules loaded by `promtool`); `benches/ls.sh` for
-//! 1,000 logmons answering in well under a second.
+//! shipper, the alerting rules loaded by `promtool`);
+//! `tests/it/node/hostile.rs` (as uid 65534: a trickling fake logmon, a
+//! planted `--socket`, escapes in names, 20,000 empty names, idle
+//! connections held against the endpoint); `benches/ls.sh` for 1,000
+//! logmons answering in well under a second, and 10 hostile sockets
+//! costing about one `--timeout`.
 
 pub mod ask;
 pub mod carry;

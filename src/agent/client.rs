@@ -112,7 +112,7 @@ pub enum Report {
 /// stopped (SIGSTOP) or wedged, once its queue is full, would wait
 /// forever; with `SO_SNDTIMEO` set first it fails with `EAGAIN`
 /// ([`ConnectFailure::Busy`]).
-fn connect(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+pub fn connect(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
     use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
     let fd = socket::socket(
         AddressFamily::Unix,
@@ -406,8 +406,21 @@ impl Handle {
         timeout: Duration,
         expect: Option<Expect<'_>>,
     ) -> Result<Handle, ClientError> {
+        Handle::connect_verified_via(path, timeout, expect, || connect(path, timeout))
+    }
+
+    /// [`Handle::connect_verified`] over connections made by `open` (each
+    /// attempt), `path` naming the socket for the checks and messages: a
+    /// caller that bounds the whole exchange (`logmon ls`) keeps a copy of
+    /// each connection to shut it down at its deadline.
+    pub fn connect_verified_via(
+        path: &Path,
+        timeout: Duration,
+        expect: Option<Expect<'_>>,
+        open: impl Fn() -> io::Result<UnixStream>,
+    ) -> Result<Handle, ClientError> {
         let open = || {
-            connect(path, timeout).map_err(|source| {
+            open().map_err(|source| {
                 let (failure, why) = connect_failure(path, &source);
                 ClientError::Connect {
                     path: path.to_owned(),

@@ -84,6 +84,14 @@ pub enum CarryError {
         /// Why.
         source: std::io::Error,
     },
+    /// It cannot be where it is named.
+    #[error("counters file {}: {why}", path.display())]
+    Place {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// It is not a counters file of this build.
     #[error("counters file {} is not one logmon wrote ({why}): move it aside to start the totals over", path.display())]
     Corrupt {
@@ -92,6 +100,13 @@ pub enum CarryError {
         /// Why.
         why: String,
     },
+}
+
+fn place(path: &Path, why: String) -> CarryError {
+    CarryError::Place {
+        path: path.to_path_buf(),
+        why,
+    }
 }
 
 /// The store (see the module docs).
@@ -130,7 +145,31 @@ impl Store {
             .open(path)
         {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Store::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // It is made at the first save: say now, not after the
+                // survey, that it cannot be.
+                let parent = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                return match std::fs::metadata(parent) {
+                    Ok(m) if m.is_dir() => Ok(Store::new()),
+                    Ok(_) => Err(place(
+                        path,
+                        format!("{} is not a directory", parent.display()),
+                    )),
+                    Err(e) => Err(place(
+                        path,
+                        format!("its directory {}: {e}", parent.display()),
+                    )),
+                };
+            }
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                return Err(place(
+                    path,
+                    "it is a symlink, which is never followed: give the file itself".into(),
+                ))
+            }
             Err(e) => return Err(io(e)),
         };
         let mut bytes = Vec::new();

@@ -240,7 +240,16 @@ pub struct Listing {
     pub untrusted: Option<&'static str>,
     /// Names planted for tasks that have none of logmon's own here.
     pub planted_elsewhere: u64,
+    /// Tasks left out: beyond [`MAX_TASKS_PER_DIR`], and those whose only
+    /// names are empty log files (no lock, metadata or FIFO: no logmon
+    /// ever ran for them).
+    pub omitted: u64,
 }
+
+/// The most tasks one directory yields (those whose logmon left a lock
+/// first, then by name): a directory a task fills with names costs a
+/// bounded survey, and a bounded number of series per scrape.
+pub const MAX_TASKS_PER_DIR: usize = 1024;
 
 /// What a name in a log directory is.
 #[derive(Clone, Copy)]
@@ -369,10 +378,25 @@ pub fn list(dir: &Dir) -> io::Result<Listing> {
             }
         }
     }
+    let before = tasks.len();
+    // Empty log files alone are no sign of a logmon: anyone can make them.
+    tasks.retain(|_, t| t.lock.is_some() || t.meta || t.fifos > 0 || has_bytes(t));
+    out.omitted = (before - tasks.len()) as u64;
     out.tasks = tasks.into_values().collect();
+    out.tasks.sort_by(|a, b| {
+        (a.lock.is_none(), a.task.as_str()).cmp(&(b.lock.is_none(), b.task.as_str()))
+    });
+    if out.tasks.len() > MAX_TASKS_PER_DIR {
+        out.omitted += (out.tasks.len() - MAX_TASKS_PER_DIR) as u64;
+        out.tasks.truncate(MAX_TASKS_PER_DIR);
+    }
     out.tasks
         .sort_by(|a, b| a.task.as_str().cmp(b.task.as_str()));
     Ok(out)
+}
+
+fn has_bytes(t: &TaskFiles) -> bool {
+    t.streams.iter().any(|s| s.size() > 0)
 }
 
 fn has_files(t: &TaskFiles) -> bool {
@@ -428,6 +452,24 @@ mod tests {
         assert!(l.tasks[0].lock.is_some());
         assert_eq!(l.planted_elsewhere, 3);
         assert_eq!(l.untrusted, None);
+    }
+
+    #[test]
+    fn empty_names_make_no_task_and_a_crowded_directory_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..(MAX_TASKS_PER_DIR + 40) {
+            std::fs::write(d.path().join(format!("t{i:05}.stdout.0")), b"x").unwrap();
+        }
+        for i in 0..500 {
+            std::fs::write(d.path().join(format!("e{i}.stdout.0")), b"").unwrap();
+        }
+        // A task whose logmon left its lock is kept whatever its name.
+        std::fs::write(d.path().join(".zz.logmon.lock"), b"").unwrap();
+        let l = list(&Dir::open(d.path()).unwrap()).unwrap();
+        assert_eq!(l.tasks.len(), MAX_TASKS_PER_DIR);
+        assert_eq!(l.omitted, 500 + 41);
+        assert!(l.tasks.iter().any(|t| t.task.as_str() == "zz"));
+        assert!(!l.tasks.iter().any(|t| t.task.as_str().starts_with('e')));
     }
 
     #[test]

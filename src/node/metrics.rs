@@ -103,6 +103,7 @@ struct Families {
     files: Gauges,
     disk: Gauges,
     planted: Gauges,
+    omitted: Gauges,
     untrusted: Gauges,
     shipped_bytes: Counters,
     shipped_messages: Counters,
@@ -140,7 +141,7 @@ impl Families {
 
     /// A task's logmon: its state and its counters (over restarts).
     fn register_logmon(&self, reg: &mut Registry) {
-        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", self.state.clone());
+        reg.register("logmon_state", "Whether the task's logmon is in this state (1) or not (0): running (answered, identity proven), unresponsive (holds the task's lock, did not answer in time), unverified (could not be proven to be the task's logmon), foreign-lock (a process that is not logmon holds the task's lock: no logmon can capture it, but none is hung), gone (killed or crashed: socket left, lock free), stopped (stopped cleanly, or never ran)", self.state.clone());
         reg.register(
             "logmon_uptime_seconds",
             "Seconds since the running logmon started",
@@ -184,6 +185,7 @@ impl Families {
             self.disk.clone(),
         );
         reg.register("logmon_planted_names", "Names in the log directory at logmon's file names that logmon did not make (a task's, hard links, wrong types): never trusted", self.planted.clone());
+        reg.register("logmon_log_dir_tasks_omitted", "Tasks of the log directory left out of the survey and its series: those whose only names are empty log files (no logmon ever ran for them), and those beyond the bound of tasks per directory", self.omitted.clone());
         reg.register("logmon_log_dir_untrusted", "Whether others could rename names in the log directory (writable by others, no sticky bit): figures from its files are not exported", self.untrusted.clone());
     }
 
@@ -297,6 +299,9 @@ pub fn encode_survey(
     }
     for (d, n) in planted {
         gauge(&f.planted, &dir_labels(d), n);
+    }
+    for (d, n) in &survey.omitted {
+        gauge(&f.omitted, &dir_labels(d), *n);
     }
     for (d, _) in &survey.untrusted {
         gauge(&f.untrusted, &dir_labels(d), 1);
@@ -481,6 +486,7 @@ mod tests {
             skipped: vec![],
             untrusted: vec![],
             planted: vec![("/var/log/tasks".into(), 2)],
+            omitted: vec![],
             rate: RateBasis::SinceStart,
             shipper: None,
         };

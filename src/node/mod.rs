@@ -5,13 +5,14 @@
 //!
 //! A [`survey`] is three passes over the node, each spread over a bounded
 //! pool of threads so that a slow or hostile socket costs one worker at
-//! most its timeout, never the whole survey:
+//! most its timeout in all ([`deadline`]), never the whole survey:
 //! 1. [`find`] the log directories, list each once and sort its names
 //!    into tasks (names a task planted make no task: §9);
 //! 2. per task, from the kernel's lock table (read once): a logmon holds
 //!    the task's lock → [`ask`] it, trusting the answer only through the
 //!    chain of checks that module describes (`running`, else
-//!    `unresponsive` or `unverified` with the reason); nobody holds it →
+//!    `unresponsive` or `unverified` with the reason, or `foreign-lock`
+//!    when a silent holder is no logmon at all); nobody holds it →
 //!    `gone` if its socket was left behind (killed or crashed), else
 //!    `stopped`; with the shipper's state directory, each stream's lag
 //!    from the files ([`crate::ship::status::lag_of`]) and its gaps;
@@ -27,11 +28,16 @@
 //! Tests: the unit tests of each module; `tests/it/node.rs` (every state
 //! for real, planted sockets and locks, a hung socket costing at most its
 //! timeout, the counters over a restart, a real Prometheus scraping the
-//! shipper, the alerting rules loaded by `promtool`); `benches/ls.sh` for
-//! 1,000 logmons answering in well under a second.
+//! shipper, the alerting rules loaded by `promtool`);
+//! `tests/it/node/hostile.rs` (as uid 65534: a trickling fake logmon, a
+//! planted `--socket`, escapes in names, 20,000 empty names, idle
+//! connections held against the endpoint); `benches/ls.sh` for 1,000
+//! logmons answering in well under a second, and 10 hostile sockets
+//! costing about one `--timeout`.
 
 pub mod ask;
 pub mod carry;
+pub mod deadline;
 pub mod find;
 pub mod gc;
 pub mod metrics;
@@ -54,7 +60,7 @@ use find::{Found, Listing, Skipped, TaskFiles};
 
 /// What a logmon is doing, as far as can be proven.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum State {
     /// It holds the task's lock and answered, and the kernel vouches for
     /// who answered.
@@ -65,6 +71,10 @@ pub enum State {
     /// Something answered, or holds the lock, that could not be proven to
     /// be the task's logmon: nothing it said is used.
     Unverified,
+    /// A process that is not logmon (by its program and name) holds the
+    /// task's lock and did not answer as one: no logmon can capture the
+    /// task meanwhile, but this is not a hung logmon to restart or kill.
+    ForeignLock,
     /// Nothing holds the task's lock, but its control socket is still
     /// there: the logmon was killed or crashed.
     Gone,
@@ -75,10 +85,11 @@ pub enum State {
 
 impl State {
     /// Every state, in the order of the docs.
-    pub const ALL: [State; 5] = [
+    pub const ALL: [State; 6] = [
         State::Running,
         State::Unresponsive,
         State::Unverified,
+        State::ForeignLock,
         State::Gone,
         State::Stopped,
     ];
@@ -89,6 +100,7 @@ impl State {
             State::Running => "running",
             State::Unresponsive => "unresponsive",
             State::Unverified => "unverified",
+            State::ForeignLock => "foreign-lock",
             State::Gone => "gone",
             State::Stopped => "stopped",
         }
@@ -213,6 +225,9 @@ pub struct Survey {
     /// Per directory, names planted for tasks that have none of logmon's
     /// files there.
     pub planted: Vec<(PathBuf, u64)>,
+    /// Per directory, tasks left out of the survey (see
+    /// [`find::Listing::omitted`]).
+    pub omitted: Vec<(PathBuf, u64)>,
     /// How rates were measured.
     pub rate: RateBasis,
     /// The shipper of the state directory, when one was given.
@@ -228,6 +243,7 @@ impl Survey {
             skipped: Vec::new(),
             untrusted: Vec::new(),
             planted: Vec::new(),
+            omitted: Vec::new(),
             rate: RateBasis::SinceStart,
             shipper: None,
         }
@@ -248,6 +264,9 @@ pub enum SurveyError {
     /// The shipper's state directory.
     #[error("--state-dir: {0}")]
     ShipState(#[from] crate::ship::state::StateError),
+    /// The thread that keeps the deadlines cannot start.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A log directory and its listing.
@@ -304,6 +323,7 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
     // The lock table as it is now; a holder found in it is checked again
     // by the kernel (SO_PEERCRED) before anything it says is used.
     let locks = crate::shared::fifo::FlockTable::read().unwrap_or_default();
+    let watchdog = deadline::Watchdog::start().map_err(SurveyError::Thread)?;
     let listed = pool(&found, opts.workers, |f| {
         f.open()
             .and_then(|d| find::list(&d))
@@ -327,13 +347,14 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             &scanned[d].listing.tasks[t],
             &locks,
             opts,
+            &watchdog,
             ship_state.as_ref(),
         )
     });
     let rate = match opts.interval {
         Some(i) => {
             std::thread::sleep(i);
-            resample(&scanned, &jobs, &mut tasks, opts);
+            resample(&scanned, &jobs, &mut tasks, opts, &watchdog);
             RateBasis::Interval {
                 seconds: i.as_secs_f64(),
             }
@@ -349,14 +370,20 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             .iter()
             .filter_map(|s| s.listing.untrusted.map(|w| (s.found.path.clone(), w)))
             .collect(),
-        planted: scanned
-            .iter()
-            .filter(|s| s.listing.planted_elsewhere > 0)
-            .map(|s| (s.found.path.clone(), s.listing.planted_elsewhere))
-            .collect(),
+        planted: per_dir(&scanned, |l| l.planted_elsewhere),
+        omitted: per_dir(&scanned, |l| l.omitted),
         rate,
         shipper,
     })
+}
+
+/// The directories where `count` of their listing is not 0, with it.
+fn per_dir(scanned: &[Scanned], count: impl Fn(&Listing) -> u64) -> Vec<(PathBuf, u64)> {
+    scanned
+        .iter()
+        .filter(|s| count(&s.listing) > 0)
+        .map(|s| (s.found.path.clone(), count(&s.listing)))
+        .collect()
 }
 
 /// Surveys one task (pass 2 of the module docs).
@@ -365,6 +392,7 @@ fn look(
     t: &TaskFiles,
     locks: &crate::shared::fifo::FlockTable,
     opts: &Options,
+    watchdog: &deadline::Watchdog,
     ship: Option<&crate::ship::state::State>,
 ) -> TaskView {
     let mut v = TaskView {
@@ -392,7 +420,7 @@ fn look(
         .lock
         .as_ref()
         .and_then(|l| locks.holder(l.st_dev, l.st_ino));
-    ask_holder(&mut v, &dir, t, holder, opts);
+    ask_holder(&mut v, &dir, t, holder, opts, watchdog);
     if v.state != State::Running && s.listing.untrusted.is_none() && t.meta {
         v.meta = crate::shared::meta::load(&dir, &t.task).unwrap_or_default();
     }
@@ -410,21 +438,32 @@ fn ask_holder(
     t: &TaskFiles,
     holder: Option<u32>,
     opts: &Options,
+    watchdog: &deadline::Watchdog,
 ) {
     match holder {
         Some(pid) => {
             v.pid = Some(pid);
-            match ask::ask(dir, t, pid, opts.timeout) {
+            match ask::ask(dir, t, pid, opts.timeout, watchdog) {
                 Ok(a) => {
                     v.state = State::Running;
                     v.meta = a.stats.meta.clone();
                     v.bytes_per_sec = Some(since_start(&a.stats));
                     v.answer = Some(a);
                 }
-                Err(NoAnswer { state, why }) => {
-                    v.state = state;
-                    v.why = Some(why);
-                }
+                Err(NoAnswer { state, why }) => match foreign_holder(pid) {
+                    // Silent, and not logmon: not a hung logmon either.
+                    Some(what) if state == State::Unresponsive => {
+                        v.state = State::ForeignLock;
+                        v.why = Some(format!(
+                            "pid {pid} ({what}) holds the task's lock and is not a logmon: no logmon can capture the task while it does; find out why it holds {} (do not kill it as a hung logmon)",
+                            dir.display(format!(".{}.logmon.lock", t.task.as_str())).display()
+                        ));
+                    }
+                    _ => {
+                        v.state = state;
+                        v.why = Some(why);
+                    }
+                },
             }
         }
         None if t.socket.as_ref().is_some_and(|st| {
@@ -451,6 +490,28 @@ fn ask_holder(
         }
         None => {}
     }
+}
+
+/// What process `pid` runs (its name, and its program when readable),
+/// unless it is a logmon: `logmon`, `logmon-run`, or a program of that
+/// name. Only a state's wording depends on this, never trust.
+fn foreign_holder(pid: u32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let comm = comm.trim_end_matches('\n');
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let ours = |n: &str| n.starts_with("logmon");
+    let exe_ours = exe
+        .as_ref()
+        .and_then(|e| e.file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(ours);
+    if ours(comm) || exe_ours {
+        return None;
+    }
+    Some(match exe {
+        Some(e) => format!("{comm}, {}", e.display()),
+        None => comm.to_owned(),
+    })
 }
 
 /// The shipper's figures of each of the task's streams in its `state`.
@@ -499,7 +560,13 @@ fn since_start(s: &crate::shared::protocol::Stats) -> f64 {
 /// logmon that restarted in between gets its average since it started,
 /// one that no longer answers no rate). `tasks` are still in the order of
 /// `jobs`.
-fn resample(scanned: &[Scanned], jobs: &[(usize, usize)], tasks: &mut [TaskView], opts: &Options) {
+fn resample(
+    scanned: &[Scanned],
+    jobs: &[(usize, usize)],
+    tasks: &mut [TaskView],
+    opts: &Options,
+    watchdog: &deadline::Watchdog,
+) {
     let running: Vec<(usize, u32)> = tasks
         .iter()
         .enumerate()
@@ -510,7 +577,7 @@ fn resample(scanned: &[Scanned], jobs: &[(usize, usize)], tasks: &mut [TaskView]
         let (d, t) = jobs[i];
         let s = &scanned[d];
         let dir = s.found.open().ok()?;
-        ask::ask(&dir, &s.listing.tasks[t], pid, opts.timeout).ok()
+        ask::ask(&dir, &s.listing.tasks[t], pid, opts.timeout, watchdog).ok()
     });
     for (&(i, _), second) in running.iter().zip(again) {
         let v = &mut tasks[i];

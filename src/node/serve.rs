@@ -7,9 +7,11 @@
 //! Kept small and hard to abuse, since anything that can reach the port
 //! can talk to it: one request per connection (`Connection: close`), a
 //! request head of at most [`MAX_REQUEST`] bytes read within
-//! [`IO_TIMEOUT`] (a slow or endless sender is dropped), the answer
-//! written within [`IO_TIMEOUT`], at most [`MAX_CONNECTIONS`] connections
-//! at once (more are closed at once), and one survey at a time on a
+//! [`HEAD_TIMEOUT`] (an idle, slow or endless sender is dropped), the
+//! answer written within [`IO_TIMEOUT`], at most [`MAX_CONNECTIONS`]
+//! connections at once and [`MAX_PER_PEER`] from one address, a new one
+//! making room by dropping the oldest still idle (so idle connections held
+//! and reopened never keep a scrape out), and one survey at a time on a
 //! blocking thread (scrapes that arrive meanwhile wait for it): the
 //! shipper's own loop never waits on a scrape. The address is loopback
 //! unless the operator names another ([`parse_listen`]).
@@ -17,6 +19,7 @@
 //! Tests: the unit tests below; `tests/it/node.rs`
 //! (`the_metrics_endpoint_answers_scrapes_and_refuses_anything_else`: an
 //! idle connection, an oversized request, other methods and paths;
+//! `scrapes_succeed_while_sixteen_idle_connections_are_held_and_reopened`;
 //! `a_real_prometheus_sees_…` scraping it;
 //! `a_bad_or_busy_metrics_address_is_refused_before_connecting`).
 
@@ -34,10 +37,15 @@ use super::{survey, Options, Scope};
 
 /// The largest request head read.
 pub const MAX_REQUEST: usize = 8 * 1024;
-/// How long reading a request, or writing an answer, may take.
+/// How long a connection may take to send its request head: an idle or
+/// slow sender is dropped after this.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long writing an answer may take.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 8;
+/// Connections held at once, in all.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections held at once from one peer address.
+pub const MAX_PER_PEER: usize = 16;
 /// The counters' file in the shipper's state directory.
 pub const COUNTERS_FILE: &str = "node-counters.json";
 
@@ -114,13 +122,62 @@ impl Exporter {
     }
 }
 
+/// One connection held, as the accept loop sees it.
+struct Held {
+    id: u64,
+    peer: std::net::IpAddr,
+    /// Still waiting for its request head: the first to go when room is
+    /// needed.
+    idle: Arc<std::sync::atomic::AtomicBool>,
+    drop_it: Arc<tokio::sync::Notify>,
+}
+
+/// The connections held; a new one makes room by dropping the oldest
+/// idle one (of its peer when the peer is at [`MAX_PER_PEER`]), so idle
+/// connections, however many are held and reopened, never keep a scrape
+/// out. Without an idle one to drop, the new one is closed.
+#[derive(Default)]
+struct Connections {
+    next: u64,
+    conns: Vec<Held>,
+}
+
+impl Connections {
+    fn admit(&mut self, peer: std::net::IpAddr) -> Option<Held> {
+        use std::sync::atomic::Ordering;
+        let mine = self.conns.iter().filter(|c| c.peer == peer).count();
+        if mine >= MAX_PER_PEER || self.conns.len() >= MAX_CONNECTIONS {
+            let own_only = mine >= MAX_PER_PEER;
+            let victim = self
+                .conns
+                .iter()
+                .position(|c| c.idle.load(Ordering::Acquire) && (!own_only || c.peer == peer))?;
+            self.conns.remove(victim).drop_it.notify_one();
+        }
+        self.next += 1;
+        let h = Held {
+            id: self.next,
+            peer,
+            idle: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            drop_it: Arc::new(tokio::sync::Notify::new()),
+        };
+        self.conns.push(Held {
+            id: h.id,
+            peer,
+            idle: h.idle.clone(),
+            drop_it: h.drop_it.clone(),
+        });
+        Some(h)
+    }
+}
+
 /// Serves scrapes on `listener` until the runtime stops.
 pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let held = Arc::new(Mutex::new(Connections::default()));
     let one_survey = Arc::new(tokio::sync::Mutex::new(()));
     loop {
-        let sock = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (sock, peer) = match listener.accept().await {
+            Ok(s) => s,
             Err(e) => {
                 // Out of descriptors, most likely: wait rather than spin.
                 tracing::warn!(error = %e, "cannot accept a metrics connection");
@@ -128,13 +185,21 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue;
-        };
-        let (exporter, one_survey) = (exporter.clone(), one_survey.clone());
+        let admitted = held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(peer.ip());
+        let Some(me) = admitted else { continue };
+        let (exporter, one_survey, held) = (exporter.clone(), one_survey.clone(), held.clone());
         tokio::spawn(async move {
-            let _slot = slot;
-            let _ = answer(sock, exporter, one_survey).await;
+            tokio::select! {
+                _ = answer(sock, exporter, one_survey, &me.idle) => {}
+                () = me.drop_it.notified() => {}
+            }
+            held.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .conns
+                .retain(|c| c.id != me.id);
         });
     }
 }
@@ -206,12 +271,14 @@ async fn answer(
     mut sock: TcpStream,
     exporter: Arc<Exporter>,
     one_survey: Arc<tokio::sync::Mutex<()>>,
+    idle: &std::sync::atomic::AtomicBool,
 ) -> std::io::Result<()> {
-    let ask = match tokio::time::timeout(IO_TIMEOUT, read_request(&mut sock)).await {
+    let ask = match tokio::time::timeout(HEAD_TIMEOUT, read_request(&mut sock)).await {
         Ok(r) => r?,
         Err(_) => Some(Ask::Bad),
     };
     let Some(ask) = ask else { return Ok(()) };
+    idle.store(false, std::sync::atomic::Ordering::Release);
     let (status, ctype, body, head) = match ask {
         Ask::Metrics { head, format } => {
             let _one = one_survey.lock().await;

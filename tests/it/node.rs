@@ -18,6 +18,9 @@ use crate::nats::*;
 use crate::support::*;
 use logmon::config::Stream;
 
+mod cli;
+mod hostile;
+
 const ATTACKER: u32 = 65534;
 
 fn s(p: &Path) -> &str {
@@ -110,7 +113,9 @@ fn have(program: &str) -> bool {
 /// the listen queue is full.
 fn python_server(lock: &Path, sock: &Path, marker: &Path, backlog: u32, fill: bool) -> Command {
     let script = r#"
-import fcntl, socket, sys, time
+import ctypes, fcntl, socket, sys, time
+# Named as logmon is (PR_SET_NAME): a wedged logmon, to ls.
+ctypes.CDLL(None).prctl(15, b"logmon", 0, 0, 0)
 lock, path, marker, backlog, fill = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 f = open(lock)
 fcntl.flock(f, fcntl.LOCK_EX)

@@ -1,4 +1,4 @@
-//! FIFO → rotated files throughput, in-process (performance issue #5).
+//! FIFO → rotated files throughput, in-process.
 //!
 //! A writer thread writes a stream of sequence-numbered 100-byte lines into
 //! a FIFO through the task's end ([`fifo::open_task_end`]), either in 64 KiB
@@ -423,7 +423,7 @@ fn fifo_to_files(c: &mut Criterion) {
 
         let fifo = open_fifo();
         // With the capture-time index (as the daemon runs) and without it
-        // (`_noindex`), in the same run: its cost (DESIGN.md §11).
+        // (`_noindex`), in the same run: its cost (docs/design.md §11).
         for (suffix, index) in [("", true), ("_noindex", false)] {
             let id = format!("capture_drain{suffix}");
             let mut cpu = Cpu::default();

@@ -1,4 +1,4 @@
-//! The chaos run at node scale (issue #31): by default 100 tasks for 10
+//! The chaos run at node scale: by default 100 tasks for 10
 //! minutes of random faults, then every line checked end to end, from
 //! what each task wrote to what JetStream holds. The run itself is
 //! `tests/it/chaos/` (the test suite runs a short one): this is its

@@ -5,12 +5,12 @@
 //! layout of the reference orchestrator's logmon
 //! (`<log-dir>/<task>.<stream>.<N>`), and outlives the agent. The folders
 //! of `src/` are the sides of that picture, and what they all take
-//! (DESIGN.md is the contract they keep):
+//! (docs/design.md is the contract they keep):
 //!
 //! - **`shared/`** — what every side takes: `dir`, the only way any module
 //!   touches a name inside a directory the task can write (a descriptor
 //!   opened once, every name resolved from it without following symlinks;
-//!   DESIGN.md §9); [`config`], `names` and `meta` (the task's flags, the
+//!   docs/design.md §9); [`config`], `names` and `meta` (the task's flags, the
 //!   names of its files, its metadata);
 //!   the wire types of [`protocol`] and `sockaddr`; `fifo` (the task's end
 //!   and the daemon's: both O_RDWR, no EOF, no SIGPIPE); `index`, the
@@ -27,7 +27,7 @@
 //!   goes (line-aware rotation, purge, numbers never reused) and writes the
 //!   index; `server` answers [`protocol`] requests on a unix socket;
 //!   `reactor` is the one epoll; `systemd` adds readiness, the fd store
-//!   and socket activation; `memory` hands start-up's heap back (issue #16);
+//!   and socket activation; `memory` hands start-up's heap back;
 //!   `source` is the one seam that knows where the pipes come from (FIFO
 //!   paths, the fd store, or pipes a runtime hands over).
 //! - **`agent/`** — the agent's side: `launch` starts a detached daemon;
@@ -40,11 +40,11 @@
 //!   times, `--since`, the merged view, the CRI/JSON formats and the cursor.
 //! - **[`ship`]** — `logmon ship` (its own binary, `logmon-ship`): one per
 //!   node, it publishes every task stream into NATS JetStream exactly once
-//!   (DESIGN.md §12); `ship::readback` is `logs --nats`, which reads a
+//!   (docs/design.md §12); `ship::readback` is `logs --nats`, which reads a
 //!   task's logs back from there through the readers' pieces and formats.
 //! - **`node/`** — finds every logmon under given directories, proves who
 //!   answers before believing it, and reports them (`logmon ls`) or serves
-//!   them as OpenMetrics (the shipper's `--metrics-listen`; DESIGN.md §13).
+//!   them as OpenMetrics (the shipper's `--metrics-listen`; docs/design.md §13).
 //! - **[`cli`]** — the command line (one exit-code policy, one-line
 //!   errors): `main.rs` only calls [`cli::main`]; the daemon's smaller
 //!   binary, `logmon-run` ([`cli::daemon_main`]), links no argument parser,
@@ -66,7 +66,7 @@
 
 #![deny(unsafe_code)]
 // No function over `too-many-lines-threshold` (clippy.toml) lines: a long
-// one is split into named steps (issue #29). CI's clippy denies warnings;
+// one is split into named steps. CI's clippy denies warnings;
 // the lint does not count test functions.
 #![warn(clippy::too_many_lines)]
 

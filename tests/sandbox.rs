@@ -1,4 +1,4 @@
-//! Self-confinement (DESIGN.md §10, issue 17), through the real binary and
+//! Self-confinement (docs/design.md §10), through the real binary and
 //! through the library's own [`logmon::internals::sandbox::confine`].
 //!
 //! This target has its own `main` (`harness = false` in Cargo.toml): the
@@ -845,8 +845,8 @@ fn landlock_abi() -> i64 {
     r.max(0)
 }
 
-/// The perimeter of a running daemon, from the inside (issue #26.5,
-/// #26.10): ptrace stops the real `logmon run` in its event loop and
+/// The perimeter of a running daemon, from the inside:
+/// ptrace stops the real `logmon run` in its event loop and
 /// makes it execute system calls chosen here, as an exploit that took
 /// over the daemon would. Beside the log directory (a sibling, and the
 /// parent itself) it can create, read (a 0600 secret of its own uid),

@@ -1,4 +1,4 @@
-//! The agent's side (DESIGN.md §3, §5): launching a detached logmon and
+//! The agent's side (docs/design.md §3, §5): launching a detached logmon and
 //! reattaching to one only after proving it is the process launched.
 //!
 //! [`reattach`] runs the five checks of §5 in order — state decodes, pid
@@ -13,7 +13,7 @@
 //! incompatible version (or an answer that is no logmon frame) is
 //! `ProtocolMismatch` (`tests/it/agent/handshake.rs`).
 //!
-//! Versions (DESIGN.md §5, "Upgrades"; [`crate::shared::protocol`]): the client
+//! Versions (docs/design.md §5, "Upgrades"; [`crate::shared::protocol`]): the client
 //! says `Hello` in this build's protocol; a logmon of the previous release
 //! refuses it naming its own, and the client connects again and speaks
 //! that one ([`protocol::v1`]) — every check above is made again on the
@@ -30,7 +30,7 @@
 //! The client is blocking (std sockets with timeouts): an agent can call it
 //! from any thread or runtime.
 //!
-//! Also kept here (issue #19, #12; `tests/it/cli/errors.rs` runs each through the
+//! Also kept here (`tests/it/cli/errors.rs` runs each through the
 //! binary):
 //! - a bare socket path is trusted only if the file at that path *is* the
 //!   socket the answering logmon bound (`Welcome.socket_id`, compared with
@@ -145,7 +145,7 @@ pub fn reattach(cfg: &ReattachConfig) -> Result<Handle, ReattachError> {
 }
 
 /// Reattaches to the logmon described by `cfg`, performing the checks of
-/// DESIGN.md §5 in order.
+/// docs/design.md §5 in order.
 pub fn reattach_with_timeout(
     cfg: &ReattachConfig,
     timeout: Duration,
@@ -217,7 +217,7 @@ pub fn reattach_with_timeout(
             reason,
         },
         // A reset, an EOF or a cut frame says nothing about the protocol:
-        // the logmon died or wedged in the handshake (issue #13).
+        // the logmon died or wedged in the handshake.
         HandshakeError::Timeout | HandshakeError::Closed | HandshakeError::Io(_) => {
             died_or_unresponsive(cfg, timeout)
         }
@@ -399,7 +399,7 @@ impl Handle {
 
     /// [`Handle::connect_socket`], and, with `expect`, that the logmon
     /// serves that task in that directory (`ensure` with a lost state,
-    /// DESIGN.md §9): anything else is [`ClientError::WrongSocket`], so a
+    /// docs/design.md §9): anything else is [`ClientError::WrongSocket`], so a
     /// caller never stops another task's logmon.
     pub fn connect_verified(
         path: &Path,

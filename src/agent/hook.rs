@@ -1,4 +1,4 @@
-//! The agent's logmon hook (DESIGN.md §5): what a task runner calls before
+//! The agent's logmon hook (docs/design.md §5): what a task runner calls before
 //! every task start and on every agent restart, and when the task stops.
 //!
 //! It fixes, by construction, the four bugs the reference orchestrator
@@ -29,7 +29,7 @@
 //! (drain, fsync, exit) before it kills it
 //! (`a_task_that_ended_while_its_logmon_hung_loses_no_line_to_stop`).
 //!
-//! A logmon is never stopped or killed for its version (DESIGN.md §5,
+//! A logmon is never stopped or killed for its version (docs/design.md §5,
 //! "Upgrades"): one of the previous release is reattached to, as any
 //! other, in its protocol (`tests/it/agent/upgrade.rs`); one that speaks no
 //! protocol this build speaks (two releases apart) fails the prestart, and
@@ -38,7 +38,7 @@
 //! (`tests/it/agent/reattach.rs`:
 //! `ensure_and_stop_leave_a_logmon_of_an_unknown_protocol_running`).
 //!
-//! A log directory deleted under a running logmon (DESIGN.md §10: a
+//! A log directory deleted under a running logmon (docs/design.md §10: a
 //! confined logmon does not recreate it; "the next logmon does") is
 //! recovered here, with the state (`tests/it/agent/ensure.rs`, the tests after
 //! `// a deleted log directory`):
@@ -242,7 +242,7 @@ impl Hook {
 
     /// Recreates the configured log directory when nothing is at its path
     /// and `previous` says a logmon was launched for this task before (a
-    /// recovery: the directory was deleted under it, DESIGN.md §10; on a
+    /// recovery: the directory was deleted under it, docs/design.md §10; on a
     /// first launch a missing directory stays the operator's error). One
     /// `mkdir` of the last component, through the parent's descriptor,
     /// never a parent chain (a missing parent is reported by the open that
@@ -594,7 +594,7 @@ impl Hook {
 
     /// Whether the logmon behind `h` (reached through `socket`) is this
     /// task's logmon capturing into the log directory at the configured
-    /// path, or one that lost it (DESIGN.md §10), or another's.
+    /// path, or one that lost it (docs/design.md §10), or another's.
     ///
     /// It is this task's when it captures this task and was reached
     /// through the configured socket; then:

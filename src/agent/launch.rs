@@ -1,4 +1,4 @@
-//! Launching a detached logmon (DESIGN.md §3): [`launch`] starts `logmon
+//! Launching a detached logmon (docs/design.md §3): [`launch`] starts `logmon
 //! run` in its own session, reparented to init, and returns its ready line
 //! once it is ready; [`run_args`] are the flags that reproduce a
 //! [`CaptureConfig`] (round-trip-tested against the parser below).
@@ -134,7 +134,7 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
 /// executable ([`exec_daemon_binary`]): it parses the same `run` flags but
 /// links no other subcommand, reader or client, so each of the thousands of
 /// daemons on a node maps and dirties less memory, from its first page on
-/// (issue #16; README, "Footprint"). Without it, `run` serves in its own
+/// (README, "Footprint"). Without it, `run` serves in its own
 /// process.
 pub const DAEMON_BIN: &str = "logmon-run";
 
@@ -147,7 +147,7 @@ pub const EXEC_VERSION_ENV: &str = "LOGMON_INTERNAL_EXEC_VERSION";
 /// the code, the same in `logmon` and `logmon-run` built together.
 pub const BUILD: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("LOGMON_BUILD_STAMP"));
 
-/// glibc's malloc settings for [`DAEMON_BIN`] (issue #16): no per-thread
+/// glibc's malloc settings for [`DAEMON_BIN`]: no per-thread
 /// cache and no fast bins. Start-up allocates and frees thousands of small
 /// chunks; those two keep the freed ones apart from the free lists, so the
 /// few live objects and the cached garbage pin the heap's pages, and

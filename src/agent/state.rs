@@ -1,4 +1,4 @@
-//! The state file an agent persists (DESIGN.md §5): the ready line's JSON,
+//! The state file an agent persists (docs/design.md §5): the ready line's JSON,
 //! read and written in this one place.
 //!
 //! Guarantees kept here: the file is read through its directory's

@@ -9,7 +9,7 @@
 //! A refused `launch` or `ensure` removes what it made (the FIFOs, and what
 //! the refused daemon made: task lock, metadata file) and nothing else;
 //! `ensure` prepares its state file before it makes anything, and names
-//! the true cause when it cannot (`tests/it/cli/errors.rs`, the issue #27
+//! the true cause when it cannot (`tests/it/cli/errors.rs`, the
 //! functions at its end).
 
 use std::io;

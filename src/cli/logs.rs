@@ -21,7 +21,7 @@
 //! more to read. `--cursor FILE` resumes from FILE when it exists (instead
 //! of `-n`/`-c`/`--since`) and saves it after each write to stdout.
 //!
-//! # Against a hostile task (DESIGN.md §9)
+//! # Against a hostile task (docs/design.md §9)
 //!
 //! `logs` often runs as root on an operator's behalf, in a directory the
 //! task can write. What it guarantees, in every mode:
@@ -156,7 +156,7 @@ pub fn run(a: &LogsArgs) -> CliResult {
     let range = Range::parse(a)?;
     // The one walk of the path; confined to that very directory (not to
     // whatever the path names by then), before the runtime and the
-    // `notify` thread exist (DESIGN.md §9, §10).
+    // `notify` thread exist (docs/design.md §9, §10).
     let dir = open_log_dir(a)?;
     let out = Out::new();
     let mut skips = Skips::default();

@@ -1,4 +1,4 @@
-//! `logmon ls`: every logmon of the node at a glance (DESIGN.md §13), as
+//! `logmon ls`: every logmon of the node at a glance (docs/design.md §13), as
 //! a table, JSON (`--json`), OpenMetrics (`--openmetrics`) or Prometheus's
 //! text format (`--prometheus`, what node_exporter's textfile collector
 //! parses). The survey itself, and what is trusted, is `crate::node`.

@@ -1,4 +1,4 @@
-//! The `logmon` command line (DESIGN.md §6): flag definitions (every flag
+//! The `logmon` command line (docs/design.md §6): flag definitions (every flag
 //! also reads a `LOGMON_*` variable) and one module per subcommand.
 //!
 //! Every failure is one line on stderr, `logmon: error: <what>: <cause>:

@@ -1,5 +1,5 @@
 //! `run`'s flags read without clap, for the daemon's own binary,
-//! `logmon-run` (issue #16: it must not link the argument parser, whose
+//! `logmon-run` (it must not link the argument parser, whose
 //! code and start-up allocations would be in every daemon's memory).
 //!
 //! [`parse`] is a sound subset of the clap parser of [`super::RunArgs`]:

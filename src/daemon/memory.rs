@@ -1,5 +1,5 @@
 //! Gives back the memory only start-up needed, once a daemon is ready
-//! (issue #16: per-instance memory with thousands of instances per node).
+//! (per-instance memory with thousands of instances per node).
 //!
 //! Start-up (argument parsing, opening the files, building the sandbox's
 //! filters) peaks at about 100 KiB of heap and 70 KiB of stack, while a

@@ -1,6 +1,6 @@
 //! `logmon run`: one task's capture daemon, wiring the task lock, the
 //! FIFOs, the rotators, the control socket and the ready line together in
-//! one event loop on one thread (`reactor`; DESIGN.md §2, §3).
+//! one event loop on one thread (`reactor`; docs/design.md §2, §3).
 //!
 //! Guarantees kept here:
 //! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
@@ -11,7 +11,7 @@
 //!   the first (`tests/it/daemon/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`);
 //! - the log directory and the FIFO and socket directories are opened once,
 //!   as [`Dir`]s, and every name in them is resolved through those
-//!   descriptors (DESIGN.md §9): a planted lock or socket name is removed,
+//!   descriptors (docs/design.md §9): a planted lock or socket name is removed,
 //!   counted in `foreign_names` and warned about, never followed or written
 //!   (`tests/it/daemon/capture.rs::planted_lock_and_socket_names_do_not_stop_a_start`);
 //!   a log directory renamed away or replaced by a symlink is not followed
@@ -21,11 +21,11 @@
 //!   root, before the rotators look at it and before the sandbox, so a
 //!   task writing in it cannot rename or remove logmon's files; `status`
 //!   says whether it is (`log_dir_sticky`), and one warning says what to
-//!   do when it cannot be set (issue #26.1:
-//!   `tests/it/daemon/hostile_daemon.rs::the_log_dir_is_made_sticky_so_the_task_cannot_rename_logmons_files`,
+//!   do when it cannot be set
+//!   (`tests/it/daemon/hostile_daemon.rs::the_log_dir_is_made_sticky_so_the_task_cannot_rename_logmons_files`,
 //!   `an_active_file_the_task_renames_away_is_not_appended_to`);
 //! - `status` says when the log directory is gone (`log_dir_gone`: deleted,
-//!   and a confined logmon does not recreate it, DESIGN.md §10:
+//!   and a confined logmon does not recreate it, docs/design.md §10:
 //!   `tests/it/daemon/faults.rs::deleted_log_dir_under_the_sandbox_*`); under
 //!   systemd, when the unit recreates that directory at start
 //!   (`LogsDirectory=`) and holds the FIFOs in its fd store, a confined
@@ -249,7 +249,7 @@ struct OpenedFifo {
     replaced: u64,
 }
 
-/// The directories the daemon works in, each opened once (DESIGN.md §9);
+/// The directories the daemon works in, each opened once (docs/design.md §9);
 /// the log directory's handle is shared when a FIFO or the socket lives
 /// there too.
 struct Dirs {
@@ -407,7 +407,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     result
 }
 
-/// Makes the log directory sticky (DESIGN.md §9, issue #26.1): in a
+/// Makes the log directory sticky (docs/design.md §9): in a
 /// directory the task may write (the reference makes it 0777), the sticky
 /// bit is what stops the task from renaming logmon's files — a stream file
 /// whose bytes it chose, moved over another task's stream name or to a
@@ -603,14 +603,14 @@ fn serve_until_stopped(
     let stored = systemd::store_fifos(&s.fifos.each_ref().map(|f| &f.fd));
     let pumps = make_pumps(s.fifos, &captures, cfg.max_delay)?;
     // A launched daemon's stderr moves to its diagnostics log, opened
-    // through the log directory's handle (DESIGN.md §9), before the
+    // through the log directory's handle (docs/design.md §9), before the
     // sandbox narrows what may be opened.
     crate::shared::diag::hand_over_stderr(&s.log_dir, cfg.task.as_str());
     if s.foreign > 0 && crate::shared::diag::launched() {
         // Said on the launcher's pipe before; the log keeps it.
         tracing::warn!(foreign_names = s.foreign, "names logmon did not make (a planted FIFO, lock or socket) were removed and replaced at start; see status foreign_names");
     }
-    // Confined before the ready line, on the only thread (DESIGN.md §10).
+    // Confined before the ready line, on the only thread (docs/design.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
     crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::run(
         &s.log_dir,
@@ -799,7 +799,7 @@ fn drain(pumps: [Option<Pump>; 2], mut failed: Option<io::Error>) -> Result<(), 
 
 /// Under systemd, when its log directory is deleted, a confined logmon
 /// exits with a failure instead of waiting per its write-error policy
-/// (DESIGN.md §7, §10): the unit's `Restart=on-failure` starts it again,
+/// (docs/design.md §7, §10): the unit's `Restart=on-failure` starts it again,
 /// `LogsDirectory=` recreates the directory first, and the FIFOs come back
 /// from the fd store, so the task's pipe is never broken and, with
 /// `--on-write-error block`, no byte is lost (with `drop`, what came in

@@ -1,5 +1,5 @@
 //! The daemon's event loop: one epoll descriptor, and the nearest deadline
-//! as its timeout (issue #16).
+//! as its timeout.
 //!
 //! Why not an async runtime: a `run` daemon waits on a handful of things —
 //! one signalfd (stop signals and the FIFOs' SIGIO), the control listener,

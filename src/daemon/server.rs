@@ -1,4 +1,4 @@
-//! The control socket (DESIGN.md §4): binding it safely and serving
+//! The control socket (docs/design.md §4): binding it safely and serving
 //! `Hello` → `Welcome`, then `Stats`, `Settings`, `Stop`, `Reopen`, `Ping`.
 //!
 //! A connection speaks the protocol its `Hello` names, if this build
@@ -347,7 +347,7 @@ fn log_dir_sticky(dir: &Dir) -> bool {
 
 /// Whether the log directory is gone for this logmon: the directory opened
 /// at start was deleted, and either logmon is confined (it never recreates
-/// it, DESIGN.md §10) or nothing it would write into sits at its name (a
+/// it, docs/design.md §10) or nothing it would write into sits at its name (a
 /// directory of its own uid, which it recreates or adopts at the next
 /// write).
 fn log_dir_gone(dir: &Dir) -> bool {

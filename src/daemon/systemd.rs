@@ -1,4 +1,4 @@
-//! systemd integration (DESIGN.md §7): readiness notifications, the fd
+//! systemd integration (docs/design.md §7): readiness notifications, the fd
 //! store that keeps the FIFOs open across restarts, socket activation of
 //! the control socket, and diagnostics to the journal.
 //!
@@ -478,8 +478,8 @@ pub fn notify_stopping() {
 
 /// Keeps systemd's `STATUS=` current.
 ///
-/// Why it is built this way: an idle logmon must make no syscalls (DESIGN
-/// §2), so a periodic timer is out. Counters change only when the pumps
+/// Why it is built this way: an idle logmon must make no syscalls
+/// (docs/design.md §2), so a periodic timer is out. Counters change only when the pumps
 /// move bytes, and they say so ([`activity`](Self::activity)), so this
 /// waits for exactly that (not on the FIFOs themselves: polling a pipe
 /// would make every write of the task pay for a wakeup, see

@@ -1,4 +1,4 @@
-//! The node at a glance (DESIGN.md §13): every logmon under given log
+//! The node at a glance (docs/design.md §13): every logmon under given log
 //! directories, or found below `--watch ROOT` by `--pattern`, with its
 //! state and figures — what `logmon ls` prints and what the shipper's
 //! `--metrics-listen` endpoint serves as OpenMetrics.

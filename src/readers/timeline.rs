@@ -1,4 +1,4 @@
-//! When each line was captured, read back (DESIGN.md §11): per-line capture
+//! When each line was captured, read back (docs/design.md §11): per-line capture
 //! times from the index beside each log file ([`crate::shared::index`]), `--since`
 //! found by searching, lines cut into CRI pieces, and the reader's cursor.
 //!
@@ -47,7 +47,7 @@
 //!   (`tests/it/readers/timeline_props.rs`
 //!   `a_killed_reader_resumed_from_its_cursor_loses_nothing_and_repeats_at_most_one_write`.)
 //!
-//! Against a hostile task (DESIGN.md §9; the CLI's side is in
+//! Against a hostile task (docs/design.md §9; the CLI's side is in
 //! `cli/logs.rs`):
 //!
 //! - **Only logmon's indexes are believed.** An index is opened through
@@ -480,7 +480,7 @@ impl Stamper {
     }
 
     /// Index names skipped since the last call, each once: (the name's
-    /// path, what sits there). A reader reports them (DESIGN.md §9).
+    /// path, what sits there). A reader reports them (docs/design.md §9).
     pub fn take_skipped(&mut self) -> Vec<(std::path::PathBuf, String)> {
         std::mem::take(&mut self.skipped)
     }

@@ -1,5 +1,5 @@
 //! Configuration: task names, sizes, streams, limits and the default paths
-//! derived from `--log-dir` and `--task` (DESIGN.md §1, §2, §4).
+//! derived from `--log-dir` and `--task` (docs/design.md §1, §2, §4).
 //!
 //! Everything here is pure: validation happens before any file is touched,
 //! so a bad flag never leaves half a daemon behind.
@@ -183,11 +183,11 @@ pub struct CaptureConfig {
     pub on_write_error: WriteErrorPolicy,
     /// Control socket path.
     pub socket: PathBuf,
-    /// Run without self-confinement (`--no-sandbox`, DESIGN.md §10): passed
+    /// Run without self-confinement (`--no-sandbox`, docs/design.md §10): passed
     /// on to a launched daemon so the flag means the same by every route.
     pub no_sandbox: bool,
     /// Bytes per stream past `max_files` that purge holds for the node's
-    /// shipper while it has not read them (`--keep-unshipped`, DESIGN.md
+    /// shipper while it has not read them (`--keep-unshipped`, docs/design.md
     /// §12); 0: none.
     pub keep_unshipped: u64,
     /// Bytes per second each stream may write (`--rate-limit`,
@@ -196,7 +196,7 @@ pub struct CaptureConfig {
     /// Depth of each stream's token bucket (`--rate-burst`); `None`: one
     /// second of the rate, at least [`MIN_RATE_BURST`].
     pub rate_burst: Option<u64>,
-    /// The task's metadata (`--meta KEY=VALUE`, DESIGN.md §11): shown in
+    /// The task's metadata (`--meta KEY=VALUE`, docs/design.md §11): shown in
     /// `status`, written for readers to `.<task>.logmon.meta`. Empty given
     /// to [`crate::agent::hook::Hook`] means "keep the metadata in the state".
     pub meta: Meta,

@@ -1,5 +1,5 @@
 //! logmon's own diagnostics: where they go and how they are written
-//! (DESIGN.md §9, issue #12 item 3, issue #16 item 3, issue #19).
+//! (docs/design.md §9).
 //!
 //! # The subscriber ([`Diag`])
 //!

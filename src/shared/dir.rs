@@ -1,5 +1,5 @@
 //! Directory handles: the only way logmon touches a name inside a directory
-//! it shares with the task (DESIGN.md §9).
+//! it shares with the task (docs/design.md §9).
 //!
 //! The task may create, rename and remove names in the log directory (the
 //! reference makes it 0777) at any moment, racing every step. So a [`Dir`]
@@ -335,7 +335,7 @@ impl Dir {
 
     /// The parent directory's descriptor (`O_PATH`), held since
     /// [`Dir::open`] for [`Dir::recreate`] (without the sandbox: the
-    /// sandbox grants the parent nothing, DESIGN.md §10).
+    /// sandbox grants the parent nothing, docs/design.md §10).
     pub fn parent_fd(&self) -> Option<BorrowedFd<'_>> {
         self.parent.as_ref().map(|(fd, _)| fd.as_fd())
     }
@@ -358,7 +358,7 @@ impl Dir {
     /// Sets the sticky bit (`S_ISVTX`) on the directory, through its
     /// descriptor (`fchmod`; every other mode bit kept), so that a user
     /// who may write in it can no longer rename or remove other users'
-    /// names there (DESIGN.md §9). Done only when logmon owns the
+    /// names there (docs/design.md §9). Done only when logmon owns the
     /// directory or runs as root; otherwise, or when `fchmod` fails (no
     /// `CAP_FOWNER`, a read-only or immutable directory), says why. Already
     /// sticky: nothing to do.
@@ -1031,7 +1031,7 @@ fn owners_accepted_in(value: Option<&str>) -> Vec<u32> {
 }
 
 /// What a reader may believe about the names in a directory a task
-/// shares (DESIGN.md §9): who owns it, and whether others can rename or
+/// shares (docs/design.md §9): who owns it, and whether others can rename or
 /// remove names in it. Taken from an `fstat` of the directory's
 /// descriptor ([`Dir::trust`]), so it describes the directory opened, not
 /// whatever its path names now.

@@ -1,4 +1,4 @@
-//! FIFOs: creating, validating and opening both ends (DESIGN.md §2). The
+//! FIFOs: creating, validating and opening both ends (docs/design.md §2). The
 //! pipe primitives capture is built on (sizing, FIONREAD, tee, splice) are
 //! in [`crate::daemon::capture::pipe`], the SIGIO wakeup in
 //! [`crate::daemon::capture::sigio`].

@@ -1,4 +1,4 @@
-//! The capture-time index (DESIGN.md §11): when each batch of a log file
+//! The capture-time index (docs/design.md §11): when each batch of a log file
 //! was captured, kept beside the file so the file itself stays
 //! byte-identical to what the task wrote.
 //!
@@ -1035,7 +1035,7 @@ pub const HWM_WIDTH: usize = 20;
 /// task deleted is created again).
 ///
 /// Why not a temporary file renamed over the name: the sandbox allows no
-/// rename (DESIGN.md §10, seccomp allow-list and no Landlock `Refer`), and
+/// rename (docs/design.md §10, seccomp allow-list and no Landlock `Refer`), and
 /// none is needed. The field is written whole by one syscall into a file
 /// whose length never changes, so a killed logmon leaves the old value or
 /// the new one, never a mix, and the only reader is the next logmon (which

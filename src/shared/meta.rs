@@ -1,4 +1,4 @@
-//! Task metadata (DESIGN.md §11): `--meta KEY=VALUE` pairs an agent
+//! Task metadata (docs/design.md §11): `--meta KEY=VALUE` pairs an agent
 //! attaches to a task (namespace, job, group, alloc id, node…), shown in
 //! `status`, carried by `logs --format json` and by the shipper, and kept
 //! by `ensure` across relaunches.

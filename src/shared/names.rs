@@ -1,4 +1,4 @@
-//! The names of a task's files in its log directory (DESIGN.md §1, §11):
+//! The names of a task's files in its log directory (docs/design.md §1, §11):
 //! the task's name and its two streams, the log files
 //! `<task>.<stream>.<N>`, their capture-time indexes
 //! `.<task>.<stream>.<N>.idx` and the stream's high-water mark

@@ -1,4 +1,4 @@
-//! Process identity (DESIGN.md §3, §5): a pid alone can be reused, so a
+//! Process identity (docs/design.md §3, §5): a pid alone can be reused, so a
 //! logmon is identified by its pid, the start time the kernel recorded for
 //! it, and a random instance id it picked at start.
 //!

@@ -1,4 +1,4 @@
-//! The control-socket wire format (DESIGN.md §4) and the ready line (§3).
+//! The control-socket wire format (docs/design.md §4) and the ready line (§3).
 //!
 //! A frame is a 4-byte big-endian length followed by a postcard-encoded
 //! message; frames over [`MAX_FRAME`] are refused before anything is
@@ -7,7 +7,7 @@
 //! [`write_frame`] / [`read_frame`]; both sides build frames with
 //! [`frame`] (the tests below check they agree).
 //!
-//! # Versions (DESIGN.md §5, "Upgrades")
+//! # Versions (docs/design.md §5, "Upgrades")
 //!
 //! The messages in this module are protocol [`PROTOCOL_VERSION`] (2). A
 //! build also speaks the protocol of the previous release,
@@ -34,7 +34,7 @@
 //! keep speaking it. Within a development cycle the current messages may
 //! still grow. postcard is not self-describing: a peer of the older
 //! layout cannot decode a message that grew a trailing field ("Hit the end
-//! of buffer"), and `#[serde(default)]` does not help (issue #32.3).
+//! of buffer"), and `#[serde(default)]` does not help.
 //!
 //! The effective settings travel as a map of flag names
 //! (`Request::Settings`, added in protocol 2's development cycle at the
@@ -170,7 +170,7 @@ pub struct Welcome {
     pub log_dir: std::path::PathBuf,
     /// The log directory's device and inode, as opened at start: an agent
     /// compares it with the directory it resolved before trusting (or
-    /// stopping) this logmon (DESIGN.md §9).
+    /// stopping) this logmon (docs/design.md §9).
     pub log_dir_id: crate::shared::dir::FileId,
     /// The device and inode of the socket file it bound (zero under socket
     /// activation when unknown): a client that reached it through a path
@@ -200,10 +200,10 @@ pub struct StreamStats {
     pub files_recreated: u64,
     /// Names this stream would have created (or resumed) that were taken
     /// by something logmon did not create: removed or skipped, never
-    /// written through (DESIGN.md §9).
+    /// written through (docs/design.md §9).
     pub foreign_names: u64,
     /// Failed writes of the capture-time index or the high-water mark
-    /// (DESIGN.md §11); the log files were written all the same.
+    /// (docs/design.md §11); the log files were written all the same.
     #[serde(default)]
     pub index_errors: u64,
     /// Bytes taken out of the pipe and not written because the stream was
@@ -230,19 +230,19 @@ pub struct Stats {
     /// Names of the task's control files (lock, FIFOs, socket) that were
     /// taken by something logmon did not create and were removed.
     pub foreign_names: u64,
-    /// The self-confinement in force (DESIGN.md §10).
+    /// The self-confinement in force (docs/design.md §10).
     pub sandbox: crate::shared::sandbox::Status,
-    /// The task's metadata (`--meta`, DESIGN.md §11). Last, so an older
+    /// The task's metadata (`--meta`, docs/design.md §11). Last, so an older
     /// client (postcard ignores trailing bytes) still decodes the rest.
     pub meta: crate::shared::meta::Meta,
-    /// Whether the log directory has the sticky bit (DESIGN.md §9: logmon
+    /// Whether the log directory has the sticky bit (docs/design.md §9: logmon
     /// sets it when it owns the directory or runs as root, and warns when
     /// it cannot); without it, a task that may write there can rename
     /// logmon's files.
     #[serde(default)]
     pub log_dir_sticky: bool,
     /// The log directory was deleted and logmon cannot write into it any
-    /// more (a confined logmon never recreates it, DESIGN.md §10): its
+    /// more (a confined logmon never recreates it, docs/design.md §10): its
     /// bytes are dropped or wait in the pipe per the write-error policy,
     /// until the next logmon takes over.
     #[serde(default)]

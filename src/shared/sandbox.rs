@@ -1,4 +1,4 @@
-//! Self-confinement (DESIGN.md §10): once `run` is set up, and before
+//! Self-confinement (docs/design.md §10): once `run` is set up, and before
 //! `logs` reads anything, logmon takes away from itself everything it does
 //! not need, so that a bug a hostile task finds in it cannot become a host
 //! compromise.
@@ -35,7 +35,7 @@
 //!      into another directory (`Refer`), device ioctls;
 //!    - nothing beneath the log directory's parent, nor any other
 //!      parent: the perimeter is logmon's own directories themselves
-//!      (issue #26.5, #26.10). A rule on the parent would be the only way
+//!. A rule on the parent would be the only way
 //!      to write into a deleted log directory recreated at the same path
 //!      (Landlock rules attach to inodes, and the new directory is a new
 //!      inode), but it would open the parent's whole tree: with

@@ -1,4 +1,4 @@
-//! The shipper's position beside the files (DESIGN.md §12):
+//! The shipper's position beside the files (docs/design.md §12):
 //! `.<task>.<stream>.shipped` in the log directory, written by `logmon
 //! ship` after each acknowledged window and read by `run --keep-unshipped
 //! SIZE` at rotation, so `run` finds it from the log directory alone.

@@ -1,6 +1,6 @@
 //! Stop signals (SIGTERM, SIGINT) read from a signalfd: polled by the
 //! daemon's own event loop in `run` (with SIGIO, see `capture::sigio`), and
-//! by the tokio runtime in `logs` and `logmon-ship` (issue #16).
+//! by the tokio runtime in `logs` and `logmon-ship`.
 //!
 //! Why not `tokio::signal`: with tokio's `signal` feature compiled in,
 //! every runtime with I/O builds tokio's signal driver, which makes a

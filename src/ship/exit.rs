@@ -1,4 +1,4 @@
-//! How `logmon-ship` ends: its exit codes (DESIGN.md's policy: 2 for
+//! How `logmon-ship` ends: its exit codes (docs/design.md's policy: 2 for
 //! what is checkable before connecting, 1 for a refusal, 75 for a server
 //! that cannot be reached) and the one-line failure that each step of its
 //! command line and `--status` returns. `cli` re-exports them.

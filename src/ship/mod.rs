@@ -1,4 +1,4 @@
-//! `logmon ship` (DESIGN.md §12): one process per node that publishes every
+//! `logmon ship` (docs/design.md §12): one process per node that publishes every
 //! stream of the tasks in its log directories into a NATS JetStream stream,
 //! exactly once, without ever slowing a task, and without letting one task
 //! forge, stall or starve another (§9).

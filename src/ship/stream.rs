@@ -1,7 +1,7 @@
 //! One followed stream of one task, and how its next window is planned:
 //! from the files themselves (the cursor file's `fstat`, the next file's
 //! `fstatat`), not from a listing that may be stale, so a caught-up
-//! shipper never sleeps on a stream with unshipped bytes (DESIGN.md §12;
+//! shipper never sleeps on a stream with unshipped bytes (docs/design.md §12;
 //! `tests::a_stream_is_idle_only_when_its_files_say_so_not_a_stale_listing`),
 //! and a rotation between two of its looks is neither a gap nor a skipped
 //! tail (`tests::a_rotation_between_two_looks_is_no_gap_and_skips_no_byte`).
@@ -746,7 +746,7 @@ mod tests {
         (s, key)
     }
 
-    /// Issue #31: the shipper had shipped file 0 whole and its listing
+    /// the shipper had shipped file 0 whole and its listing
     /// knew no file 1 when logmon rotated: it slept with file 1's bytes
     /// unshipped. The plan looks the next file up on disk instead.
     #[test]
@@ -791,7 +791,7 @@ mod tests {
         }
     }
 
-    /// Issue #31 (the chaos run): logmon rotated between the plan's two
+    /// the chaos run: logmon rotated between the plan's two
     /// looks for the next file (absent, then there). The shipper published
     /// a gap record of 0 files and moved to the new file, skipping what
     /// logmon had appended to the old one in between. Raced here: a thread

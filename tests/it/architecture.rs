@@ -1,4 +1,4 @@
-//! No import cycle between the modules of `src/` (issue #29): what a
+//! No import cycle between the modules of `src/`: what a
 //! module takes, it takes from modules that do not take from it, so each
 //! side can be read, and changed, after what it stands on (`src/lib.rs`
 //! names the sides).

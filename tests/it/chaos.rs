@@ -1,4 +1,4 @@
-//! The chaos run (issue #31), short: 20 tasks for 60 s of random faults —
+//! The chaos run, short: 20 tasks for 60 s of random faults —
 //! kill -9 and SIGSTOP of logmons, of the agent and of the shipper, kill -9
 //! of one NATS node and of all three, full disks, task restarts, tasks
 //! ending and starting — then every line each task wrote must be in

@@ -1184,15 +1184,10 @@ fn the_systemd_extractor_finds_exactly_the_sh_systemd_blocks() {
 /// below skips them, and fails once one of them no longer cites any, so
 /// that this list only shrinks. Empty, the check covers every file.
 const NOT_YET_STANDING_ALONE: &[&str] = &[
-    "src/",
-    "tests/",
-    "benches/capture.rs",
-    "benches/chaos.rs",
-    "clippy.toml",
-    "monitoring/logmon-alerts.yml",
+    // The record of past benchmark runs, whose headings and anchors name
+    // the work they measured by its number; the figures that hold today
+    // are in docs/performance.md.
     "docs/history.md",
-    "docs/security.md",
-    "systemd/logmon-ship.service",
 ];
 
 /// What cites a document outside the repository, found in `line`: the

@@ -1,4 +1,4 @@
-//! The node at a glance (DESIGN.md §13): `logmon ls` against real logmons
+//! The node at a glance (docs/design.md §13): `logmon ls` against real logmons
 //! in every state, against what a task plants (as uid 65534), against a
 //! socket that never answers; the counters over a restart; the shipper's
 //! `--metrics-listen` endpoint; a real Prometheus scraping it while one

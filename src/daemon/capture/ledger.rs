@@ -3,8 +3,8 @@
 //! logmon killed during a write-error spell does not take it along: the
 //! next logmon of the task finds it and writes the `logmon: dropped N
 //! bytes` marker itself. Without it a kill -9 on a full disk made the loss
-//! silent (issue #31;
-//! `tests/it/chaos.rs::a_drop_count_outlives_a_kill_9_of_its_logmon`).
+//! silent
+//! (`tests/it/chaos.rs::a_drop_count_outlives_a_kill_9_of_its_logmon`).
 //!
 //! The file is made (and its bytes allocated) when capture starts, while
 //! the disk most likely has room, and kept open: storing a count is one

@@ -1,4 +1,4 @@
-//! Capture: draining one FIFO into its rotated files (DESIGN.md §2).
+//! Capture: draining one FIFO into its rotated files (docs/design.md §2).
 //!
 //! Guarantees kept here:
 //! - **No loss on SIGKILL.** Bytes leave the pipe only through splice(2)
@@ -16,7 +16,7 @@
 //! - **No timers when idle.** The only timers are the partial-line deadline,
 //!   the write-error retry and the drain of bytes waiting in the pipe, each
 //!   armed only while there is such work.
-//! - **Coalesced, bounded draining** (issue #30): a quiet stream's first
+//! - **Coalesced, bounded draining**: a quiet stream's first
 //!   bytes wait in the pipe, not in logmon, for at most `--max-delay`
 //!   ([`Pump`]), so later writes ride the same wakeup; a filling pipe, a
 //!   partial line's deadline and a stop drain at once
@@ -31,7 +31,7 @@
 //!   The count of bytes dropped and not yet announced is kept beside the
 //!   files (`ledger`), so a logmon killed before its marker leaves it to
 //!   the next one (`tests/it/chaos.rs::a_drop_count_outlives_a_kill_9_of_its_logmon`).
-//! - **Capture time beside the bytes** (DESIGN.md §11): what one drain
+//! - **Capture time beside the bytes** (docs/design.md §11): what one drain
 //!   pass moves into one file is one batch and gets one record in that
 //!   file's index, written after the bytes (never a syscall per line; the
 //!   files stay byte-identical and zero-copy). A failing index is counted in
@@ -123,8 +123,8 @@ pub const SPLICE_PIECE: usize = 64 * 1024;
 /// blocks again: one switch each way per piece (15,600 per GiB at 64 KiB,
 /// 4,100 at 256 KiB, `/proc/PID/status`), and a shorter hold of the mutex
 /// lets in no write, since the task cannot run meanwhile anyway. Measured
-/// with the writer and logmon pinned to one CPU (README, "Issue 16,
-/// placement pinned").
+/// with the writer and logmon pinned to one CPU (docs/history.md,
+/// the run with placement pinned).
 pub const SHARED_CPU_PIECE: usize = 256 * 1024;
 
 /// A FIFO as a [`Source`].

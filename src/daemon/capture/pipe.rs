@@ -242,7 +242,7 @@ impl Peeker {
     fn read_last_newline(&mut self, n: usize) -> io::Result<Option<usize>> {
         // On the stack, not in each Peeker: the pumps of one daemon share
         // its one thread's stack, so this is one buffer per daemon, not one
-        // resident heap buffer per stream (issue #16, memory per instance).
+        // resident heap buffer per stream (memory per instance).
         // Not zeroed: only the bytes a read writes are touched, so a daemon
         // that has only ever peeked at short lines keeps one page of it
         // resident, not all of them.

@@ -6,7 +6,7 @@
 //! Guarantees kept here:
 //! - no syscalls while idle, no timers unless bytes, a partial line or a
 //!   write error wait (`tests/it/daemon/capture.rs::an_idle_logmon_does_not_wake_up`);
-//! - **coalesced draining, bounded** (issue #30): bytes wait in the pipe at
+//! - **coalesced draining, bounded**: bytes wait in the pipe at
 //!   most `--max-delay` before a drain takes them (plus the loop's
 //!   rounding to the millisecond), so later writes ride the same wakeup;
 //!   nothing is held in logmon, so a kill -9 loses none of them

@@ -1,4 +1,4 @@
-//! The active file (DESIGN.md §1, §9): created at its first byte through
+//! The active file (docs/design.md §1, §9): created at its first byte through
 //! the directory handle (`O_EXCL|O_NOFOLLOW`, planted names removed and
 //! counted, or skipped), preallocated ahead of large writes, followed
 //! through a deletion, a truncation or a rename by others, and the
@@ -126,7 +126,7 @@ impl Rotator {
 
     /// The active file was renamed away — out of the directory, or to
     /// another name in it — by someone who may rename logmon's files
-    /// (issue #26.9): it is closed untouched (no trim, no more records in
+    /// it is closed untouched (no trim, no more records in
     /// its index) and capture goes on in a new file at the next index.
     /// Counted as a foreign name.
     pub(super) fn moved_away(&mut self) {

@@ -1,4 +1,4 @@
-//! The shipper's hold (`run --keep-unshipped SIZE`, DESIGN.md §12): purge
+//! The shipper's hold (`run --keep-unshipped SIZE`, docs/design.md §12): purge
 //! keeps up to SIZE bytes per stream of files the shipper has not
 //! finished, read from its position beside the files. Tests:
 //! `keep_unshipped_holds_a_stream_the_shipper_has_not_reached_up_to_size`

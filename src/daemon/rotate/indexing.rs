@@ -1,4 +1,4 @@
-//! The capture-time index the rotator keeps beside each file (DESIGN.md
+//! The capture-time index the rotator keeps beside each file (docs/design.md
 //! §11; the format is [`crate::shared::index`]): one record per batch,
 //! after its bytes; opened, resumed, recycled and removed with its file;
 //! the stream's high-water mark; failures counted, never in capture's way.

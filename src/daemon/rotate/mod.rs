@@ -1,4 +1,4 @@
-//! Size-rotated log files in the reference layout (DESIGN.md §1).
+//! Size-rotated log files in the reference layout (docs/design.md §1).
 //!
 //! Files are `<log-dir>/<task>.<stream>.<N>`, N a plain decimal from 0; the
 //! active file is the highest N and files are never renamed.
@@ -19,8 +19,8 @@
 //!   (regular, one link, its uid), and a name planted above the active one
 //!   is neither counted nor purged until rotation reaches it, so
 //!   `--max-files` holds whatever the task plants, a file at
-//!   [`MAX_INDEX`](crate::shared::names::MAX_INDEX) included (issue #26.4, #26.7:
-//!   `a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`,
+//!   [`MAX_INDEX`](crate::shared::names::MAX_INDEX) included
+//!   (`a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`,
 //!   `a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering`,
 //!   `tests/it/daemon/hostile_daemon.rs::a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files`);
 //!   numbering never passes [`MAX_INDEX`](crate::shared::names::MAX_INDEX): reachable only from a forged
@@ -28,7 +28,7 @@
 //!   (`Rotator::next_index`,
 //!   `numbering_that_would_pass_max_index_starts_over_at_zero`);
 //! - every name is resolved through the log directory's [`Dir`], opened once
-//!   (DESIGN.md §9): a new file is created `O_EXCL|O_NOFOLLOW`, and whatever
+//!   (docs/design.md §9): a new file is created `O_EXCL|O_NOFOLLOW`, and whatever
 //!   the task planted at its name (symlink, hard link, FIFO, device,
 //!   directory, foreign file) is removed — never followed or written — and
 //!   counted in `foreign_names`, or skipped for the next index when it
@@ -43,8 +43,8 @@
 //!   not logmon's or root's), the active file is checked once per drain
 //!   pass to still be the file at its name; one renamed away (out of the
 //!   directory, or over another name) is closed untouched and capture
-//!   goes on in a new file, counted as foreign (issue #26.9:
-//!   `an_active_file_renamed_away_is_not_appended_to_where_names_can_move`,
+//!   goes on in a new file, counted as foreign
+//!   (`an_active_file_renamed_away_is_not_appended_to_where_names_can_move`,
 //!   `tests/it/daemon/hostile_daemon.rs::an_active_file_the_task_renames_away_is_not_appended_to`).
 //!   In a sticky directory of logmon's or root's this costs no syscall;
 //! - `--keep-unshipped SIZE` holds purge for the shipper, up to SIZE per
@@ -1109,7 +1109,7 @@ mod tests {
         let logs = d.path().join("logs");
         std::fs::create_dir(&logs).unwrap();
         std::fs::write(logs.join("web.stdout.4"), b"four\n").unwrap();
-        // What the task plants (issue #26.4): an empty file of its own at
+        // What the task plants: an empty file of its own at
         // the largest index, names past it that no rotation reaches, and
         // a symlink just below it.
         plant_foreign_file(&logs.join(format!("web.stdout.{MAX_INDEX}")));

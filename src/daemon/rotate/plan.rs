@@ -1,4 +1,4 @@
-//! Planning (DESIGN.md §1): how many of the waiting bytes go into the
+//! Planning (docs/design.md §1): how many of the waiting bytes go into the
 //! active file, whether it rotates first, or whether a partial line waits
 //! for its newline — a pure function of sizes and what was peeked, so the
 //! rule is tested without files (`plan_*` in `super::tests`) and as
@@ -27,7 +27,7 @@ pub enum Step {
 /// otherwise the waiting bytes continue a line begun in it.
 ///
 /// A file ends early only because the next *whole* line does not fit: a
-/// line already begun in the file fills it first (DESIGN.md §1; a file
+/// line already begun in the file fills it first (docs/design.md §1; a file
 /// left mid-line by a logmon killed between two splices of one piece is
 /// resumed that way, `a_resumed_file_ending_mid_line_is_filled_before_the_next`).
 pub fn plan(

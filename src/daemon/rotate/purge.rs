@@ -1,4 +1,4 @@
-//! Purging (DESIGN.md §1): at most `max_files` files per stream, the
+//! Purging (docs/design.md §1): at most `max_files` files per stream, the
 //! lowest first, only names of the exact form `<task>.<stream>.<N>`, each
 //! file's index before the file; and the start-over that removes them all.
 //! Tests: `super::tests` (`purge_removes_a_files_index_with_it_and_orphans_below_the_active_one`,

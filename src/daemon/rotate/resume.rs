@@ -1,4 +1,4 @@
-//! Resuming (DESIGN.md §1, §9): the active file a new logmon appends to
+//! Resuming (docs/design.md §1, §9): the active file a new logmon appends to
 //! is the highest of logmon's own files, byte-exact, at or past the
 //! high-water mark; a name the task planted never pushes the numbering
 //! (`a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering`,

@@ -1,5 +1,5 @@
 //! What the directory holds of the stream, and which of it may be read
-//! (DESIGN.md §9): one listing classifies every name of the stream with
+//! (docs/design.md §9): one listing classifies every name of the stream with
 //! `fstatat` (log file, something else, gone); only a file logmon wrote is
 //! opened, non-blocking, and checked again on what was opened; the sizes
 //! seen are kept so that a purge can be reported in bytes. Tests:

@@ -1,5 +1,5 @@
 //! Reading one stream of a task across its rotated files, and following it
-//! (`logmon logs`, DESIGN.md §1, §6 and §9).
+//! (`logmon logs`, docs/design.md §1, §6 and §9).
 //!
 //! A [`Follower`] yields the bytes of `<task>.<stream>.<N>` in index order as
 //! [`Chunk`]s that carry their file index and offset, so a caller can resume

@@ -1,4 +1,4 @@
-//! Reading on (DESIGN.md §1, §6): the current file to its end, then a
+//! Reading on (docs/design.md §1, §6): the current file to its end, then a
 //! later file, a truncation or a replacement at its name, or a wait; the
 //! next file opened, with what was purged before it reported. Tests:
 //! `super::tests` (`chunks_carry_contiguous_positions`,

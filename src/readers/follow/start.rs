@@ -1,4 +1,4 @@
-//! Where reading starts (DESIGN.md §6): the beginning, a saved position,
+//! Where reading starts (docs/design.md §6): the beginning, a saved position,
 //! or exactly N bytes or N lines before the end, across files, reading
 //! only log files. Tests: `super::tests` (`last_lines_match_a_reference_tail`,
 //! `last_bytes_span_files`).

@@ -1,4 +1,4 @@
-//! No polling (DESIGN.md §6): one inotify watch on the open directory
+//! No polling (docs/design.md §6): one inotify watch on the open directory
 //! (`/proc/self/fd/<fd>`, so a swapped path cannot redirect it) wakes the
 //! reader on any change to the stream's files, and records the sizes of
 //! files as they are completed, while the reader is busy elsewhere. Tests:

@@ -1,4 +1,4 @@
-//! The agent-side lifecycle (DESIGN.md §5): `ensure` keeps the running
+//! The agent-side lifecycle (docs/design.md §5): `ensure` keeps the running
 //! logmon or replaces it, and a task streaming through its task end loses
 //! no line across agent restarts, SIGKILLed and SIGSTOPped logmons.
 
@@ -607,7 +607,7 @@ fn hook_for(cfg: CaptureConfig) -> Hook {
     h
 }
 
-/// Issue #19 defect 2: a state naming a live process that is not this
+/// a state naming a live process that is not this
 /// task's logmon (a `sleep` with its real pid and start time) is never
 /// signalled; ensure says so and launches fresh.
 #[test]
@@ -642,7 +642,7 @@ fn a_live_process_named_by_the_state_is_never_killed() {
     );
 }
 
-/// Issue #19 defect 3: `ensure --task other` with task `en`'s state does
+/// `ensure --task other` with task `en`'s state does
 /// not reattach to en's logmon and does not stop it.
 #[test]
 fn ensure_for_another_task_leaves_its_logmon_alone() {
@@ -661,7 +661,7 @@ fn ensure_for_another_task_leaves_its_logmon_alone() {
     assert!(out.reason.unwrap().starts_with("StateOfOtherTask"));
 }
 
-/// Issue #12 item 7: with a lost state, a symlink planted at this task's
+/// with a lost state, a symlink planted at this task's
 /// socket name pointing at another task's socket never gets that logmon
 /// stopped.
 #[test]
@@ -695,7 +695,7 @@ fn a_planted_socket_symlink_never_stops_another_tasks_logmon() {
     ));
 }
 
-/// Issue #12 item 9: the state file replaces a planted symlink as a name;
+/// the state file replaces a planted symlink as a name;
 /// the symlink's target is never written.
 #[test]
 fn a_symlink_planted_at_the_state_file_is_replaced_not_followed() {
@@ -731,7 +731,7 @@ fn status_of(a: &Agent) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// `ensure --meta` keeps the metadata with the state (DESIGN.md §11): after
+/// `ensure --meta` keeps the metadata with the state (docs/design.md §11): after
 /// the logmon is SIGKILLed, an `ensure` without `--meta` launches the new
 /// logmon with the state's metadata; an `ensure` with `--meta` gets its own
 /// (for a launch), and a reattach asking for other metadata keeps the
@@ -934,7 +934,7 @@ fn config_of(v: &serde_json::Value) -> ReattachConfig {
     serde_json::from_value(v["config"].clone()).unwrap()
 }
 
-/// DESIGN.md §10, issue #26.5: the log directory deleted under a confined
+/// docs/design.md §10: the log directory deleted under a confined
 /// logmon in the default layout (FIFOs, socket and lock in it). The next
 /// `ensure` recreates the directory (the last component only, sticky,
 /// 0755 less the umask), proves the old logmon is this task's by the lock

@@ -1,4 +1,4 @@
-//! A logmon that dies during the handshake (DESIGN.md §5, issue #13): any
+//! A logmon that dies during the handshake (docs/design.md §5): any
 //! I/O failure before a `Welcome` — the connection reset, closed, or cut in
 //! the middle of a frame — is `Unresponsive` (or `ProcessGone` when the
 //! recorded process is gone by then), never `ProtocolMismatch`; only a

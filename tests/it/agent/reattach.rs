@@ -1,7 +1,7 @@
-//! Reattach (DESIGN.md §3, §5, §6): every typed reason of
+//! Reattach (docs/design.md §3, §5, §6): every typed reason of
 //! `logmon::client::ReattachError` produced for real, the ready line, the
 //! launched daemon outliving its launcher, and the `launch`, `reattach`,
-//! `status` and `stop` subcommands (issue #3).
+//! `status` and `stop` subcommands.
 //!
 //! Every process started here is killed by a guard (`Daemon`, `Detached`,
 //! `Kill`), SIGSTOPped ones included (SIGKILL works on stopped processes).
@@ -313,7 +313,7 @@ fn launched_daemon_reattaches_and_the_handle_works() {
 
 /// Check 1: truncated, garbage, empty or ill-typed state → CorruptState
 /// (never a panic), from the library and from the CLI, exit 1 (retrying
-/// cannot help: issue #19); a missing file is NoState, exit 2.
+/// cannot help:); a missing file is NoState, exit 2.
 #[test]
 fn corrupt_state_is_named() {
     let dir = tempdir();
@@ -1261,7 +1261,7 @@ fn cli_stop_drains_and_waits_for_exit() {
     assert_no_file(&rc.socket);
     assert_numbered(&read_stream(dir.path(), "a", Stream::Stdout), 0, 30000);
     // Stopping again: it is gone, which is success, said on stderr
-    // (issue #19: exit 0, was 75).
+    // (exit 0, was 75).
     let out = cli(&["stop", "--state", state.to_str().unwrap()]);
     let err = assert_exit(&out, 0);
     assert!(

@@ -1,4 +1,4 @@
-//! Bounded soak (issue #8): many tasks stream numbered lines through their
+//! Bounded soak: many tasks stream numbered lines through their
 //! task ends while an agent, built on the library hook, SIGKILLs random
 //! logmons and ensures them again, restarts itself (dropping all in-memory
 //! state and reloading it from the state files), and rotation runs every

@@ -1,5 +1,5 @@
 //! Upgrades and downgrades against the previous release, with its real
-//! binaries (DESIGN.md §5, "Upgrades"; issue #32.3): a package upgrade on a
+//! binaries (docs/design.md §5, "Upgrades"): a package upgrade on a
 //! live node restarts no logmon, and an agent downgraded by one release
 //! still reattaches to, reports on and stops a logmon of this one.
 //!

@@ -1,4 +1,4 @@
-//! The chaos run (issue #31): a node's worth of tasks captured by logmon
+//! The chaos run: a node's worth of tasks captured by logmon
 //! and shipped into an R3 JetStream stream on a 3-node cluster, under
 //! random faults for a set time, then checked end to end.
 //!

@@ -1,4 +1,4 @@
-//! Bad input gets a clear error and loses nothing (DESIGN.md §1, §2, §6):
+//! Bad input gets a clear error and loses nothing (docs/design.md §1, §2, §6):
 //! exactly one line on stderr naming the path or value at fault, exit 2 for
 //! usage and configuration errors (1 for the rest), nothing on stdout, no
 //! panic, no backtrace, and nothing on disk touched.

@@ -1,4 +1,4 @@
-//! The error matrix (issue #19): every failure an operator can cause, run
+//! The error matrix: every failure an operator can cause, run
 //! through the real binary, as root and (where it matters) as uid 65534.
 //!
 //! The table in [`cases`] is the documentation of logmon's failure
@@ -883,7 +883,7 @@ fn a_refused_client_reads_the_refusal_every_time() {
 }
 
 // ------------------------------------------------------------------------
-// Issue #27, the ensure/launch side: a state file that cannot be written
+//  the ensure/launch side: a state file that cannot be written
 // is named for its true cause, and a refused `launch` or `ensure` removes
 // what it created (FIFOs, task lock, metadata file) — only that, never
 // what existed before or what a live logmon holds.
@@ -1024,7 +1024,7 @@ fn a_refused_launch_or_ensure_removes_only_what_it_created() {
 }
 
 // ---------------------------------------------------------------------
-// `logs`: its cursor, its time flags, a mistyped task (issues #26, #27).
+// `logs`: its cursor, its time flags, a mistyped task.
 // Each case: the exit code, the one stderr line (substrings), and what
 // stdout holds — a cursor that does not fit is said, then every line of
 // the stream is printed, never "nothing, exit 0".
@@ -1495,7 +1495,7 @@ fn logs_follow_of_a_task_without_files_says_it_waits_then_follows() {
 }
 
 // ---------------------------------------------------------------------------
-// Issue #27, the configuration side: values the flag parser let through
+//  the configuration side: values the flag parser let through
 // (a size past 2^64 became the largest size, a repeated --meta key let the
 // last one win) or answered in clap's words instead of naming the flag.
 // ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! Capture with the real binary against real FIFOs (DESIGN.md §1, §2, §6):
+//! Capture with the real binary against real FIFOs (docs/design.md §1, §2, §6):
 //! the reference rotator's behaviours as a checklist, then the stream
 //! guarantees — every line once and in order through a FIFO, across writer
 //! reopens, restarts, kill -9 and stop signals — and `exec`.
@@ -212,7 +212,7 @@ fn appending_to_a_partly_filled_file_is_byte_exact() {
     assert_eq!(got[1], (1, numbered(1, 2)));
 }
 
-/// DESIGN §1, ported from the reference's rotator tests: a logmon killed
+/// docs/design.md §1, ported from the reference's rotator tests: a logmon killed
 /// between two splices of one long-line piece leaves the file ending
 /// mid-line; its successor fills that file before starting the next, so
 /// the layout is the one an uninterrupted logmon gives (`abcd` +
@@ -1385,7 +1385,7 @@ fn run_enlarges_the_pipes() {
 }
 
 // ---------------------------------------------------------------------------
-// One reader per FIFO, and names planted by a hostile task (DESIGN.md §9;
+// One reader per FIFO, and names planted by a hostile task (docs/design.md §9;
 // same uid here — tests/hostile.rs runs the attacker as another uid)
 // ---------------------------------------------------------------------------
 
@@ -1442,7 +1442,7 @@ impl Victim {
     }
 }
 
-/// Issue #19 defect 1: a logmon started under another task name on a FIFO
+/// A logmon started under another task name on a FIFO
 /// that a running logmon reads is refused, naming the first one's pid and
 /// task; every line then lands in the first one's files.
 #[test]
@@ -1557,7 +1557,7 @@ fn planted_dirs_and_fifos_at_future_indices_neither_hang_capture_nor_lose_lines(
 }
 
 /// A symlink or a hard link planted at the highest index before start
-/// (issue #26.4): logmon resumes the highest file of its own instead, and
+/// logmon resumes the highest file of its own instead, and
 /// the planted name never pushes the numbering; rotation (or the first
 /// file) removes it, counted, never writing through it.
 #[test]
@@ -1675,7 +1675,7 @@ fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
     assert!(!log.contains("scratch pipe smaller"), "{log}");
 }
 
-/// DESIGN §12: with `--keep-unshipped SIZE`, purge holds the files the
+/// docs/design.md §12: with `--keep-unshipped SIZE`, purge holds the files the
 /// node's shipper has not read yet — its position is the
 /// `.<task>.<stream>.shipped` file it leaves in the log directory — up to
 /// SIZE bytes per stream past `--max-files`, newest first (without a
@@ -1719,7 +1719,7 @@ fn keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size() {
     assert_eq!(run(&[], Some(1)), [8, 9]);
 }
 
-/// DESIGN §12 (issue #31, finding 2): a stream the shipper has not reached
+/// docs/design.md §12: a stream the shipper has not reached
 /// yet has no position file, and used to be purged as if nothing were
 /// owed to the shipper — a chaos run lost a whole file despite
 /// `--keep-unshipped`. It is held like any unshipped stream, up to SIZE,
@@ -1777,7 +1777,7 @@ fn keep_unshipped_holds_a_stream_until_the_shipper_leaves_a_position() {
 }
 
 // ---------------------------------------------------------------------------
-// Coalesced draining (`--max-delay`, issue #30): a quiet stream's first
+// Coalesced draining (`--max-delay`): a quiet stream's first
 // bytes wait in the pipe for later writes to join them in one drain. Each
 // test runs a held logmon (a delay no test run comes near) beside a control
 // logmon of `--max-delay 0` given the same line at the same time: once the

@@ -1,4 +1,4 @@
-//! The control socket under hostile input (DESIGN.md §4, issue #3): garbage,
+//! The control socket under hostile input (docs/design.md §4): garbage,
 //! oversized and undecodable frames, clients that never say Hello, a flood
 //! of connections, a client of another uid, and bad things at the socket
 //! path. Each runs against a live daemon while a writer streams numbered
@@ -854,7 +854,7 @@ fn second_run_never_unlinks_the_live_socket() {
 }
 
 /// A live listener of another process at the socket path is not a stale
-/// socket: `run` must refuse it by name instead of unlinking it (DESIGN.md
+/// socket: `run` must refuse it by name instead of unlinking it (docs/design.md
 /// §4: never unlink a live daemon's socket). Here the other process is a
 /// logmon of another task sharing the `--socket`, and a plain listener at a
 /// task's default path.
@@ -931,7 +931,7 @@ fn socket_is_0600_in_a_created_0700_directory() {
 
 // ------------------------------------------------------------- metadata
 
-/// `run --meta` (DESIGN.md §11): `status` shows the metadata, the ready
+/// `run --meta` (docs/design.md §11): `status` shows the metadata, the ready
 /// line carries it, and `.<task>.logmon.meta` holds it as JSON for
 /// readers; a symlink planted at that name before the start is replaced
 /// (counted in `foreign_names`), never followed: its target is unchanged.

@@ -1,4 +1,4 @@
-//! The daemon's own binary, `logmon-run` (issue #16): `logmon run` becomes
+//! The daemon's own binary, `logmon-run`: `logmon run` becomes
 //! it, `launch` starts it directly, a `logmon` without it serves in its own
 //! process, flags only clap reads go back to `logmon run`, and a
 //! `logmon-run` of another build hands over to `logmon`; whoever starts it

@@ -1,9 +1,9 @@
-//! Faults underneath a running logmon (DESIGN.md §2, issue #8): a full disk
+//! Faults underneath a running logmon (docs/design.md §2): a full disk
 //! under both write-error policies, the active file or the whole log
-//! directory deleted (recreated without the sandbox; under it, DESIGN.md
+//! directory deleted (recreated without the sandbox; under it, docs/design.md
 //! §10, reported gone and left to the write-error policy until the next
 //! logmon), the log directory made read-only, `Reopen` on demand, and the
-//! log directory renamed away or replaced by a symlink (DESIGN.md §9:
+//! log directory renamed away or replaced by a symlink (docs/design.md §9:
 //! logmon goes on in the directory it opened, or fails to write, and never
 //! follows the new path). Each test runs the real binary against real
 //! FIFOs and checks the bytes on disk and the counters of `status`.
@@ -767,7 +767,7 @@ fn deleted_log_dir_is_recreated_without_the_sandbox_and_capture_goes_on() {
 }
 
 /// The whole log directory removed underneath a confined logmon
-/// (DESIGN.md §10): its perimeter is the directory it opened, so it does
+/// (docs/design.md §10): its perimeter is the directory it opened, so it does
 /// not recreate it. The bytes are handled by the write-error policy
 /// (`drop`: dropped and counted; `block`: left in the pipe), `status`
 /// says the directory is gone, the log says so once, and nothing appears
@@ -873,7 +873,7 @@ fn first_number(bytes: &[u8]) -> u64 {
 }
 
 /// The log directory renamed away and a symlink to another directory put
-/// at its path mid-run (DESIGN.md §9): logmon goes on in the directory it
+/// at its path mid-run (docs/design.md §9): logmon goes on in the directory it
 /// opened — files keep going into the renamed one, rotation and purge
 /// included — and nothing is written, created or purged in the symlink's
 /// target.

@@ -1,4 +1,4 @@
-//! A hostile task (DESIGN.md §9, issue #12), through the shipped binary.
+//! A hostile task (docs/design.md §9), through the shipped binary.
 //!
 //! Threat model: logmon runs as root; the task it captures does not. The
 //! task's log directory is mode 0777 (as the reference orchestrator makes
@@ -1171,7 +1171,7 @@ fn symlink_at_the_lock_name_is_never_followed_and_logmon_starts_anyway() {
     stopped.unwrap();
 
     // Again before `ensure`. The task can no longer remove logmon's lock
-    // (the directory is sticky since the first start, issue #26.1: its
+    // (the directory is sticky since the first start: its
     // unlink is refused), so the name is freed as an operator's cleanup
     // would, and the task plants there again.
     let refused = std::panic::catch_unwind(|| attack(&[Op::Unlink(cpath(&lock))]));
@@ -1200,8 +1200,8 @@ fn symlink_at_the_diagnostics_log_name_gets_no_diagnostics() {
         "the launched logmon did not stop on SIGTERM"
     );
 
-    // The task cannot remove logmon's log (sticky directory, issue
-    // #26.1): freed as an operator's cleanup would, then planted again.
+    // The task cannot remove logmon's log (sticky
+    // directory): freed as an operator's cleanup would, then planted again.
     let refused = std::panic::catch_unwind(|| attack(&[Op::Unlink(cpath(&log))]));
     assert!(
         refused.is_err(),

@@ -1,5 +1,5 @@
-//! A hostile task against the daemon's own files (DESIGN.md §9, issue
-//! #26.1, #26.4, #26.7, #26.9), through the real binary.
+//! A hostile task against the daemon's own files (docs/design.md §9),
+//! through the real binary.
 //!
 //! The threat model of `hostile.rs`: logmon runs as root, the task as uid
 //! 65534, in a log directory of mode 0777 (the reference orchestrator's),
@@ -192,7 +192,7 @@ fn a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files() {
     assert!(wait_for_line(&s.logs(), 0, 200));
     support::stop(dm);
     // Before the relaunch: an empty file of the task's own at the largest
-    // index (issue #26.4).
+    // index.
     let planted = s.at(&format!("web.stdout.{MAX_INDEX}"));
     let out = as_task("touch", &[&planted]);
     assert!(out.status.success(), "{}", support::text(&out.stderr));
@@ -243,7 +243,7 @@ fn an_active_file_the_task_renames_away_is_not_appended_to() {
     let Some(s) = scene() else { return };
     // logmon as a user that neither owns the root 0777 log directory nor
     // is root: it cannot set the sticky bit, so the task can rename its
-    // files — the setting of issue #26.9.
+    // files — the setting of.
     let program = bins_for_any_user(s.root());
     let away = s.root().join("away");
     std::fs::create_dir(&away).unwrap();

@@ -1,4 +1,4 @@
-//! A hostile task in the reference orchestrator's own layout (DESIGN.md
+//! A hostile task in the reference orchestrator's own layout (docs/design.md
 //! §9), through the real binary, as docs/security.md describes it:
 //! `<alloc>/alloc/` is writable by the task (0777, tasks share data
 //! through it), `<alloc>/alloc/logs` is the log directory, the tasks of a

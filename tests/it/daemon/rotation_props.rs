@@ -1,4 +1,4 @@
-//! Property tests of line-aware rotation (DESIGN.md §1): the real
+//! Property tests of line-aware rotation (docs/design.md §1): the real
 //! `StreamCapture` + `Rotator` write real files in a temp directory, fed by
 //! an in-memory pipe that behaves like the FIFO it stands for (bounded
 //! capacity, peeking consumes nothing, bytes leave only by landing in a file).

@@ -1,4 +1,4 @@
-//! systemd integration (DESIGN.md §7), tested without systemd as PID 1: a
+//! systemd integration (docs/design.md §7), tested without systemd as PID 1: a
 //! datagram socket bound by the test plays systemd's notify socket (and
 //! receives the stored FIFO fds), and the test hands fds back to a fresh
 //! logmon the way systemd does (at fd 3, 4, … with `LISTEN_FDS`,
@@ -801,7 +801,7 @@ fn the_example_env_file_names_every_flag_variable() {
 }
 
 // ---------------------------------------------------------------------------
-// A deleted log directory (DESIGN.md §7, §10).
+// A deleted log directory (docs/design.md §7, §10).
 
 /// `logmon run` as `logmon@.service` runs it: the FIFOs in the log
 /// directory, the socket beside it, `--on-write-error block`, and

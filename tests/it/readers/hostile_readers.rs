@@ -1,5 +1,5 @@
-//! The readers against a hostile task (DESIGN.md §9 and §11, issues #26 and
-//! #27), through the shipped binary: `logmon logs` runs as root, the task
+//! The readers against a hostile task (docs/design.md §9 and §11),
+//! through the shipped binary: `logmon logs` runs as root, the task
 //! as uid 65534 in a shared 0777 log directory (with or without the sticky
 //! bit logmon sets on it).
 //!

@@ -1,7 +1,7 @@
-//! `logmon logs` (issue #7), run as the real binary: reading a stream across
+//! `logmon logs`, run as the real binary: reading a stream across
 //! its rotated files, `-n`/`-c` from the end, and `-f` following a live
-//! writer through rotation, index gaps, purge and truncation; and (issue
-//! #12) a hostile task planting symlinks, hard links, FIFOs and directories
+//! writer through rotation, index gaps, purge and truncation; and
+//! a hostile task planting symlinks, hard links, FIFOs and directories
 //! at the stream's names, or swapping the log directory for a symlink:
 //! nothing outside the directory is ever read, and `logs` never hangs. Every test
 //! checks what a user would: the bytes printed, the notices on stderr, the
@@ -540,7 +540,7 @@ impl Drop for KillOnDrop<'_> {
     }
 }
 
-// ---- A hostile task (issue #12, DESIGN §9): the task can plant anything at
+// ---- A hostile task (docs/design.md §9): the task can plant anything at
 // the stream's names in the shared log directory; `logs` reads only log
 // files (regular, one link), skips anything else with one note per name,
 // and never reads a file outside the directory.

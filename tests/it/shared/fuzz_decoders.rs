@@ -1,4 +1,4 @@
-//! Every decoder that faces input, fuzzed (issue #8): the control-socket
+//! Every decoder that faces input, fuzzed: the control-socket
 //! frames (`read_frame`, `decode` of `Request` and `Response`), the state
 //! file (`client::parse_state`) and the ready line (`serde_json` of
 //! `ReattachConfig`) get arbitrary and mutated bytes and must never panic,

@@ -1,5 +1,5 @@
 //! The shipper against a hostile task and a node's worth of streams
-//! (DESIGN.md §9, §12; issue #26): real `logmon run`s and a real
+//! (docs/design.md §9, §12): real `logmon run`s and a real
 //! nats-server; the task is uid 65534 acting with the shell in a 0777 log
 //! directory; the shipper runs as root, or as root without capabilities
 //! (as its unit runs it), with the default `ulimit -n` where it matters.
@@ -480,7 +480,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// A capture-time index made a sparse gigabyte (no disk blocks): the
 /// shipper reads indexes in place (a few blocks per lookup, never the
 /// whole file), so it costs no memory, and another task's new lines still
-/// arrive within seconds (issue #26: the shipper peaked at 768 MB and held
+/// arrive within seconds (the shipper peaked at 768 MB and held
 /// everyone else up for 20 s).
 #[test]
 fn a_sparse_gigabyte_index_costs_the_shipper_no_memory_and_holds_up_no_one() {

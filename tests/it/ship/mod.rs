@@ -1082,7 +1082,7 @@ fn an_idle_shipper_does_not_wake_up_and_a_busy_one_does() {
     let state = tmp.path().join("state");
     std::fs::create_dir_all(&logs).unwrap();
     let srv = Server::single(&tmp.path().join("js"));
-    // With metadata (issue #30: the shipper re-read every metadata file on
+    // With metadata (the shipper re-read every metadata file on
     // each round, and its own opens woke it again, 670 rounds a second),
     // and a second task that stays silent.
     let _d = Daemon::start(&logs, "t", &["--meta", "job=web"]);
@@ -1606,7 +1606,7 @@ fn mistake(args: &[&str], code: i32, needle: &'static str) -> Mistake {
     }
 }
 
-/// Issue #27: the shipper's mistakes, each checked before connecting
+/// the shipper's mistakes, each checked before connecting
 /// where it can be — one line naming the flag (or the variable it came
 /// from) and the value, the policy's exit code, no panic, no process left
 /// running, and nothing made where the mistake was (no state directory

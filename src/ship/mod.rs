@@ -37,7 +37,10 @@
 //!   held open, so purging it mid-read loses nothing (`purge_racing_…`); a
 //!   log directory or `--watch` root removed or replaced under it is let
 //!   go (its unshipped bytes counted as a gap in the status, with the
-//!   cause) and taken again once back at its path, said in the log
+//!   cause, and published once as a gap record, kept in the state until
+//!   acknowledged:
+//!   `silent.rs::a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_…`)
+//!   and taken again once back at its path, said in the log
 //!   (`silent.rs::a_log_directory_removed_and_recreated_…`,
 //!   `silent.rs::a_watch_root_renamed_and_recreated_…`); a `--subject` the
 //!   stream does not bind is refused at start
@@ -203,6 +206,7 @@ impl Shipper {
             self.publish_gauges();
             let now = Instant::now();
             if self.hold_until.is_none_or(|t| t <= now) {
+                self.publish_gone_gaps().await;
                 let windows = self.plan_round(now);
                 if !windows.is_empty() {
                     // A round far from full is paced: the next waits out
@@ -455,18 +459,70 @@ impl Shipper {
             let Some(mut s) = self.state.streams.remove(&t.key) else {
                 continue;
             };
-            let lost = t.unshipped(&s);
+            let (lost, files) = t.unshipped(&s);
             if lost > 0 || s.pending.is_some() {
                 tracing::warn!(dir = %path.display(), task = %s.task, stream = %s.stream, bytes = lost,
-                    "a log directory went before all of it was shipped: counted as a gap");
+                    "a log directory went before all of it was shipped: counted as a gap, a gap record to be published");
                 s.gap_bytes += lost;
                 s.pending = None;
+                s.gone_gap = Some(round::gone_gap(&t, &s, lost, files.max(1)));
                 s.last_error = Some(format!(
                     "its log directory was removed or replaced with {lost} bytes not shipped"
                 ));
                 self.state.streams.insert(t.key.clone(), s);
             }
             self.changed.insert(t.key);
+        }
+    }
+
+    /// Publishes the kept gap records of streams whose log directory went
+    /// (see [`round::gone_gap`]), saved first so that a restart re-sends
+    /// each with the same id: a consumer sees each once.
+    async fn publish_gone_gaps(&mut self) {
+        let keys: Vec<String> = self
+            .state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.gone_gap.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = self.save() {
+            self.hold(&e.to_string());
+            return;
+        }
+        for key in keys {
+            let Some(g) = self
+                .state
+                .streams
+                .get(&key)
+                .and_then(|s| s.gone_gap.clone())
+            else {
+                continue;
+            };
+            let r = round::publish_gone_gap(&self.js, &g).await;
+            let Some(s) = self.state.streams.get_mut(&key) else {
+                continue;
+            };
+            match r {
+                Ok(duplicate) => {
+                    tracing::warn!(dir = %s.dir.display(), task = %s.task, stream = %s.stream,
+                        "published the gap record of a log directory that went");
+                    s.gone_gap = None;
+                    s.gaps += 1;
+                    s.shipped_messages += 1;
+                    s.duplicates += u64::from(duplicate);
+                    self.changed.insert(key);
+                }
+                Err(why) => {
+                    s.errors += 1;
+                    self.changed.insert(key);
+                    self.hold(&why);
+                    return;
+                }
+            }
         }
     }
 

@@ -58,6 +58,7 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
                 "errors": s.errors, "last_error": s.last_error,
                 "gap_bytes": s.gap_bytes, "gaps": s.gaps,
                 "foreign_files": s.foreign_files,
+                "gap_record_due": s.gone_gap.is_some(),
             })
         })
         .collect();

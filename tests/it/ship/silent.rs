@@ -119,6 +119,115 @@ fn a_log_directory_removed_and_recreated_is_shipped_again_and_said() {
     drop(two);
 }
 
+/// The gap records of (task, stream) read back: `Logmon-Gap-Bytes` each.
+fn gap_records(r: &Reader, task: &str, stream: &str) -> Vec<String> {
+    r.of(task, stream)
+        .filter_map(|m| {
+            assert!(m.payload.is_empty() || !m.headers.contains_key("Logmon-Gap-Bytes"));
+            m.headers.get("Logmon-Gap-Bytes").cloned()
+        })
+        .collect()
+}
+
+#[test]
+fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_across_a_restart() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut srv = Server::single(&tmp.path().join("js"));
+    let one = Daemon::start(&logs, "one", &[]);
+    let url = srv.url();
+    let args = [
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--subject",
+        "x.{task}.{stream}",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    let mut ship = shipper(tmp.path(), &args);
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(r.wait_for(
+        &[("one", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    // Lines that cannot be shipped (no server), then their directory goes.
+    srv.kill();
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 100, 200);
+    assert!(wait_until(Duration::from_secs(10), || read_stream(
+        &logs,
+        "one",
+        Stream::Stdout
+    )
+    .len()
+        == line_bytes(0, 200)));
+    stop(one);
+    std::fs::remove_dir_all(&logs).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || ship
+            .diagnostics()
+            .contains("counted as a gap")),
+        "{}",
+        ship.diagnostics()
+    );
+    // Not published yet: the status says one is due.
+    let st = status(&state);
+    assert_eq!(
+        stream_status(&st, "one", "stdout")[0]["gap_record_due"],
+        true,
+        "{st}"
+    );
+    srv.restart();
+    let want = line_bytes(100, 200).to_string();
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            r.poll();
+            !gap_records(&r, "one", "stdout").is_empty()
+        }),
+        "no gap record on the stream: {}",
+        ship.diagnostics()
+    );
+    let gap = r.of("one", "stdout").last().unwrap().clone();
+    assert_eq!(gap.subject, "x.one.stdout");
+    assert_eq!(gap.headers["Logmon-Gap-Bytes"], want);
+    assert!(
+        gap.headers["Nats-Msg-Id"].ends_with("/gap"),
+        "{:?}",
+        gap.headers
+    );
+    assert!(ship.diagnostics().contains("published the gap record"));
+    // A restart publishes it no more: the state says it went through,
+    // and a re-send would have its id.
+    assert_eq!(ship.sigterm(), Some(0));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut ship = shipper(tmp.path(), &args);
+    let two = Daemon::start(&logs, "two", &[]);
+    write_numbered(&fifo(&logs, "two", Stream::Stdout), 0, 100);
+    assert!(r.wait_for(
+        &[("two", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    assert_eq!(gap_records(&r, "one", "stdout"), vec![want.clone()]);
+    let st = status(&state);
+    let one = stream_status(&st, "one", "stdout");
+    assert_eq!(one[0]["gaps"], 1, "{st}");
+    assert_eq!(one[0]["gap_record_due"], false, "{st}");
+    assert_eq!(one[0]["gap_bytes"], line_bytes(100, 200) as u64, "{st}");
+    assert_eq!(ship.sigterm(), Some(0));
+    drop(two);
+}
+
 #[test]
 fn a_watch_root_renamed_and_recreated_is_watched_again() {
     if !have_nats() {

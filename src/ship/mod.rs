@@ -45,6 +45,10 @@
 //!   `silent.rs::a_watch_root_renamed_and_recreated_…`); a `--subject` the
 //!   stream does not bind is refused at start
 //!   (`silent.rs::a_stream_that_does_not_bind_the_subject_…`);
+//! - **a task churning names costs little** — a log directory is listed
+//!   again at most once per [`RELIST_EVERY`], and only when a name of a
+//!   stream not followed changed in it; the count is in `--status`
+//!   (`silent.rs::names_churned_in_a_shared_log_directory_are_listed_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
@@ -86,6 +90,9 @@ use crate::shared::dir::FileId;
 use scan::{Pattern, SubjectValues, Template};
 use state::{Journal, Lock, State, StreamState};
 use stream::{Streams, Tracked};
+
+/// A log directory is listed at most once in this long.
+const RELIST_EVERY: Duration = Duration::from_secs(1);
 use tree::{Change, Tree};
 
 /// What the shipper was told to do.
@@ -132,6 +139,14 @@ pub struct Shipper {
     changed: BTreeSet<String>,
     /// Directories to list: names of streams not yet followed appeared.
     list_due: HashSet<FileId>,
+    /// When each directory was last listed: a directory is listed again
+    /// at most once per [`RELIST_EVERY`] (names churned in it by a task
+    /// cost one listing a second, however many).
+    listed: std::collections::HashMap<FileId, Instant>,
+    /// Listings done since start, and what was last written of them to
+    /// the state directory for `--status`.
+    lists: u64,
+    lists_written: u64,
     /// Where the last round stopped taking streams (fairness).
     turn: usize,
     /// When a failure was last logged, and how many went unlogged since.
@@ -184,6 +199,9 @@ impl Shipper {
             _lock: lock,
             changed: BTreeSet::new(),
             list_due,
+            listed: Default::default(),
+            lists: 0,
+            lists_written: u64::MAX,
             turn: 0,
             warned: None,
             unwarned: 0,
@@ -239,6 +257,7 @@ impl Shipper {
             if let Err(e) = self.save() {
                 self.hold(&e.to_string());
             }
+            self.write_lists();
             let at = self.next_deadline();
             let wait = async {
                 match at {
@@ -328,7 +347,13 @@ impl Shipper {
             .tree
             .searching()
             .then(|| Instant::now() + Duration::from_secs(1));
+        let now = Instant::now();
+        let lists = self
+            .list_due
+            .iter()
+            .map(|d| self.list_wait(d, now).unwrap_or(now));
         streams
+            .chain(lists)
             .chain(self.hold_until)
             .chain(degraded)
             .chain(searching)
@@ -391,7 +416,16 @@ impl Shipper {
                 t.dirty = true;
             }
         }
+        let now = Instant::now();
         for dir in std::mem::take(&mut self.list_due) {
+            if !everything && self.list_wait(&dir, now).is_some() {
+                // Listed under RELIST_EVERY ago: listed again at its
+                // time (see `next_deadline`), once for every change since.
+                self.list_due.insert(dir);
+                continue;
+            }
+            self.listed.insert(dir, now);
+            self.lists += 1;
             self.list(dir);
         }
     }
@@ -448,6 +482,7 @@ impl Shipper {
             return;
         };
         self.tree.remove(&dir);
+        self.listed.remove(&dir);
         let gone = self.streams.drop_dir(&dir);
         if !deleted && !given {
             return;
@@ -522,6 +557,34 @@ impl Shipper {
                     self.hold(&why);
                     return;
                 }
+            }
+        }
+    }
+
+    /// When directory `dir` may be listed again, if not now.
+    fn list_wait(&self, dir: &FileId, now: Instant) -> Option<Instant> {
+        self.listed
+            .get(dir)
+            .map(|t| *t + RELIST_EVERY)
+            .filter(|t| *t > now)
+    }
+
+    /// Leaves the count of listings beside the state for `--status`
+    /// (`status::LISTS_FILE`), when it changed: a file of the shipper's
+    /// own directory, replaced whole.
+    fn write_lists(&mut self) {
+        if self.lists == self.lists_written {
+            return;
+        }
+        let dir = &self.cfg.state_dir;
+        let tmp = dir.join(format!("{}.tmp", status::LISTS_FILE));
+        let body = format!("{{\"listings\":{}}}\n", self.lists);
+        let r = std::fs::write(&tmp, body)
+            .and_then(|()| std::fs::rename(&tmp, dir.join(status::LISTS_FILE)));
+        match r {
+            Ok(()) => self.lists_written = self.lists,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot leave the count of listings for --status")
             }
         }
     }

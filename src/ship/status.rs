@@ -18,6 +18,23 @@ use super::state::{self, StreamState};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 
+/// The file in `--state-dir` where a running shipper leaves how many
+/// times it listed a log directory (`{"listings":N}`).
+pub(crate) const LISTS_FILE: &str = "ship.listings";
+
+/// The listings count a shipper left in `dir` (bounded read).
+fn listings(dir: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(dir.join(LISTS_FILE))
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut buf)
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&buf).ok()?;
+    v.get("listings")?.as_u64()
+}
+
 /// Prints the status of the state in `dir`.
 pub fn print(dir: &Path) -> Result<(), Failure> {
     let st = state::read(dir).map_err(|e| Failure {
@@ -64,7 +81,7 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
         .collect();
     let pid = holder(dir);
     let j = serde_json::json!({
-        "shipper": { "running": pid.is_some(), "pid": pid },
+        "shipper": { "running": pid.is_some(), "pid": pid, "listings": listings(dir) },
         "streams": streams,
     });
     let mut out = std::io::stdout().lock();

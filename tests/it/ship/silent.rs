@@ -229,6 +229,80 @@ fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_acr
 }
 
 #[test]
+fn names_churned_in_a_shared_log_directory_are_listed_at_most_once_a_second() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let victim = Daemon::start(&logs, "victim", &[]);
+    // A task's names at stream names of no logmon: 2,000 of them, one
+    // appended to every 2 ms; each append names a stream not followed.
+    for i in 0..2000 {
+        let p = logs.join(format!("p{i}.stdout.0"));
+        std::fs::write(&p, b"x\n").unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+    );
+    let churn = {
+        let p = logs.join("p0.stdout.0");
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+            for _ in 0..1500 {
+                f.write_all(b"y\n").unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    write_numbered(&fifo(&logs, "victim", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("victim", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(60)
+    ));
+    churn.join().unwrap();
+    assert_numbered(&r.bytes_of("victim", "stdout"), 0, 100);
+    // The count the shipper leaves is read after the churn: it cannot
+    // exceed one listing a second since the shipper started, plus the
+    // first.
+    let listings = |st: &serde_json::Value| st["shipper"]["listings"].as_u64();
+    assert!(
+        wait_until(Duration::from_secs(10), || listings(&status(&state))
+            .is_some()),
+        "{}",
+        status(&state)
+    );
+    let st = status(&state);
+    let bound = started.elapsed().as_secs() + 2;
+    let n = listings(&st).unwrap();
+    assert!(n >= 1 && n <= bound, "{n} listings, at most {bound}: {st}");
+    assert!(
+        r.of("p0", "stdout").next().is_none(),
+        "a task's file was shipped"
+    );
+    drop(ship);
+    drop(victim);
+}
+
+#[test]
 fn a_watch_root_renamed_and_recreated_is_watched_again() {
     if !have_nats() {
         return;

@@ -46,7 +46,7 @@
 //!   stream does not bind is refused at start
 //!   (`silent.rs::a_stream_that_does_not_bind_the_subject_…`);
 //! - **a task churning names costs little** — a log directory is listed
-//!   again at most once per [`RELIST_EVERY`], and only when a name of a
+//!   again at most once a second (`RELIST_EVERY`), and only when a name of a
 //!   stream not followed changed in it; the count is in `--status`
 //!   (`silent.rs::names_churned_in_a_shared_log_directory_are_listed_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched

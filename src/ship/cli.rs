@@ -78,6 +78,13 @@ pub struct Args {
     /// half a second (docs/performance.md).
     #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
     pub max_delay: Duration,
+    /// The most inotify watches the shipper holds for its directories
+    /// (default: half of fs.inotify.max_user_watches). Directories past it
+    /// are still shipped, found and listed every 10 seconds instead; the
+    /// log and --status say when it is reached.
+    #[arg(long, env = "LOGMON_SHIP_MAX_WATCHES",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_watches: Option<usize>,
     /// User name (with --password).
     #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]
     pub user: Option<String>,
@@ -419,6 +426,9 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             state_dir: args.state_dir.clone(),
             delay: args.max_delay,
             fd_budget: raise_open_file_limit(),
+            max_watches: args
+                .max_watches
+                .unwrap_or_else(super::tree::default_max_watches),
         },
     })
 }

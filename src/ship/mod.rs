@@ -49,6 +49,11 @@
 //!   again at most once a second (`RELIST_EVERY`), and only when a name of a
 //!   stream not followed changed in it; the count is in `--status`
 //!   (`silent.rs::names_churned_in_a_shared_log_directory_are_listed_…`);
+//! - **a task making directories cannot take the node's watches** — at
+//!   most `--max-watches` inotify watches are held; directories past them
+//!   are shipped by a look every 10 seconds, said in the log and
+//!   `--status`
+//!   (`silent.rs::directories_past_max_watches_are_not_watched_but_shipped_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
@@ -111,6 +116,8 @@ pub struct Config {
     pub delay: Duration,
     /// Descriptors the shipper may keep open (from `ulimit -n`).
     pub fd_budget: usize,
+    /// inotify watches the shipper may hold (`--max-watches`).
+    pub max_watches: usize,
 }
 
 /// Errors that stop the shipper.
@@ -143,10 +150,10 @@ pub struct Shipper {
     /// at most once per [`RELIST_EVERY`] (names churned in it by a task
     /// cost one listing a second, however many).
     listed: std::collections::HashMap<FileId, Instant>,
-    /// Listings done since start, and what was last written of them to
-    /// the state directory for `--status`.
+    /// Listings done since start.
     lists: u64,
-    lists_written: u64,
+    /// What was last left in the state directory for `--status`.
+    figures_written: Option<status::Figures>,
     /// Where the last round stopped taking streams (fairness).
     turn: usize,
     /// When a failure was last logged, and how many went unlogged since.
@@ -186,6 +193,7 @@ impl Shipper {
             &cfg.log_dirs,
             cfg.watch.as_ref().map(|(r, p)| (r.as_path(), p.clone())),
             budget / 4,
+            cfg.max_watches,
         )?;
         let list_due = tree.dirs().map(|d| d.id).collect();
         Ok(Shipper {
@@ -201,7 +209,7 @@ impl Shipper {
             list_due,
             listed: Default::default(),
             lists: 0,
-            lists_written: u64::MAX,
+            figures_written: None,
             turn: 0,
             warned: None,
             unwarned: 0,
@@ -257,7 +265,7 @@ impl Shipper {
             if let Err(e) = self.save() {
                 self.hold(&e.to_string());
             }
-            self.write_lists();
+            self.write_figures();
             let at = self.next_deadline();
             let wait = async {
                 match at {
@@ -569,22 +577,29 @@ impl Shipper {
             .filter(|t| *t > now)
     }
 
-    /// Leaves the count of listings beside the state for `--status`
-    /// (`status::LISTS_FILE`), when it changed: a file of the shipper's
-    /// own directory, replaced whole.
-    fn write_lists(&mut self) {
-        if self.lists == self.lists_written {
+    /// Leaves the figures of the directories (listings, watches) beside
+    /// the state for `--status` ([`status::FIGURES_FILE`]), when they
+    /// changed: a file of the shipper's own directory, replaced whole.
+    fn write_figures(&mut self) {
+        let f = status::Figures {
+            listings: self.lists,
+            watches: self.tree.watches() as u64,
+            max_watches: self.tree.max_watches as u64,
+            watch_limit_reached: self.tree.watch_limit_reached,
+        };
+        if self.figures_written.as_ref() == Some(&f) {
             return;
         }
         let dir = &self.cfg.state_dir;
-        let tmp = dir.join(format!("{}.tmp", status::LISTS_FILE));
-        let body = format!("{{\"listings\":{}}}\n", self.lists);
-        let r = std::fs::write(&tmp, body)
-            .and_then(|()| std::fs::rename(&tmp, dir.join(status::LISTS_FILE)));
+        let tmp = dir.join(format!("{}.tmp", status::FIGURES_FILE));
+        let r = serde_json::to_vec(&f)
+            .map_err(std::io::Error::other)
+            .and_then(|body| std::fs::write(&tmp, body))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(status::FIGURES_FILE)));
         match r {
-            Ok(()) => self.lists_written = self.lists,
+            Ok(()) => self.figures_written = Some(f),
             Err(e) => {
-                tracing::debug!(error = %e, "cannot leave the count of listings for --status")
+                tracing::debug!(error = %e, "cannot leave the directories' figures for --status");
             }
         }
     }

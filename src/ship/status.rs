@@ -18,21 +18,33 @@ use super::state::{self, StreamState};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 
-/// The file in `--state-dir` where a running shipper leaves how many
-/// times it listed a log directory (`{"listings":N}`).
-pub(crate) const LISTS_FILE: &str = "ship.listings";
+/// The file in `--state-dir` where a running shipper leaves the
+/// [`Figures`] of its directories.
+pub const FIGURES_FILE: &str = "ship.figures";
 
-/// The listings count a shipper left in `dir` (bounded read).
-fn listings(dir: &Path) -> Option<u64> {
+/// What a running shipper says of its directories, for `--status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Figures {
+    /// Log directory listings since it started.
+    pub listings: u64,
+    /// inotify watches it holds.
+    pub watches: u64,
+    /// `--max-watches`.
+    pub max_watches: u64,
+    /// Whether a directory went unwatched for `--max-watches`.
+    pub watch_limit_reached: bool,
+}
+
+/// The figures a shipper left in `dir` (bounded read).
+fn figures(dir: &Path) -> Option<Figures> {
     use std::io::Read;
     let mut buf = Vec::new();
-    std::fs::File::open(dir.join(LISTS_FILE))
+    std::fs::File::open(dir.join(FIGURES_FILE))
         .ok()?
         .take(4096)
         .read_to_end(&mut buf)
         .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&buf).ok()?;
-    v.get("listings")?.as_u64()
+    serde_json::from_slice(&buf).ok()
 }
 
 /// Prints the status of the state in `dir`.
@@ -81,7 +93,7 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
         .collect();
     let pid = holder(dir);
     let j = serde_json::json!({
-        "shipper": { "running": pid.is_some(), "pid": pid, "listings": listings(dir) },
+        "shipper": { "running": pid.is_some(), "pid": pid, "directories": figures(dir) },
         "streams": streams,
     });
     let mut out = std::io::stdout().lock();

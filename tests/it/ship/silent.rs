@@ -283,7 +283,7 @@ fn names_churned_in_a_shared_log_directory_are_listed_at_most_once_a_second() {
     // The count the shipper leaves is read after the churn: it cannot
     // exceed one listing a second since the shipper started, plus the
     // first.
-    let listings = |st: &serde_json::Value| st["shipper"]["listings"].as_u64();
+    let listings = |st: &serde_json::Value| st["shipper"]["directories"]["listings"].as_u64();
     assert!(
         wait_until(Duration::from_secs(10), || listings(&status(&state))
             .is_some()),
@@ -1055,4 +1055,92 @@ fn a_symlink_under_watch_is_named_in_the_log_not_silently_skipped() {
         ship.diagnostics()
     );
     assert!(ship.diagnostics().contains("linked"));
+}
+
+/// The watches of the shipper's inotify instance: the most any of its
+/// descriptors shows (a duplicate of the descriptor shows the same ones).
+fn inotify_watches(pid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn directories_past_max_watches_are_not_watched_but_shipped_and_the_status_says_so() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    // 5,000 directories a task made under the root.
+    for i in 0..5000 {
+        let d = root.join(format!("t{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--subject",
+            "x.{1}.{task}.{stream}",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--watch",
+            root.to_str().unwrap(),
+            "--pattern",
+            "*",
+            "--max-watches",
+            "100",
+        ],
+    );
+    let figures = || status(&state)["shipper"]["directories"].clone();
+    assert!(
+        wait_until(Duration::from_secs(30), || figures()["watch_limit_reached"]
+            == true),
+        "{}",
+        status(&state)
+    );
+    let f = figures();
+    assert_eq!(f["max_watches"], 100, "{f}");
+    assert!(f["watches"].as_u64().unwrap() <= 100, "{f}");
+    let watches = inotify_watches(ship.pid());
+    assert!(watches <= 100, "{watches} inotify watches");
+    let log = ship.diagnostics();
+    assert!(
+        log.contains("--max-watches") && log.contains(root.to_str().unwrap()),
+        "{log}"
+    );
+    // A directory made past the bound is still shipped, found and listed
+    // by the periodic look.
+    let late = root.join("late");
+    std::fs::create_dir_all(&late).unwrap();
+    let d = Daemon::start(&late, "late", &[]);
+    write_numbered(&fifo(&late, "late", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(
+            &[("late", "stdout", line_bytes(0, 50))],
+            Duration::from_secs(60)
+        ),
+        "{}",
+        ship.diagnostics()
+    );
+    assert_numbered(&r.bytes_of("late", "stdout"), 0, 50);
+    let watches = inotify_watches(ship.pid());
+    assert!(watches <= 100, "{watches} inotify watches");
+    drop(d);
+    drop(ship);
 }

@@ -255,7 +255,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let locked = lock_state(&args.state_dir)?;
     // Held until the process exits; after the state's lock, so that a
     // second shipper on one state directory is told that first.
-    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
+    let _dir_locks = lock_log_dirs(&args.log_dirs, args.watch.as_ref(), &args.state_dir)?;
     // The stop signals stay blocked until the process exits (the guard
     // below restores this mask, not the one before): a second SIGTERM
     // while the first is being handled, or after, is read or dropped,
@@ -271,16 +271,18 @@ fn run(args: Args) -> Result<(), Failure> {
     rt.block_on(serve(args, checked, locked, signals))
 }
 
-/// Takes the lock of each `--log-dir` (one shipper per log directory):
+/// Takes the lock of each `--log-dir` and of the `--watch` root (one
+/// shipper per log directory, one per root):
 /// another shipper's is a refusal naming it (exit 1); a lock that cannot
 /// be made (a directory this user cannot write) is a warning.
 fn lock_log_dirs(
     dirs: &[PathBuf],
+    watch: Option<&PathBuf>,
     state_dir: &Path,
 ) -> Result<Vec<super::dirlock::DirLock>, Failure> {
     use super::dirlock::{take, DirLockError};
     let mut held = Vec::new();
-    for d in dirs {
+    for d in dirs.iter().chain(watch) {
         let Ok(dir) = crate::shared::dir::Dir::open(d) else {
             continue;
         };

@@ -54,6 +54,11 @@
 //!   are shipped by a look every 10 seconds, said in the log and
 //!   `--status`
 //!   (`silent.rs::directories_past_max_watches_are_not_watched_but_shipped_…`);
+//! - **two shippers never both ship a directory they can see each other
+//!   in** — the `--watch` root is locked like a `--log-dir`, and a
+//!   directory found under it whose lock another shipper holds is
+//!   skipped, named with that shipper in the log and `--status`
+//!   (`silent.rs::a_directory_under_watch_that_another_shipper_ships_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
@@ -586,6 +591,14 @@ impl Shipper {
             watches: self.tree.watches() as u64,
             max_watches: self.tree.max_watches as u64,
             watch_limit_reached: self.tree.watch_limit_reached,
+            shipped_elsewhere: self
+                .tree
+                .dirs()
+                .filter_map(|d| {
+                    let other = d.shipped_elsewhere.as_ref()?;
+                    Some(format!("{} ({other})", d.path.display()))
+                })
+                .collect(),
         };
         if self.figures_written.as_ref() == Some(&f) {
             return;
@@ -618,7 +631,7 @@ impl Shipper {
     /// of its files.
     fn list(&mut self, id: FileId) {
         let Some(d) = self.tree.get(&id) else { return };
-        if d.untrusted.is_some() {
+        if d.untrusted.is_some() || d.shipped_elsewhere.is_some() {
             return;
         }
         let (path, captures) = (d.path.clone(), d.captures.clone());

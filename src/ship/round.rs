@@ -82,7 +82,11 @@ impl Shipper {
         let Some(dir_id) = self.streams.map.get(key).map(|t| t.dir) else {
             return Ok(None);
         };
-        if self.tree.get(&dir_id).is_none_or(|d| d.untrusted.is_some()) {
+        if self
+            .tree
+            .get(&dir_id)
+            .is_none_or(|d| d.untrusted.is_some() || d.shipped_elsewhere.is_some())
+        {
             if let Some(t) = self.streams.map.get_mut(key) {
                 t.dirty = false;
             }

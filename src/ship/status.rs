@@ -33,6 +33,10 @@ pub struct Figures {
     pub max_watches: u64,
     /// Whether a directory went unwatched for `--max-watches`.
     pub watch_limit_reached: bool,
+    /// Directories found under `--watch` that another shipper ships,
+    /// each with that shipper's pid and state directory: skipped.
+    #[serde(default)]
+    pub shipped_elsewhere: Vec<String>,
 }
 
 /// The figures a shipper left in `dir` (bounded read).

@@ -126,6 +126,9 @@ pub struct LogDir {
     /// Files at stream names of no stream of logmon's here (a task's
     /// made-up streams), by name: never shipped.
     pub foreign: std::collections::HashSet<String>,
+    /// Found under the root while another shipper holds its lock
+    /// (`--log-dir` there): "pid N, --state-dir S". Never shipped here.
+    pub shipped_elsewhere: Option<String>,
     origin: Origin,
     wd: Option<WatchDescriptor>,
     handle: Option<Arc<Dir>>,
@@ -336,6 +339,14 @@ impl Tree {
         }
         let wd = self.watch(&dir, log_mask());
         let untrusted = untrusted(&dir);
+        let elsewhere = match origin {
+            Origin::Found(_) => super::dirlock::holder(&dir),
+            Origin::Given => None,
+        };
+        if let Some(other) = &elsewhere {
+            tracing::warn!(dir = %dir.path().display(), other_shipper = %other,
+                "not shipping a directory under --watch that another shipper ships (one shipper per log directory)");
+        }
         if let Some(why) = untrusted {
             tracing::warn!(dir = %dir.path().display(), why,
                 "not shipping from a log directory whose names others could rename: a task there could pass its lines off as another task's");
@@ -357,6 +368,7 @@ impl Tree {
                 captures,
                 untrusted,
                 foreign: Default::default(),
+                shipped_elsewhere: elsewhere,
                 origin,
                 wd,
                 handle: Some(Arc::new(dir)),

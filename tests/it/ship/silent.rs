@@ -1144,3 +1144,115 @@ fn directories_past_max_watches_are_not_watched_but_shipped_and_the_status_says_
     drop(d);
     drop(ship);
 }
+
+#[test]
+fn a_directory_under_watch_that_another_shipper_ships_is_skipped_and_named() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let url = srv.url();
+    let state_a = tmp.path().join("state-a");
+    let state_b = tmp.path().join("state-b");
+    let da = Daemon::start(&root.join("a"), "ta", &[]);
+    let db = Daemon::start(&root.join("b"), "tb", &[]);
+    // The first ships root/a as a --log-dir.
+    let mut first = Shipper::start(&[
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state_a.to_str().unwrap(),
+        "--log-dir",
+        root.join("a").to_str().unwrap(),
+    ]);
+    assert!(wait_until(Duration::from_secs(30), || status(&state_a)
+        ["shipper"]["running"]
+        == true));
+    let watch = |state: &Path, dir: &Path| {
+        shipper(
+            dir,
+            &[
+                "--nats",
+                &url,
+                "--stream",
+                "LOGS",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--watch",
+                root.to_str().unwrap(),
+                "--pattern",
+                "*",
+            ],
+        )
+    };
+    // The second watches the root: it ships root/b, never root/a.
+    let second_log = tmp.path().join("second");
+    std::fs::create_dir_all(&second_log).unwrap();
+    let mut second = watch(&state_b, &second_log);
+    write_numbered(&fifo(&root.join("a"), "ta", Stream::Stdout), 0, 50);
+    write_numbered(&fifo(&root.join("b"), "tb", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(r.wait_for(
+        &[
+            ("ta", "stdout", line_bytes(0, 50)),
+            ("tb", "stdout", line_bytes(0, 50))
+        ],
+        Duration::from_secs(30)
+    ));
+    let holder = format!("pid {}", first.pid());
+    let st = status(&state_b);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            status(&state_b)["shipper"]["directories"]["shipped_elsewhere"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+        }),
+        "{st}"
+    );
+    let st = status(&state_b);
+    let skipped = st["shipper"]["directories"]["shipped_elsewhere"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        skipped.contains(root.join("a").to_str().unwrap())
+            && skipped.contains(&holder)
+            && skipped.contains(state_a.to_str().unwrap()),
+        "{skipped}"
+    );
+    assert!(stream_status(&st, "ta", "stdout").is_empty(), "{st}");
+    assert_eq!(
+        stream_status(&st, "tb", "stdout")[0]["shipped_bytes"],
+        line_bytes(0, 50) as u64,
+        "{st}"
+    );
+    let log = second.diagnostics();
+    assert!(
+        log.contains("another shipper ships") && log.contains(&holder),
+        "{log}"
+    );
+    // A third on the same root is refused, naming the second.
+    let third_log = tmp.path().join("third");
+    std::fs::create_dir_all(&third_log).unwrap();
+    let mut third = watch(&tmp.path().join("state-c"), &third_log);
+    let code = third.child.take().unwrap().wait().unwrap().code();
+    assert_eq!(code, Some(1), "{}", third.diagnostics());
+    assert!(
+        third
+            .diagnostics()
+            .contains(&format!("pid {}", second.pid())),
+        "{}",
+        third.diagnostics()
+    );
+    assert_eq!(second.sigterm(), Some(0));
+    assert_eq!(first.sigterm(), Some(0));
+    drop((da, db));
+}

@@ -541,6 +541,14 @@ impl Shipper {
             self.hold(&e.to_string());
             return;
         }
+        if !matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        ) {
+            // Looked at again after the backoff, not awaited now.
+            self.hold("not connected to the NATS server");
+            return;
+        }
         for key in keys {
             let Some(g) = self
                 .state

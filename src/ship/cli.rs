@@ -80,6 +80,13 @@ pub struct Args {
     /// half a second (docs/performance.md).
     #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
     pub max_delay: Duration,
+    /// The most inotify watches the shipper holds for its directories
+    /// (default: half of fs.inotify.max_user_watches). Directories past it
+    /// are still shipped, found and listed every 10 seconds instead; the
+    /// log and --status say when it is reached.
+    #[arg(long, env = "LOGMON_SHIP_MAX_WATCHES",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_watches: Option<usize>,
     /// Authentication and TLS (shared with `logs --nats`).
     #[command(flatten)]
     pub auth: Auth,
@@ -231,7 +238,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let locked = lock_state(&args.state_dir)?;
     // Held until the process exits; after the state's lock, so that a
     // second shipper on one state directory is told that first.
-    let _dir_locks = lock_log_dirs(&args.log_dirs, &args.state_dir)?;
+    let _dir_locks = lock_log_dirs(&args.log_dirs, args.watch.as_ref(), &args.state_dir)?;
     // The stop signals stay blocked until the process exits (the guard
     // below restores this mask, not the one before): a second SIGTERM
     // while the first is being handled, or after, is read or dropped,
@@ -247,16 +254,18 @@ fn run(args: Args) -> Result<(), Failure> {
     rt.block_on(serve(args, checked, locked, signals))
 }
 
-/// Takes the lock of each `--log-dir` (one shipper per log directory):
+/// Takes the lock of each `--log-dir` and of the `--watch` root (one
+/// shipper per log directory, one per root):
 /// another shipper's is a refusal naming it (exit 1); a lock that cannot
 /// be made (a directory this user cannot write) is a warning.
 fn lock_log_dirs(
     dirs: &[PathBuf],
+    watch: Option<&PathBuf>,
     state_dir: &Path,
 ) -> Result<Vec<super::dirlock::DirLock>, Failure> {
     use super::dirlock::{take, DirLockError};
     let mut held = Vec::new();
-    for d in dirs {
+    for d in dirs.iter().chain(watch) {
         let Ok(dir) = crate::shared::dir::Dir::open(d) else {
             continue;
         };
@@ -381,6 +390,9 @@ fn check(args: &Args) -> Result<Checked, Failure> {
             state_dir: args.state_dir.clone(),
             delay: args.max_delay,
             fd_budget: raise_open_file_limit(),
+            max_watches: args
+                .max_watches
+                .unwrap_or_else(super::tree::default_max_watches),
         },
     })
 }

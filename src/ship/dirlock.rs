@@ -15,7 +15,12 @@
 //! the shipper's own directory, never its target — and the lock made anew
 //! with `O_EXCL`.
 //!
-//! Test: `tests/it/ship/silent.rs::a_second_shipper_on_one_log_directory_is_refused_naming_the_first`.
+//! The `--watch` root is locked the same way; a directory found under it
+//! is not (a descriptor each), but skipped when another shipper holds its
+//! lock ([`holder`]).
+//!
+//! Tests: `tests/it/ship/silent.rs::a_second_shipper_on_one_log_directory_is_refused_naming_the_first`,
+//! `tests/it/ship/silent.rs::a_directory_under_watch_that_another_shipper_ships_is_skipped_and_named`.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
@@ -90,6 +95,36 @@ pub fn take(dir: &Dir, state_dir: &Path) -> Result<DirLock, DirLockError> {
     held.write_all_at(text.as_bytes(), 0).map_err(io)?;
     let _ = (&*held).flush();
     Ok(DirLock { _held: held })
+}
+
+/// Who holds the lock of `dir`, if another process does: "pid N,
+/// --state-dir S" as it wrote them. Looked at without making the lock
+/// file or writing it (a directory found under `--watch` is not locked
+/// by the shipper that found it: that would cost a descriptor per
+/// directory); a lock file that is not the shipper's kind is no holder.
+pub fn holder(dir: &Dir) -> Option<String> {
+    let f = dir
+        .open_at(DIR_LOCK, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
+        .ok()?;
+    let st = nix::sys::stat::fstat(&f).ok()?;
+    if !crate::shared::dir::is_type(&st, nix::sys::stat::SFlag::S_IFREG)
+        || st.st_nlink != 1
+        || st.st_uid != nix::unistd::geteuid().as_raw()
+    {
+        return None;
+    }
+    match Flock::lock(f, FlockArg::LockSharedNonblock) {
+        Ok(_) => None,
+        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut text = String::new();
+            let _ = (&mut file).take(4096).read_to_string(&mut text);
+            Some(match text.trim() {
+                "" => "pid unknown".to_owned(),
+                t => t.replace('\n', ", "),
+            })
+        }
+        Err(_) => None,
+    }
 }
 
 /// Opens the lock file, the shipper's own: an existing one only if it is

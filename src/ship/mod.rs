@@ -37,11 +37,28 @@
 //!   held open, so purging it mid-read loses nothing (`purge_racing_…`); a
 //!   log directory or `--watch` root removed or replaced under it is let
 //!   go (its unshipped bytes counted as a gap in the status, with the
-//!   cause) and taken again once back at its path, said in the log
+//!   cause, and published once as a gap record, kept in the state until
+//!   acknowledged:
+//!   `silent.rs::a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_…`)
+//!   and taken again once back at its path, said in the log
 //!   (`silent.rs::a_log_directory_removed_and_recreated_…`,
 //!   `silent.rs::a_watch_root_renamed_and_recreated_…`); a `--subject` the
 //!   stream does not bind is refused at start
 //!   (`silent.rs::a_stream_that_does_not_bind_the_subject_…`);
+//! - **a task churning names costs little** — a log directory is listed
+//!   again at most once a second (`RELIST_EVERY`), and only when a name of a
+//!   stream not followed changed in it; the count is in `--status`
+//!   (`silent.rs::names_churned_in_a_shared_log_directory_are_listed_…`);
+//! - **a task making directories cannot take the node's watches** — at
+//!   most `--max-watches` inotify watches are held; directories past them
+//!   are shipped by a look every 10 seconds, said in the log and
+//!   `--status`
+//!   (`silent.rs::directories_past_max_watches_are_not_watched_but_shipped_…`);
+//! - **two shippers never both ship a directory they can see each other
+//!   in** — the `--watch` root is locked like a `--log-dir`, and a
+//!   directory found under it whose lock another shipper holds is
+//!   skipped, named with that shipper in the log and `--status`
+//!   (`silent.rs::a_directory_under_watch_that_another_shipper_ships_…`);
 //! - **never asleep on unshipped bytes** — the directories are watched
 //!   before they are listed, and a stream is idle only when its files say
 //!   so (the cursor file's length, the next file looked up on disk), not a
@@ -85,6 +102,9 @@ use crate::shared::dir::FileId;
 use scan::{Pattern, SubjectValues, Template};
 use state::{Journal, Lock, State, StreamState};
 use stream::{Streams, Tracked};
+
+/// A log directory is listed at most once in this long.
+const RELIST_EVERY: Duration = Duration::from_secs(1);
 use tree::{Change, Tree};
 
 /// What the shipper was told to do.
@@ -103,6 +123,8 @@ pub struct Config {
     pub delay: Duration,
     /// Descriptors the shipper may keep open (from `ulimit -n`).
     pub fd_budget: usize,
+    /// inotify watches the shipper may hold (`--max-watches`).
+    pub max_watches: usize,
 }
 
 /// Errors that stop the shipper.
@@ -131,6 +153,14 @@ pub struct Shipper {
     changed: BTreeSet<String>,
     /// Directories to list: names of streams not yet followed appeared.
     list_due: HashSet<FileId>,
+    /// When each directory was last listed: a directory is listed again
+    /// at most once per [`RELIST_EVERY`] (names churned in it by a task
+    /// cost one listing a second, however many).
+    listed: std::collections::HashMap<FileId, Instant>,
+    /// Listings done since start.
+    lists: u64,
+    /// What was last left in the state directory for `--status`.
+    figures_written: Option<status::Figures>,
     /// Where the last round stopped taking streams (fairness).
     turn: usize,
     /// When a failure was last logged, and how many went unlogged since.
@@ -170,6 +200,7 @@ impl Shipper {
             &cfg.log_dirs,
             cfg.watch.as_ref().map(|(r, p)| (r.as_path(), p.clone())),
             budget / 4,
+            cfg.max_watches,
         )?;
         let list_due = tree.dirs().map(|d| d.id).collect();
         Ok(Shipper {
@@ -183,6 +214,9 @@ impl Shipper {
             _lock: lock,
             changed: BTreeSet::new(),
             list_due,
+            listed: Default::default(),
+            lists: 0,
+            figures_written: None,
             turn: 0,
             warned: None,
             unwarned: 0,
@@ -205,6 +239,7 @@ impl Shipper {
             self.publish_gauges();
             let now = Instant::now();
             if self.hold_until.is_none_or(|t| t <= now) {
+                self.publish_gone_gaps().await;
                 let windows = self.plan_round(now);
                 if !windows.is_empty() {
                     // A round far from full is paced: the next waits out
@@ -237,6 +272,7 @@ impl Shipper {
             if let Err(e) = self.save() {
                 self.hold(&e.to_string());
             }
+            self.write_figures();
             let at = self.next_deadline();
             let wait = async {
                 match at {
@@ -326,7 +362,13 @@ impl Shipper {
             .tree
             .searching()
             .then(|| Instant::now() + Duration::from_secs(1));
+        let now = Instant::now();
+        let lists = self
+            .list_due
+            .iter()
+            .map(|d| self.list_wait(d, now).unwrap_or(now));
         streams
+            .chain(lists)
             .chain(self.hold_until)
             .chain(degraded)
             .chain(searching)
@@ -389,7 +431,16 @@ impl Shipper {
                 t.dirty = true;
             }
         }
+        let now = Instant::now();
         for dir in std::mem::take(&mut self.list_due) {
+            if !everything && self.list_wait(&dir, now).is_some() {
+                // Listed under RELIST_EVERY ago: listed again at its
+                // time (see `next_deadline`), once for every change since.
+                self.list_due.insert(dir);
+                continue;
+            }
+            self.listed.insert(dir, now);
+            self.lists += 1;
             self.list(dir);
         }
     }
@@ -446,6 +497,7 @@ impl Shipper {
             return;
         };
         self.tree.remove(&dir);
+        self.listed.remove(&dir);
         let gone = self.streams.drop_dir(&dir);
         if !deleted && !given {
             return;
@@ -457,18 +509,121 @@ impl Shipper {
             let Some(mut s) = self.state.streams.remove(&t.key) else {
                 continue;
             };
-            let lost = t.unshipped(&s);
+            let (lost, files) = t.unshipped(&s);
             if lost > 0 || s.pending.is_some() {
                 tracing::warn!(dir = %path.display(), task = %s.task, stream = %s.stream, bytes = lost,
-                    "a log directory went before all of it was shipped: counted as a gap");
+                    "a log directory went before all of it was shipped: counted as a gap, a gap record to be published");
                 s.gap_bytes += lost;
                 s.pending = None;
+                s.gone_gap = Some(round::gone_gap(&t, &s, lost, files.max(1)));
                 s.last_error = Some(format!(
                     "its log directory was removed or replaced with {lost} bytes not shipped"
                 ));
                 self.state.streams.insert(t.key.clone(), s);
             }
             self.changed.insert(t.key);
+        }
+    }
+
+    /// Publishes the kept gap records of streams whose log directory went
+    /// (see [`round::gone_gap`]), saved first so that a restart re-sends
+    /// each with the same id: a consumer sees each once.
+    async fn publish_gone_gaps(&mut self) {
+        let keys: Vec<String> = self
+            .state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.gone_gap.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = self.save() {
+            self.hold(&e.to_string());
+            return;
+        }
+        if !matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        ) {
+            // Looked at again after the backoff, not awaited now.
+            self.hold("not connected to the NATS server");
+            return;
+        }
+        for key in keys {
+            let Some(g) = self
+                .state
+                .streams
+                .get(&key)
+                .and_then(|s| s.gone_gap.clone())
+            else {
+                continue;
+            };
+            let r = round::publish_gone_gap(&self.js, &g).await;
+            let Some(s) = self.state.streams.get_mut(&key) else {
+                continue;
+            };
+            match r {
+                Ok(duplicate) => {
+                    tracing::warn!(dir = %s.dir.display(), task = %s.task, stream = %s.stream,
+                        "published the gap record of a log directory that went");
+                    s.gone_gap = None;
+                    s.gaps += 1;
+                    s.shipped_messages += 1;
+                    s.duplicates += u64::from(duplicate);
+                    self.changed.insert(key);
+                }
+                Err(why) => {
+                    s.errors += 1;
+                    self.changed.insert(key);
+                    self.hold(&why);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// When directory `dir` may be listed again, if not now.
+    fn list_wait(&self, dir: &FileId, now: Instant) -> Option<Instant> {
+        self.listed
+            .get(dir)
+            .map(|t| *t + RELIST_EVERY)
+            .filter(|t| *t > now)
+    }
+
+    /// Leaves the figures of the directories (listings, watches) beside
+    /// the state for `--status` ([`status::FIGURES_FILE`]), when they
+    /// changed: a file of the shipper's own directory, replaced whole.
+    fn write_figures(&mut self) {
+        let f = status::Figures {
+            listings: self.lists,
+            watches: self.tree.watches() as u64,
+            max_watches: self.tree.max_watches as u64,
+            watch_limit_reached: self.tree.watch_limit_reached,
+            shipped_elsewhere: self
+                .tree
+                .dirs()
+                .filter_map(|d| {
+                    let other = d.shipped_elsewhere.as_ref()?;
+                    Some(format!("{} ({other})", d.path.display()))
+                })
+                .collect(),
+        };
+        if self.figures_written.as_ref() == Some(&f) {
+            return;
+        }
+        let dir = &self.cfg.state_dir;
+        let tmp = dir.join(format!("{}.tmp", status::FIGURES_FILE));
+        let r = serde_json::to_vec(&f)
+            .map_err(std::io::Error::other)
+            .and_then(|body| std::fs::write(&tmp, body))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(status::FIGURES_FILE)));
+        match r {
+            Ok(()) => self.figures_written = Some(f),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot leave the directories' figures for --status");
+            }
         }
     }
 
@@ -486,7 +641,7 @@ impl Shipper {
     /// of its files.
     fn list(&mut self, id: FileId) {
         let Some(d) = self.tree.get(&id) else { return };
-        if d.untrusted.is_some() {
+        if d.untrusted.is_some() || d.shipped_elsewhere.is_some() {
             return;
         }
         let (path, captures) = (d.path.clone(), d.captures.clone());

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::state::Pending;
-use super::stream::{Planned, WindowError};
+use super::stream::{Planned, Tracked, WindowError};
 use super::{scan, Shipper};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
@@ -82,7 +82,11 @@ impl Shipper {
         let Some(dir_id) = self.streams.map.get(key).map(|t| t.dir) else {
             return Ok(None);
         };
-        if self.tree.get(&dir_id).is_none_or(|d| d.untrusted.is_some()) {
+        if self
+            .tree
+            .get(&dir_id)
+            .is_none_or(|d| d.untrusted.is_some() || d.shipped_elsewhere.is_some())
+        {
             if let Some(t) = self.streams.map.get_mut(key) {
                 t.dirty = false;
             }
@@ -187,25 +191,10 @@ impl Shipper {
         let Some(t) = self.streams.map.get_mut(key) else {
             return Ok(Vec::new());
         };
-        let id = t.dir;
-        let id_base = format!(
-            "{}.{}/{}/{}",
-            id.dev,
-            id.ino,
-            scan::header_value(t.task.as_str()),
-            t.stream.as_str()
-        );
+        let id_base = id_base(t);
         let base = base_headers(&t.task, t.stream, &t.meta);
         if let Some(g) = &p.gap {
-            let mut h = base;
-            h.insert(
-                "Nats-Msg-Id",
-                format!("{id_base}/{}/{}/gap", p.file, p.start),
-            );
-            h.insert("Logmon-File", p.file.to_string());
-            h.insert("Logmon-Offset", p.start.to_string());
-            h.insert("Logmon-Gap-Bytes", g.bytes.to_string());
-            h.insert("Logmon-Gap-Files", g.files.to_string());
+            let h = gap_headers(base, &id_base, p.file, p.start, g);
             return Ok(vec![(t.subject.clone(), h, Bytes::new())]);
         }
         let buf = Bytes::from(t.window_bytes(p.file, p.start, p.end)?);
@@ -343,6 +332,92 @@ async fn publish_window(
         }
     }
     (key, p, Ok(shipped))
+}
+
+/// The start of the `Nats-Msg-Id` of every message of stream `t`: its
+/// directory's identity, its task and its stream.
+fn id_base(t: &Tracked) -> String {
+    format!(
+        "{}.{}/{}/{}",
+        t.dir.dev,
+        t.dir.ino,
+        scan::header_value(t.task.as_str()),
+        t.stream.as_str()
+    )
+}
+
+/// The headers of a gap record at `file`, `start` of a stream (`base`:
+/// its [`base_headers`]); its id is that of the bytes it stands for.
+fn gap_headers(
+    mut h: HeaderMap,
+    id_base: &str,
+    file: u64,
+    start: u64,
+    g: &super::state::Gap,
+) -> HeaderMap {
+    h.insert("Nats-Msg-Id", format!("{id_base}/{file}/{start}/gap"));
+    h.insert("Logmon-File", file.to_string());
+    h.insert("Logmon-Offset", start.to_string());
+    h.insert("Logmon-Gap-Bytes", g.bytes.to_string());
+    h.insert("Logmon-Gap-Files", g.files.to_string());
+    h
+}
+
+/// The gap record of stream `t`, whose directory went with `bytes` (in
+/// `files` files) past the cursor of `st` not shipped: kept in the state
+/// until acknowledged, since the stream is followed no more.
+pub(super) fn gone_gap(
+    t: &Tracked,
+    st: &super::state::StreamState,
+    bytes: u64,
+    files: u64,
+) -> super::state::GoneGap {
+    let g = super::state::Gap {
+        to_file: st.file,
+        bytes,
+        files,
+    };
+    let h = gap_headers(
+        base_headers(&t.task, t.stream, &t.meta),
+        &id_base(t),
+        st.file,
+        st.offset,
+        &g,
+    );
+    let mut headers: Vec<(String, String)> = h
+        .iter()
+        .flat_map(|(k, vs)| {
+            vs.iter()
+                .map(move |v| (k.to_string(), v.as_str().to_owned()))
+        })
+        .collect();
+    headers.sort();
+    super::state::GoneGap {
+        subject: t.subject.clone(),
+        headers,
+    }
+}
+
+/// Publishes a kept gap record and awaits its ack: whether it was a
+/// duplicate (already stored before a restart).
+pub(super) async fn publish_gone_gap(
+    js: &async_nats::jetstream::Context,
+    g: &super::state::GoneGap,
+) -> Result<bool, String> {
+    let h: HeaderMap = g
+        .headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.parse().ok()?, v.parse().ok()?)))
+        .collect();
+    let ack = match js
+        .publish_with_headers(g.subject.clone(), h, Bytes::new())
+        .await
+    {
+        Ok(a) => a.await,
+        Err(e) => Err(e),
+    };
+    ack.map(|a| a.duplicate)
+        .map_err(|e| format!("publishing to {}: {e}", g.subject))
 }
 
 /// The headers every message of a stream carries.

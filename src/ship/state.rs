@@ -129,6 +129,22 @@ pub struct StreamState {
     /// hard links, not regular files): skipped, never shipped.
     #[serde(default)]
     pub foreign_files: u64,
+    /// The gap record of a stream whose log directory went with bytes not
+    /// shipped, until JetStream acknowledged it: kept here, with its
+    /// subject and headers, because the stream is followed no more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gone_gap: Option<GoneGap>,
+}
+
+/// A gap record waiting to be published for a stream that is followed no
+/// more (its log directory went): the whole message but its empty payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoneGap {
+    /// The stream's subject when its directory went.
+    pub subject: String,
+    /// Its headers, `Nats-Msg-Id` included (so a re-send after a restart
+    /// is de-duplicated).
+    pub headers: Vec<(String, String)>,
 }
 
 /// The whole state.

@@ -18,6 +18,39 @@ use super::state::{self, StreamState};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 
+/// The file in `--state-dir` where a running shipper leaves the
+/// [`Figures`] of its directories.
+pub const FIGURES_FILE: &str = "ship.figures";
+
+/// What a running shipper says of its directories, for `--status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Figures {
+    /// Log directory listings since it started.
+    pub listings: u64,
+    /// inotify watches it holds.
+    pub watches: u64,
+    /// `--max-watches`.
+    pub max_watches: u64,
+    /// Whether a directory went unwatched for `--max-watches`.
+    pub watch_limit_reached: bool,
+    /// Directories found under `--watch` that another shipper ships,
+    /// each with that shipper's pid and state directory: skipped.
+    #[serde(default)]
+    pub shipped_elsewhere: Vec<String>,
+}
+
+/// The figures a shipper left in `dir` (bounded read).
+fn figures(dir: &Path) -> Option<Figures> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(dir.join(FIGURES_FILE))
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut buf)
+        .ok()?;
+    serde_json::from_slice(&buf).ok()
+}
+
 /// Prints the status of the state in `dir`.
 pub fn print(dir: &Path) -> Result<(), Failure> {
     let st = state::read(dir).map_err(|e| Failure {
@@ -58,12 +91,13 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
                 "errors": s.errors, "last_error": s.last_error,
                 "gap_bytes": s.gap_bytes, "gaps": s.gaps,
                 "foreign_files": s.foreign_files,
+                "gap_record_due": s.gone_gap.is_some(),
             })
         })
         .collect();
     let pid = holder(dir);
     let j = serde_json::json!({
-        "shipper": { "running": pid.is_some(), "pid": pid },
+        "shipper": { "running": pid.is_some(), "pid": pid, "directories": figures(dir) },
         "streams": streams,
     });
     let mut out = std::io::stdout().lock();

@@ -580,8 +580,9 @@ impl Tracked {
 
 impl Tracked {
     /// The bytes of its files past the cursor of `st`, as last seen (a
-    /// lower bound): what is lost if its directory goes.
-    pub fn unshipped(&self, st: &StreamState) -> u64 {
+    /// lower bound), and the files they are in: what is lost if its
+    /// directory goes.
+    pub fn unshipped(&self, st: &StreamState) -> (u64, u64) {
         let files: std::collections::BTreeSet<u64> = self
             .sizes
             .range(st.file..)
@@ -598,10 +599,12 @@ impl Tracked {
                 .map(|s| u64::try_from(s.st_size).unwrap_or(0)),
             _ => None,
         };
-        let total: u64 = files
+        let files: std::collections::BTreeSet<_> = files
             .iter()
             .chain(open.is_some().then_some(&st.file))
-            .collect::<std::collections::BTreeSet<_>>()
+            .collect();
+        let count = files.len() as u64;
+        let total: u64 = files
             .into_iter()
             .map(|n| {
                 let a = self.sizes.get(n).copied().unwrap_or(0);
@@ -609,7 +612,7 @@ impl Tracked {
                 a.max(b).max(self.learnt.get(n).copied().unwrap_or(0))
             })
             .sum();
-        total.saturating_sub(st.offset)
+        (total.saturating_sub(st.offset), count)
     }
 
     /// Whether the task's logmon still holds its lock in `dir` (so the

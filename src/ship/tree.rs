@@ -126,6 +126,9 @@ pub struct LogDir {
     /// Files at stream names of no stream of logmon's here (a task's
     /// made-up streams), by name: never shipped.
     pub foreign: std::collections::HashSet<String>,
+    /// Found under the root while another shipper holds its lock
+    /// (`--log-dir` there): "pid N, --state-dir S". Never shipped here.
+    pub shipped_elsewhere: Option<String>,
     origin: Origin,
     wd: Option<WatchDescriptor>,
     handle: Option<Arc<Dir>>,
@@ -203,6 +206,13 @@ pub struct Tree {
     /// A watch could not be added (the inotify limit): the shipper then
     /// looks at everything again now and then instead.
     pub degraded: bool,
+    /// The most watches held (log directories and tree nodes), and
+    /// whether a directory went unwatched for it.
+    pub max_watches: usize,
+    /// (see `max_watches`)
+    pub watch_limit_reached: bool,
+    /// The `--watch` root's path, for the warning.
+    root_path: Option<PathBuf>,
     buf: Vec<u8>,
     /// Paths already warned about (symlinks, names that are not UTF-8).
     noted: std::collections::HashSet<PathBuf>,
@@ -227,6 +237,7 @@ impl Tree {
         given: &[PathBuf],
         watch: Option<(&Path, Pattern)>,
         cap: usize,
+        max_watches: usize,
     ) -> Result<Tree, TreeError> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| TreeError::Inotify(e.into()))?;
@@ -241,6 +252,9 @@ impl Tree {
             clock: 0,
             rescan: Vec::new(),
             degraded: false,
+            max_watches: max_watches.max(1),
+            watch_limit_reached: false,
+            root_path: watch.as_ref().map(|(r, _)| r.to_path_buf()),
             buf: vec![0; 64 * 1024],
             noted: Default::default(),
             lost: Vec::new(),
@@ -286,8 +300,26 @@ impl Tree {
         self.logs.get(id)
     }
 
-    /// Adds a watch on the very directory `dir` opened.
+    /// The watches held on log directories and tree nodes.
+    pub fn watches(&self) -> usize {
+        self.by_wd.len() + self.nodes.len()
+    }
+
+    /// Adds a watch on the very directory `dir` opened, unless
+    /// `max_watches` are held: then the tree is looked at every few
+    /// seconds instead (`degraded`), and the first time is said naming
+    /// the root.
     fn watch(&mut self, dir: &Dir, mask: AddWatchFlags) -> Option<WatchDescriptor> {
+        if self.watches() >= self.max_watches {
+            self.degraded = true;
+            if !self.watch_limit_reached {
+                self.watch_limit_reached = true;
+                let root = self.root_path.as_ref().map(|r| r.display().to_string());
+                tracing::warn!(root = ?root, max_watches = self.max_watches, dir = %dir.path().display(),
+                    "the shipper holds --max-watches inotify watches: directories past them are not watched but found and listed every 10 seconds instead (raise --max-watches)");
+            }
+            return None;
+        }
         let path = format!("/proc/self/fd/{}", dir.fd().as_raw_fd());
         match self.inotify.add_watch(path.as_str(), mask) {
             Ok(wd) => Some(wd),
@@ -307,6 +339,14 @@ impl Tree {
         }
         let wd = self.watch(&dir, log_mask());
         let untrusted = untrusted(&dir);
+        let elsewhere = match origin {
+            Origin::Found(_) => super::dirlock::holder(&dir),
+            Origin::Given => None,
+        };
+        if let Some(other) = &elsewhere {
+            tracing::warn!(dir = %dir.path().display(), other_shipper = %other,
+                "not shipping a directory under --watch that another shipper ships (one shipper per log directory)");
+        }
         if let Some(why) = untrusted {
             tracing::warn!(dir = %dir.path().display(), why,
                 "not shipping from a log directory whose names others could rename: a task there could pass its lines off as another task's");
@@ -328,6 +368,7 @@ impl Tree {
                 captures,
                 untrusted,
                 foreign: Default::default(),
+                shipped_elsewhere: elsewhere,
                 origin,
                 wd,
                 handle: Some(Arc::new(dir)),
@@ -796,6 +837,16 @@ impl Tree {
 
 /// Whether the directory `id` (open as `handle`) has no link left, or
 /// another directory (or nothing) is at its `path` now.
+/// The default of `--max-watches`: half of the user's inotify watches
+/// (`fs.inotify.max_user_watches`, shared with every other process of
+/// that user), or 4096 when it cannot be read.
+pub fn default_max_watches() -> usize {
+    std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .map_or(4096, |n| (n / 2).max(1))
+}
+
 fn replaced(handle: Option<&Dir>, path: &Path, id: FileId) -> bool {
     use std::os::unix::fs::MetadataExt;
     if handle.is_some_and(Dir::is_deleted) {
@@ -937,7 +988,7 @@ mod tests {
         std::fs::create_dir_all(d.path().join("outside/alloc/logs")).unwrap();
         std::os::unix::fs::symlink(d.path().join("outside"), root.join("evil")).unwrap();
         let p = Pattern::parse("*/alloc/logs").unwrap();
-        let mut t = Tree::new(&[], Some((&root, p)), 2).unwrap();
+        let mut t = Tree::new(&[], Some((&root, p)), 2, 4096).unwrap();
         let mut caps: Vec<String> = t.dirs().map(|l| l.captures[0].clone()).collect();
         caps.sort();
         assert_eq!(

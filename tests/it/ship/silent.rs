@@ -119,6 +119,189 @@ fn a_log_directory_removed_and_recreated_is_shipped_again_and_said() {
     drop(two);
 }
 
+/// The gap records of (task, stream) read back: `Logmon-Gap-Bytes` each.
+fn gap_records(r: &Reader, task: &str, stream: &str) -> Vec<String> {
+    r.of(task, stream)
+        .filter_map(|m| {
+            assert!(m.payload.is_empty() || !m.headers.contains_key("Logmon-Gap-Bytes"));
+            m.headers.get("Logmon-Gap-Bytes").cloned()
+        })
+        .collect()
+}
+
+#[test]
+fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_across_a_restart() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut srv = Server::single(&tmp.path().join("js"));
+    let one = Daemon::start(&logs, "one", &[]);
+    let url = srv.url();
+    let args = [
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--subject",
+        "x.{task}.{stream}",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    let mut ship = shipper(tmp.path(), &args);
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(r.wait_for(
+        &[("one", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    // Lines that cannot be shipped (no server), then their directory goes.
+    srv.kill();
+    write_numbered(&fifo(&logs, "one", Stream::Stdout), 100, 200);
+    assert!(wait_until(Duration::from_secs(10), || read_stream(
+        &logs,
+        "one",
+        Stream::Stdout
+    )
+    .len()
+        == line_bytes(0, 200)));
+    stop(one);
+    std::fs::remove_dir_all(&logs).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || ship
+            .diagnostics()
+            .contains("counted as a gap")),
+        "{}",
+        ship.diagnostics()
+    );
+    // Not published yet: the status says one is due.
+    let st = status(&state);
+    assert_eq!(
+        stream_status(&st, "one", "stdout")[0]["gap_record_due"],
+        true,
+        "{st}"
+    );
+    srv.restart();
+    let want = line_bytes(100, 200).to_string();
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            r.poll();
+            !gap_records(&r, "one", "stdout").is_empty()
+        }),
+        "no gap record on the stream: {}",
+        ship.diagnostics()
+    );
+    let gap = r.of("one", "stdout").last().unwrap().clone();
+    assert_eq!(gap.subject, "x.one.stdout");
+    assert_eq!(gap.headers["Logmon-Gap-Bytes"], want);
+    assert!(
+        gap.headers["Nats-Msg-Id"].ends_with("/gap"),
+        "{:?}",
+        gap.headers
+    );
+    assert!(ship.diagnostics().contains("published the gap record"));
+    // A restart publishes it no more: the state says it went through,
+    // and a re-send would have its id.
+    assert_eq!(ship.sigterm(), Some(0));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut ship = shipper(tmp.path(), &args);
+    let two = Daemon::start(&logs, "two", &[]);
+    write_numbered(&fifo(&logs, "two", Stream::Stdout), 0, 100);
+    assert!(r.wait_for(
+        &[("two", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(30)
+    ));
+    assert_eq!(gap_records(&r, "one", "stdout"), vec![want.clone()]);
+    let st = status(&state);
+    let one = stream_status(&st, "one", "stdout");
+    assert_eq!(one[0]["gaps"], 1, "{st}");
+    assert_eq!(one[0]["gap_record_due"], false, "{st}");
+    assert_eq!(one[0]["gap_bytes"], line_bytes(100, 200) as u64, "{st}");
+    assert_eq!(ship.sigterm(), Some(0));
+    drop(two);
+}
+
+#[test]
+fn names_churned_in_a_shared_log_directory_are_listed_at_most_once_a_second() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let victim = Daemon::start(&logs, "victim", &[]);
+    // A task's names at stream names of no logmon: 2,000 of them, one
+    // appended to every 2 ms; each append names a stream not followed.
+    for i in 0..2000 {
+        let p = logs.join(format!("p{i}.stdout.0"));
+        std::fs::write(&p, b"x\n").unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--log-dir",
+            logs.to_str().unwrap(),
+        ],
+    );
+    let churn = {
+        let p = logs.join("p0.stdout.0");
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+            for _ in 0..1500 {
+                f.write_all(b"y\n").unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    write_numbered(&fifo(&logs, "victim", Stream::Stdout), 0, 100);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(r.wait_for(
+        &[("victim", "stdout", line_bytes(0, 100))],
+        Duration::from_secs(60)
+    ));
+    churn.join().unwrap();
+    assert_numbered(&r.bytes_of("victim", "stdout"), 0, 100);
+    // The count the shipper leaves is read after the churn: it cannot
+    // exceed one listing a second since the shipper started, plus the
+    // first.
+    let listings = |st: &serde_json::Value| st["shipper"]["directories"]["listings"].as_u64();
+    assert!(
+        wait_until(Duration::from_secs(10), || listings(&status(&state))
+            .is_some()),
+        "{}",
+        status(&state)
+    );
+    let st = status(&state);
+    let bound = started.elapsed().as_secs() + 2;
+    let n = listings(&st).unwrap();
+    assert!(n >= 1 && n <= bound, "{n} listings, at most {bound}: {st}");
+    assert!(
+        r.of("p0", "stdout").next().is_none(),
+        "a task's file was shipped"
+    );
+    drop(ship);
+    drop(victim);
+}
+
 #[test]
 fn a_watch_root_renamed_and_recreated_is_watched_again() {
     if !have_nats() {
@@ -872,4 +1055,204 @@ fn a_symlink_under_watch_is_named_in_the_log_not_silently_skipped() {
         ship.diagnostics()
     );
     assert!(ship.diagnostics().contains("linked"));
+}
+
+/// The watches of the shipper's inotify instance: the most any of its
+/// descriptors shows (a duplicate of the descriptor shows the same ones).
+fn inotify_watches(pid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn directories_past_max_watches_are_not_watched_but_shipped_and_the_status_says_so() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    // 5,000 directories a task made under the root.
+    for i in 0..5000 {
+        let d = root.join(format!("t{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let ship = shipper(
+        tmp.path(),
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--subject",
+            "x.{1}.{task}.{stream}",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--watch",
+            root.to_str().unwrap(),
+            "--pattern",
+            "*",
+            "--max-watches",
+            "100",
+        ],
+    );
+    let figures = || status(&state)["shipper"]["directories"].clone();
+    assert!(
+        wait_until(Duration::from_secs(30), || figures()["watch_limit_reached"]
+            == true),
+        "{}",
+        status(&state)
+    );
+    let f = figures();
+    assert_eq!(f["max_watches"], 100, "{f}");
+    assert!(f["watches"].as_u64().unwrap() <= 100, "{f}");
+    let watches = inotify_watches(ship.pid());
+    assert!(watches <= 100, "{watches} inotify watches");
+    let log = ship.diagnostics();
+    assert!(
+        log.contains("--max-watches") && log.contains(root.to_str().unwrap()),
+        "{log}"
+    );
+    // A directory made past the bound is still shipped, found and listed
+    // by the periodic look.
+    let late = root.join("late");
+    std::fs::create_dir_all(&late).unwrap();
+    let d = Daemon::start(&late, "late", &[]);
+    write_numbered(&fifo(&late, "late", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    assert!(
+        r.wait_for(
+            &[("late", "stdout", line_bytes(0, 50))],
+            Duration::from_secs(60)
+        ),
+        "{}",
+        ship.diagnostics()
+    );
+    assert_numbered(&r.bytes_of("late", "stdout"), 0, 50);
+    let watches = inotify_watches(ship.pid());
+    assert!(watches <= 100, "{watches} inotify watches");
+    drop(d);
+    drop(ship);
+}
+
+#[test]
+fn a_directory_under_watch_that_another_shipper_ships_is_skipped_and_named() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let srv = Server::single(&tmp.path().join("js"));
+    let url = srv.url();
+    let state_a = tmp.path().join("state-a");
+    let state_b = tmp.path().join("state-b");
+    let da = Daemon::start(&root.join("a"), "ta", &[]);
+    let db = Daemon::start(&root.join("b"), "tb", &[]);
+    // The first ships root/a as a --log-dir.
+    let mut first = Shipper::start(&[
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state_a.to_str().unwrap(),
+        "--log-dir",
+        root.join("a").to_str().unwrap(),
+    ]);
+    assert!(wait_until(Duration::from_secs(30), || status(&state_a)
+        ["shipper"]["running"]
+        == true));
+    let watch = |state: &Path, dir: &Path| {
+        shipper(
+            dir,
+            &[
+                "--nats",
+                &url,
+                "--stream",
+                "LOGS",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--watch",
+                root.to_str().unwrap(),
+                "--pattern",
+                "*",
+            ],
+        )
+    };
+    // The second watches the root: it ships root/b, never root/a.
+    let second_log = tmp.path().join("second");
+    std::fs::create_dir_all(&second_log).unwrap();
+    let mut second = watch(&state_b, &second_log);
+    write_numbered(&fifo(&root.join("a"), "ta", Stream::Stdout), 0, 50);
+    write_numbered(&fifo(&root.join("b"), "tb", Stream::Stdout), 0, 50);
+    let mut r = Reader::new(&url, "LOGS");
+    assert!(r.wait_for(
+        &[
+            ("ta", "stdout", line_bytes(0, 50)),
+            ("tb", "stdout", line_bytes(0, 50))
+        ],
+        Duration::from_secs(30)
+    ));
+    let holder = format!("pid {}", first.pid());
+    let st = status(&state_b);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            status(&state_b)["shipper"]["directories"]["shipped_elsewhere"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+        }),
+        "{st}"
+    );
+    let st = status(&state_b);
+    let skipped = st["shipper"]["directories"]["shipped_elsewhere"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        skipped.contains(root.join("a").to_str().unwrap())
+            && skipped.contains(&holder)
+            && skipped.contains(state_a.to_str().unwrap()),
+        "{skipped}"
+    );
+    assert!(stream_status(&st, "ta", "stdout").is_empty(), "{st}");
+    assert_eq!(
+        stream_status(&st, "tb", "stdout")[0]["shipped_bytes"],
+        line_bytes(0, 50) as u64,
+        "{st}"
+    );
+    let log = second.diagnostics();
+    assert!(
+        log.contains("another shipper ships") && log.contains(&holder),
+        "{log}"
+    );
+    // A third on the same root is refused, naming the second.
+    let third_log = tmp.path().join("third");
+    std::fs::create_dir_all(&third_log).unwrap();
+    let mut third = watch(&tmp.path().join("state-c"), &third_log);
+    let code = third.child.take().unwrap().wait().unwrap().code();
+    assert_eq!(code, Some(1), "{}", third.diagnostics());
+    assert!(
+        third
+            .diagnostics()
+            .contains(&format!("pid {}", second.pid())),
+        "{}",
+        third.diagnostics()
+    );
+    assert_eq!(second.sigterm(), Some(0));
+    assert_eq!(first.sigterm(), Some(0));
+    drop((da, db));
 }

@@ -34,8 +34,8 @@
 //!      and symlinks (all made before confinement), renaming or linking
 //!      into another directory (`Refer`), device ioctls;
 //!    - nothing beneath the log directory's parent, nor any other
-//!      parent: the perimeter is logmon's own directories themselves
-//!. A rule on the parent would be the only way
+//!      parent: the perimeter is logmon's own directories themselves.
+//!      A rule on the parent would be the only way
 //!      to write into a deleted log directory recreated at the same path
 //!      (Landlock rules attach to inodes, and the new directory is a new
 //!      inode), but it would open the parent's whole tree: with

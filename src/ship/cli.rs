@@ -76,7 +76,7 @@ pub struct Args {
     /// are far from full (0 ships at once; at most 60s). The default keeps
     /// a node of 200 busy tasks under 5 CPU s per GB with a lag p99 near
     /// half a second (docs/performance.md).
-    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
+    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", value_name = "DURATION", default_value = "250ms", value_parser = parse_delay, allow_hyphen_values = true)]
     pub max_delay: Duration,
     /// User name (with --password).
     #[arg(long, env = "LOGMON_SHIP_USER", requires = "password", conflicts_with_all = ["token", "creds", "nkey"])]

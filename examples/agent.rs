@@ -10,6 +10,7 @@
 //! # In another terminal: kill -9 the agent, then start it again with the same
 //! # command. It prints {"action":"reattached",…} with the same logmon pid,
 //! # adopts the still-running task, and stops logmon when the task ends.
+//! # (A task that ended while no agent ran is not started again.)
 //! cat /tmp/demo/logs/ticker.stdout.*   # every tick, once, in order
 //! ```
 //!
@@ -115,12 +116,17 @@ fn agent() -> Result<ExitCode, String> {
     ];
 
     // The task: adopt it if it still runs (we are a restarted agent), else
-    // start it with its output on the FIFOs' task ends.
-    let adopted = std::fs::read(&task_state)
+    // start it with its output on the FIFOs' task ends. A saved task that
+    // is gone ended while no agent ran: it is not started a second time
+    // (its exit status went to init, so it is unknown here).
+    let saved = std::fs::read(&task_state)
         .ok()
-        .and_then(|b| serde_json::from_slice::<TaskState>(&b).ok())
-        .filter(|t| logmon::process::is_alive_with(t.pid, t.start_time));
-    let status = match adopted {
+        .and_then(|b| serde_json::from_slice::<TaskState>(&b).ok());
+    let status = match saved {
+        Some(t) if !logmon::process::is_alive_with(t.pid, t.start_time) => {
+            println!("task pid {} ended while no agent ran", t.pid);
+            None
+        }
         Some(t) => {
             println!("adopted running task pid {}", t.pid);
             if let Some(fd) =

@@ -14,10 +14,13 @@
 //!   it, else the later of the last record and the file's mtime (an upper
 //!   bound: the file's last write). Readers mark those lines and say once
 //!   why. While following, a line read before its batch's record was
-//!   written waits up to ~10 ms for the record (the daemon writes it right
-//!   after the data). (`tests/it/readers/timeline_props.rs`
+//!   written waits for the record (the daemon writes it right after the
+//!   data) on an inotify event of the index, up to [`RECORD_WAIT`], so it
+//!   is printed with the time a later read gives it.
+//!   (`tests/it/readers/timeline_props.rs`
 //!   `since_until_return_exactly_the_lines_of_the_range`; `tests/it/readers/timeline.rs`
-//!   `a_garbage_index_loses_no_line_and_says_the_times_are_estimated`.)
+//!   `a_garbage_index_loses_no_line_and_says_the_times_are_estimated`,
+//!   `following_prints_the_times_a_later_read_gives`.)
 //! - **`--since` is found by searching** ([`locate_since`]): the files are
 //!   walked from the newest back to the first one whose latest possible
 //!   time (its last record, its mtime) is before `since`; inside the first
@@ -119,6 +122,61 @@ pub const MAX_PIECE: usize = 16 * 1024;
 /// How long a following reader waits for the rest of a partial line
 /// before writing what it has as a `P` piece.
 pub const PARTIAL_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a follower waits for the index record of bytes it read (the
+/// daemon writes it right after the data; only a descheduled daemon takes
+/// longer) before it prints their time as estimated.
+pub const RECORD_WAIT: Duration = Duration::from_millis(500);
+
+/// An inotify watch on a log directory, opened through its descriptor's
+/// magic link, waking on a change of one named index.
+#[derive(Debug)]
+struct IndexWatch(nix::sys::inotify::Inotify);
+
+impl IndexWatch {
+    fn new(dir: &Dir) -> Option<IndexWatch> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        use std::os::fd::AsRawFd;
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).ok()?;
+        let target = format!("/proc/self/fd/{}", dir.fd().as_raw_fd());
+        let mask = AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO;
+        ino.add_watch(target.as_str(), mask).ok()?;
+        Some(IndexWatch(ino))
+    }
+
+    /// Whether `name` changed (or the watch overflowed) within `limit`.
+    fn wait(&self, name: &OsStr, limit: Duration) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            match self.0.read_events() {
+                Ok(evs) => {
+                    if evs.iter().any(|e| {
+                        e.name.as_deref() == Some(name)
+                            || e.mask
+                                .contains(nix::sys::inotify::AddWatchFlags::IN_Q_OVERFLOW)
+                    }) {
+                        return true;
+                    }
+                }
+                Err(Errno::EAGAIN) => {}
+                Err(_) => return false,
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            if ms == 0 {
+                return false;
+            }
+            let mut fds = [PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(0) => return false,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
 
 const NS: i64 = 1_000_000_000;
 
@@ -266,6 +324,9 @@ pub struct Stamper {
     skipped: Vec<(std::path::PathBuf, String)>,
     /// Wait for a missing record of the active file (following).
     live: bool,
+    /// Following: the directory's inotify watch a missing record is
+    /// awaited on (set at the first wait; `None` before, or if refused).
+    index_watch: Option<IndexWatch>,
     /// Keep each index's descriptor between stamps (the shipper, whose
     /// stamper lives as long as the stream's other descriptors): a
     /// refresh is then an `fstat` and the new records, not an open, a
@@ -288,6 +349,7 @@ impl Stamper {
             skipped_seen: Default::default(),
             skipped: Vec::new(),
             live,
+            index_watch: None,
             hold: false,
         }
     }
@@ -444,11 +506,20 @@ impl Stamper {
     /// Following: bytes past the last record of a file written to since
     /// that record (or a new file whose index is not there yet) may belong
     /// to a batch whose record is not written yet (the daemon writes it
-    /// right after the data): give it ~10 ms, once per new look at the
-    /// file. A file without any index (an older logmon) is waited for once.
+    /// right after the data): wait for a change of the index (an inotify
+    /// event naming it, no polling), up to [`RECORD_WAIT`], once per new
+    /// look at the file, so the line gets the time a later read gives it.
+    /// A file without any index (an older logmon) is waited for once.
     fn await_record(&mut self, n: u64, offset: u64) {
         let waited = self.no_index.contains(&n);
-        for _ in 0..5 {
+        let deadline = std::time::Instant::now() + RECORD_WAIT;
+        if self.index_watch.is_none() {
+            // Set before the look below: a record written after it wakes
+            // the wait instead of being missed.
+            self.index_watch = IndexWatch::new(&self.dir);
+            self.refresh(n);
+        }
+        loop {
             let t = self.times(n);
             let recent = now_ns().saturating_sub(t.mtime_ns) < NS;
             let pending = match t.last() {
@@ -466,7 +537,15 @@ impl Stamper {
                 }
                 return;
             }
-            std::thread::sleep(Duration::from_millis(2));
+            let name = index_name(&self.task, self.stream, n);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let changed = match &self.index_watch {
+                Some(w) if !left.is_zero() => w.wait(name.as_ref(), left),
+                _ => false,
+            };
+            if !changed {
+                break;
+            }
             self.refresh(n);
         }
         self.no_index.insert(n);

@@ -78,7 +78,7 @@ pub struct Args {
     /// are far from full (0 ships at once; at most 60s). The default keeps
     /// a node of 200 busy tasks under 5 CPU s per GB with a lag p99 near
     /// half a second (docs/performance.md).
-    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", default_value = "250ms", value_parser = parse_delay)]
+    #[arg(long, env = "LOGMON_SHIP_MAX_DELAY", value_name = "DURATION", default_value = "250ms", value_parser = parse_delay, allow_hyphen_values = true)]
     pub max_delay: Duration,
     /// The most inotify watches the shipper holds for its directories
     /// (default: half of fs.inotify.max_user_watches). Directories past it

@@ -583,11 +583,23 @@ fn example_agent_killed_and_restarted_reattaches_and_loses_no_line() {
     assert!(wait_until(LONG, || state.join("t.task.json").exists()));
     first.kill().unwrap(); // SIGKILL the agent; task and logmon live on
     first.wait().unwrap();
-    let second = agent("exit 99"); // not run: the task is adopted
+    let mut second = agent("exit 99"); // not run: the task is adopted
+                                       // The gate opens only once the second agent has adopted the task: a
+                                       // task let run to its end while no agent runs is not adopted but found
+                                       // gone, and under load the restarted agent's reattach takes a while.
+    let mut stdout = String::new();
+    let mut reader = std::io::BufReader::new(second.stdout.take().unwrap());
+    while !stdout.contains("adopted running task") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut reader, &mut line).unwrap() == 0 {
+            break; // the agent ended without adopting; asserted below
+        }
+        stdout.push_str(&line);
+    }
     std::fs::write(&gate, b"").unwrap();
-    let out = second.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    std::io::Read::read_to_string(&mut reader, &mut stdout).unwrap();
+    let status = second.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("\"action\":\"reattached\""), "{stdout}");
     assert!(
         stdout.contains(&format!("\"pid\":{}", launched.pid)),

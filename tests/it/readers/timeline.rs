@@ -443,3 +443,62 @@ fn the_daemons_own_index_drives_merged_since_json_and_the_cursor() {
     assert_eq!(second_read, "o3\no4\n");
     assert_eq!(ok(&logs(dir, &["--cursor", cursor_arg])), "");
 }
+
+/// `logs -f --timestamps` over a steady writer prints each line with the
+/// capture time a later read gives it (the index record is written right
+/// after the data; the follower waits for it on an inotify event of the
+/// index instead of printing an estimate, `~`).
+#[test]
+fn following_prints_the_times_a_later_read_gives() {
+    use crate::support::{fifo, Daemon};
+    use std::io::Write;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let _daemon = Daemon::start(dir, "web", &[]);
+    let mut task =
+        logmon::internals::fifo::open_task_end(&fifo(dir, "web", Stream::Stdout)).unwrap();
+    let mut child = logmon(&[
+        "logs",
+        "--task",
+        "web",
+        "--log-dir",
+        dir.to_str().unwrap(),
+        "-f",
+        "--timestamps",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let g = got.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            g.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    const N: usize = 200;
+    for i in 0..N {
+        task.write_all(format!("line {i}\n").as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(wait_until(Duration::from_secs(30), || {
+        got.lock().unwrap().iter().filter(|&&b| b == b'\n').count() >= N
+    }));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    reader.join().unwrap();
+    let followed = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+    let later = ok(&logs(dir, &["--timestamps"]));
+    assert!(!later.contains('~'), "{later}");
+    assert_eq!(followed, later);
+}

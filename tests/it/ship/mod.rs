@@ -1655,6 +1655,8 @@ fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
             "--token",
         ),
         mistake(&["--max-delay", "forever"], 2, "--max-delay"),
+        // A negative duration is the parser's to name, not clap's.
+        mistake(&["--max-delay", "-1s"], 2, "\"-1s\" is negative"),
         // Files the flags name.
         mistake(&["--tls-ca", &missing], 2, "--tls-ca"),
         mistake(&["--creds", &missing], 2, "--creds"),

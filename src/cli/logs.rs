@@ -193,12 +193,7 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
             format!("cannot look at {}: {e}", dir.path().display()),
         )
     })?;
-    if let Some(why) = trust.renamable_by_others() {
-        warn(&format!(
-            "warning: other users can rename files in {} ({why}): a task could pass logmon's files of another stream or task off as these; logmon sets the sticky bit on a log directory it owns, or on any when it runs as root",
-            dir.path().display()
-        ));
-    }
+    refuse_root_override(&dir)?;
     let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task)
         .map_err(|e| cannot_list(&dir, &e))?;
     if !known {
@@ -231,7 +226,41 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
         }
         warn(&format!("note: {what}: waiting for its first file"));
     }
+    // Said once the directory could be read: a refusal stays one line.
+    if let Some(why) = trust.renamable_by_others() {
+        warn(&format!(
+            "warning: other users can rename files in {} ({why}): a task could pass logmon's files of another stream or task off as these; logmon sets the sticky bit on a log directory it owns, or on any when it runs as root",
+            dir.path().display()
+        ));
+    }
     Ok(Arc::new(dir))
+}
+
+/// Root reads a directory whose mode does not let it in only through
+/// its override of file permissions, which the sandbox takes away: said
+/// now, in one line, rather than after the first listing fails confined.
+fn refuse_root_override(dir: &Dir) -> Result<(), CliError> {
+    if !nix::unistd::geteuid().is_root() || crate::shared::sandbox::disabled() {
+        return Ok(());
+    }
+    let Ok(st) = nix::sys::stat::fstat(dir.fd()) else {
+        return Ok(());
+    };
+    let mode = st.st_mode;
+    let granted = if st.st_uid == 0 {
+        mode & 0o500 == 0o500
+    } else if st.st_gid == 0 {
+        mode & 0o050 == 0o050
+    } else {
+        mode & 0o005 == 0o005
+    };
+    if granted {
+        return Ok(());
+    }
+    Err(cannot_list(
+        dir,
+        &io::Error::from_raw_os_error(nix::libc::EACCES),
+    ))
 }
 
 /// One line on stderr, prefixed `logmon: `; best effort (a closed stderr

@@ -190,6 +190,11 @@ pub fn set_disabled(disabled: bool) {
     DISABLED.store(disabled, Ordering::Relaxed);
 }
 
+/// Whether confinement was turned off for this process (`--no-sandbox`).
+pub fn disabled() -> bool {
+    DISABLED.load(Ordering::Relaxed)
+}
+
 /// What [`confine`] put in force in this process ([`Status::default`] before
 /// it ran).
 pub fn current() -> Status {

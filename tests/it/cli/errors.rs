@@ -1673,7 +1673,7 @@ fn durations_are_refused_naming_the_flag_and_range() {
                 "LOGMON_LS_TIMEOUT",
                 "\"forever\" is not a duration",
                 "from 10ms to 1m",
-                "set by environment variable LOGMON_LS_TIMEOUT",
+                "LOGMON_LS_TIMEOUT=forever:",
             ],
         ),
     ];

@@ -7,18 +7,26 @@
 //! - ` ```sh ` — a runnable example. Each page's `sh` blocks run in order,
 //!   in one `bash` (`set -euo pipefail`, stderr into stdout), so files,
 //!   variables and `cd` carry from one block to the next, as in one
-//!   terminal. It starts in a fresh temp directory with the binaries under
-//!   test (`logmon`, `logmon-run`, `logmon-ship`, and the example `agent`
-//!   when built) first on `PATH`, `LC_ALL=C`, no `LOGMON_*` variables, and
-//!   `NATS_URL` naming a JetStream server on loopback when the page uses
-//!   `$NATS_URL` (the page is skipped, saying so, without `nats-server`).
-//!   `cargo run --release -q -- ARGS` runs as `logmon ARGS`, and
-//!   `target/x86_64-unknown-linux-gnu/{release,debug}/` means the directory
-//!   of the binaries under test; any other line starting with `cargo`
-//!   (`cargo build`, `cargo test`) is skipped: CI runs those itself
-//!   (`.ci/run`). A block must finish quickly: no sleeps of seconds (a
+//!   terminal. It starts in a fresh temp directory (also its `TMPDIR`, so
+//!   that what a page's `mktemp -d` holds is the test's), `LC_ALL=C`, no
+//!   `LOGMON_*` variables. The one rewrite maps the build's outputs to the
+//!   binaries under test: `cargo run --release -q -- ` is the `logmon`
+//!   under test (by its absolute path), and
+//!   `target/x86_64-unknown-linux-gnu/{release,debug}`, alone or after
+//!   `$VAR/` (`$PWD/`, `$REPO/`: the checkout), is their directory; any
+//!   line starting with `cargo` (`cargo build`, `cargo test`) is skipped:
+//!   CI runs those itself (`.ci/run`). `README.md` runs exactly so, as a
+//!   new user runs it: it puts the binaries on `PATH` and starts its own
+//!   `nats-server` itself (the page is skipped, saying so, without
+//!   `nats-server`). The other pages are also given the binaries under
+//!   test (and the example `agent` when built) first on `PATH`, and
+//!   `NATS_URL` naming a JetStream server on loopback when they use
+//!   `$NATS_URL`. A block must finish quickly: no sleeps of seconds (a
 //!   background job with a bounded wait is fine); the whole page is given
-//!   [`PAGE_PATIENCE`], and whatever it leaves running is killed.
+//!   [`PAGE_PATIENCE`], and whatever it leaves running (a process whose
+//!   working directory is in the test's directory, or whose command line
+//!   names it: a page's `nats-server` too) is killed, even when a block
+//!   fails.
 //! - ` ```text ` right after a ` ```sh ` block (only blank lines between)
 //!   is that block's expected output, stdout and stderr together: each
 //!   line must match, `[..]` inside a line matches any text, and a line
@@ -192,18 +200,14 @@ impl Page {
 // ---------------------------------------------------------------------------
 // The examples run.
 
-/// Rewrites an `sh` block as the docs test runs it (see the module doc).
+/// Rewrites an `sh` block as the docs test runs it (see the module doc):
+/// the build's outputs are mapped to the binaries under test, and the
+/// lines that start with `cargo` are skipped; nothing else changes.
 fn as_run(body: &str, bindir: &Path) -> String {
-    let bindir = format!("{}/", bindir.display());
+    let logmon = format!("{}/logmon ", bindir.display());
     let mut out = String::new();
     for line in body.lines() {
-        // One pass over both profiles: the build directory itself may be
-        // under a `target/x86_64-unknown-linux-gnu/debug/`.
-        let line = line
-            .replace("cargo run --release -q -- ", "logmon ")
-            .replace("target/x86_64-unknown-linux-gnu/release/", "\u{0}")
-            .replace("target/x86_64-unknown-linux-gnu/debug/", "\u{0}")
-            .replace('\u{0}', &bindir);
+        let line = map_target(line, bindir).replace("cargo run --release -q -- ", &logmon);
         if line.trim_start().starts_with("cargo ") {
             out.push_str(": skipped by the docs test: ");
             out.push_str(&shell_quote(line.trim()));
@@ -213,6 +217,33 @@ fn as_run(body: &str, bindir: &Path) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `target/x86_64-unknown-linux-gnu/{release,debug}`, alone or after a
+/// variable naming the checkout (`$PWD/`, `$REPO/`), becomes `bindir`.
+fn map_target(line: &str, bindir: &Path) -> String {
+    // A placeholder first, so that a build directory which itself lies
+    // under a `target/x86_64-unknown-linux-gnu/debug` is not mapped again.
+    let mut line = line.to_string();
+    for profile in ["release", "debug"] {
+        let pattern = format!("target/x86_64-unknown-linux-gnu/{profile}");
+        while let Some(at) = line.find(&pattern) {
+            let end = at + pattern.len();
+            if line[end..].starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+                break;
+            }
+            // The `$NAME/` before it, if any: the checkout's directory.
+            let mut start = at;
+            if let Some(before) = line[..at].strip_suffix('/') {
+                let name = before.trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                if name.ends_with('$') && name.len() < before.len() {
+                    start = name.len() - 1;
+                }
+            }
+            line.replace_range(start..end, "\u{0}");
+        }
+    }
+    line.replace('\u{0}', &bindir.display().to_string())
 }
 
 fn shell_quote(s: &str) -> String {
@@ -312,14 +343,31 @@ fn run_page(page: &'static str) {
     std::fs::create_dir(&work).unwrap();
     let bindir = bin().parent().unwrap().to_path_buf();
 
-    let mut path = bindir.display().to_string();
+    // The README is run as a new user runs it: it puts the binaries on
+    // PATH and starts its own nats-server.
+    let as_printed = page == "README.md";
     let examples = bindir.join("examples");
-    if examples.join("agent").exists() {
-        path = format!("{path}:{}", examples.display());
+    let mut path = String::new();
+    if !as_printed {
+        path = format!("{}:", bindir.display());
+        if examples.join("agent").exists() {
+            path = format!("{path}{}:", examples.display());
+        }
     }
-    path.push_str(":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    path.push_str("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    // `mktemp -d` in a page makes its directory in here, so that what
+    // runs there is found and killed with the rest.
+    let tmp = scratch.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
 
-    let uses_nats = runnable.iter().any(|(b, _)| b.body.contains("$NATS_URL"));
+    let starts_nats = runnable
+        .iter()
+        .any(|(b, _)| b.body.contains(crate::nats::NATS));
+    if starts_nats && !crate::nats::have_nats() {
+        eprintln!("skipping the examples of {page}: they start nats-server");
+        return;
+    }
+    let uses_nats = !as_printed && runnable.iter().any(|(b, _)| b.body.contains("$NATS_URL"));
     let _nats = if uses_nats {
         if !crate::nats::have_nats() {
             eprintln!("skipping the examples of {page}: they need nats-server");
@@ -348,6 +396,7 @@ fn run_page(page: &'static str) {
         .env_clear()
         .env("PATH", &path)
         .env("HOME", scratch.path())
+        .env("TMPDIR", &tmp)
         .env("LC_ALL", "C")
         .env("TERM", "dumb")
         .stdin(Stdio::null())
@@ -362,7 +411,7 @@ fn run_page(page: &'static str) {
         let _ = child.kill();
     }
     let status = child.wait().unwrap();
-    kill_leftovers(&work);
+    kill_leftovers(scratch.path());
     let output = std::fs::read_to_string(&out_file).unwrap();
 
     // The output of each block, by its markers.
@@ -467,15 +516,19 @@ fn expected_output_matching_understands_its_wildcards() {
     assert!(lines_match(&["a", "...", "z"], &["a", "z"]));
     assert!(!lines_match(&["a", "z"], &["a", "b", "z"]));
     assert!(!lines_match(&["a"], &[]));
-    let body =
-        "mkdir -p logs && cargo run --release -q -- exec --task t -- true\ncargo test --locked\n\
-                target/x86_64-unknown-linux-gnu/release/examples/agent\n";
+    let body = "L=$(mktemp -d) && cargo run --release -q -- exec --task t -- true\n\
+                cargo test --locked\n\
+                target/x86_64-unknown-linux-gnu/release/examples/agent\n\
+                export PATH=\"$PWD/target/x86_64-unknown-linux-gnu/release:$PATH\"\n\
+                \"$REPO/target/x86_64-unknown-linux-gnu/debug/examples/agent\" x\n";
     let run = as_run(body, Path::new("/w/target/x86_64-unknown-linux-gnu/debug"));
     assert_eq!(
         run,
-        "mkdir -p logs && logmon exec --task t -- true\n\
+        "L=$(mktemp -d) && /w/target/x86_64-unknown-linux-gnu/debug/logmon exec --task t -- true\n\
          : skipped by the docs test: 'cargo test --locked'\n\
-         /w/target/x86_64-unknown-linux-gnu/debug/examples/agent\n"
+         /w/target/x86_64-unknown-linux-gnu/debug/examples/agent\n\
+         export PATH=\"/w/target/x86_64-unknown-linux-gnu/debug:$PATH\"\n\
+         \"/w/target/x86_64-unknown-linux-gnu/debug/examples/agent\" x\n"
     );
 }
 

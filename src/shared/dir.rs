@@ -263,7 +263,26 @@ impl Dir {
             source,
         })?;
         // Root's directory is fine: no task can have made it.
-        if !trusted_writer(owner) && !accepted_owners().contains(&owner) {
+        if trusted_writer(owner) {
+            return Ok(dir);
+        }
+        let accepted = std::env::var(ACCEPT_DIR_OWNER_ENV).ok();
+        if accepted.as_deref().is_some_and(|v| !v.trim().is_empty())
+            && owners_accepted_in(accepted.as_deref()).is_empty()
+        {
+            // A mistyped acceptance is said, not taken for "nobody".
+            return Err(LogDirError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{ACCEPT_DIR_OWNER_ENV}={:?} is not a list of uids: give numbers, such as 1000 or 1000,1001",
+                        accepted.unwrap_or_default()
+                    ),
+                ),
+            });
+        }
+        if !accepted_owners().contains(&owner) {
             return Err(LogDirError::Foreign {
                 path: path.to_path_buf(),
                 owner,

@@ -274,6 +274,23 @@ fn a_log_dir_the_task_replaced_with_its_own_is_refused_unless_accepted() {
         );
         assert_eq!(snapshot(&s.logs()), before, "`{}` wrote in it", args[0]);
     }
+    // A mistyped acceptance is named, never taken for "nobody" in silence.
+    let out = cli_env(
+        &["launch", "--task", "web", "--log-dir", &logs],
+        &[("LOGMON_ACCEPT_DIR_OWNER", "nobody")],
+    );
+    kill_launched(&out);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "started with a mistyped acceptance");
+    assert!(
+        err.contains("LOGMON_ACCEPT_DIR_OWNER=\"nobody\" is not a list of uids"),
+        "{err}"
+    );
+    assert_eq!(
+        snapshot(&s.logs()),
+        before,
+        "a mistyped acceptance wrote in it"
+    );
     // Accepted explicitly (a task that owns its log directory): it runs.
     let out = cli_env(
         &["launch", "--task", "web", "--log-dir", &logs],

@@ -63,6 +63,12 @@ fn generate(out: &Path, date: &str) -> Result<(), String> {
     };
     man_pages(pages, &header, &man)
         .map_err(|e| format!("cannot write the man pages into {}: {e}", man.display()))?;
+    containerd_page(&header, &man).map_err(|e| {
+        format!(
+            "cannot write logmon-containerd.1 into {}: {e}",
+            man.display()
+        )
+    })?;
     let ship = logmon::ship::cli::Args::command();
     for (mut cmd, bin) in [(logmon, "logmon"), (ship, "logmon-ship")] {
         for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
@@ -100,6 +106,43 @@ fn man_pages(cmd: clap::Command, header: &Header, dir: &Path) -> std::io::Result
     let mut page = Vec::new();
     render(cmd, header, &name, &mut page)?;
     std::fs::write(dir.join(format!("{name}.1")), page)
+}
+
+/// `logmon-containerd.1`: containerd's logger takes `run`'s flags as the
+/// log URI's query keys (the task, its FIFOs and socket are its own), and
+/// reads no variable of them (the shim passes none).
+fn containerd_page(header: &Header, dir: &Path) -> std::io::Result<()> {
+    let Some(run) = documented_command().find_subcommand("run").cloned() else {
+        return Err(std::io::Error::other("no run subcommand"));
+    };
+    let mut cmd = run
+        .name("logmon-containerd")
+        .bin_name("logmon-containerd")
+        .about("containerd's logger: captures a container's stdout and stderr into size-rotated files")
+        .long_about(
+            "Given to containerd as --log-uri binary:///usr/bin/logmon-containerd?KEY=VALUE&..., \
+it captures the container as the task <container id>, with the namespace and id as \
+metadata, into LOG_DIR/<id>.stdout.N and <id>.stderr.N. Each query key is one of the \
+run flags below and its value. A minimal holder keeps the container's pipes and \
+restarts the capturing logmon-run on them, so a kill -9 of that process loses no \
+byte and never gives the container EPIPE.",
+        )
+        .after_help(
+            "Examples:\n  ctr run --rm --log-uri 'binary:///usr/bin/logmon-containerd?--log-dir=/var/log/containers&--max-files=5' \\\n      docker.io/library/busybox:latest web sh -c 'seq 1 3'\n  logmon logs --log-dir /var/log/containers --task web\n",
+        );
+    for id in ["task", "stdout_fifo", "stderr_fifo", "socket"] {
+        cmd = cmd.mut_arg(id, |a| a.hide(true));
+    }
+    let ids: Vec<String> = cmd
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&str>));
+    }
+    let mut page = Vec::new();
+    render(cmd, header, "logmon-containerd", &mut page)?;
+    std::fs::write(dir.join("logmon-containerd.1"), page)
 }
 
 /// The page's name: `logmon`, `logmon-run`, …, `logmon-ship`.
@@ -242,6 +285,10 @@ fn environment(cmd: &clap::Command, name: &str) -> String {
         "LOGMON_LOG                    what logmon's own diagnostics show (a tracing filter: warn, info, debug)"
             .into(),
     );
+    if name == "logmon-containerd" {
+        out.push("CONTAINER_ID                  the container's id: the task's name".into());
+        out.push("CONTAINER_NAMESPACE           its containerd namespace, kept as metadata".into());
+    }
     if matches!(
         name,
         "logmon-run" | "logmon-launch" | "logmon-ensure" | "logmon-exec"
@@ -295,6 +342,18 @@ LOG_DIR/.TASK.STREAM.shipped
         ]
         .join("\n"),
         "logmon-logs" | "logmon-ls" => TASK.to_owned(),
+        "logmon-gc" => [
+            TASK,
+            "LOG_DIR/.TASK.STREAM.hwm\n          kept: a stream's file numbers are never reused",
+            SHIP,
+        ]
+        .join("\n"),
+        "logmon-containerd" => "\
+LOG_DIR/ID.stdout.N, LOG_DIR/ID.stderr.N
+          the container's rotated files (N from 0; the highest is the active one)
+LOG_DIR/.ID.logmon.lock, LOG_DIR/.ID.logmon.sock
+          its lock (held by the capturing logmon-run) and control socket"
+            .to_owned(),
         "logmon-ship" => SHIP.to_owned(),
         _ => String::new(),
     }
@@ -358,7 +417,9 @@ fn see_also(name: &str) -> String {
         "logmon-logs",
         "logmon-exec",
         "logmon-ls",
+        "logmon-gc",
         "logmon-ship",
+        "logmon-containerd",
     ];
     let others: Vec<String> = pages
         .iter()

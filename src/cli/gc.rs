@@ -64,12 +64,13 @@ pub struct GcArgs {
 }
 
 /// `--older-than`: the one duration grammar (`shared::time`), from 0s up
-/// to a century, never negative.
+/// to a hundred years, never negative.
 const OLDER_THAN: DurationFlag = DurationFlag::new(
     "--older-than",
     Some("LOGMON_GC_OLDER_THAN"),
     Duration::ZERO,
-    Duration::from_secs(100 * 365 * 86_400),
+    // A hundred of humantime's years (365.25 days), which it prints whole.
+    Duration::from_secs(100 * 31_557_600),
 );
 
 fn parse_age(s: &str) -> Result<Duration, String> {

@@ -280,7 +280,7 @@ fn gc_refuses_bad_input_in_one_line() {
     assert_eq!(names(&logs), before);
     for (args, needle) in [
         (&["--older-than", "-1d"][..], "negative"),
-        (&["--older-than", "10"][..], "no unit"),
+        (&["--older-than", "10"][..], "\"10\" is not a duration"),
         (&["--task", "nobody"][..], "no task nobody"),
     ] {
         let out = gc(&logs, args);

@@ -12,6 +12,9 @@
 #                 --max-file-size 64M --max-files 4   (waited for its ready line)
 #        s6-log   s6-log n4 s16777215 DIR <FIFO  (this script holds a write
 #                 end open until the CPU is read, then s6-log gets EOF)
+#        floor    benches/tools/floor.c DIR <FIFO: one blocking splice per
+#                 wakeup into one file, nothing else (the least any FIFO
+#                 logger can cost; held open and ended as s6-log is)
 #   2. benches/tools/tasks.c forks N tasks; each writes RATE bytes/s of
 #      100-byte lines, one write(2) per line, paced every 10 ms, for SECS
 #      seconds, timing every write(2) (the task end opened O_RDWR, as
@@ -83,8 +86,10 @@ usage: $0 [options]
   -d SECS     write window per N (default $SECS; env SCALE_SECS)
   -r BYTES/S  rate per task (default $RATE; env SCALE_RATE)
   -T BYTES/S  cap on the total rate; per task min(-r, -T/N) (default $TOTAL; env SCALE_TOTAL)
-  -L "..."    loggers (default "$LOGGERS"); "logmon-base" runs the binary
-              in env LOGMON_BASE (before/after in the same run)
+  -L "..."    loggers (default "$LOGGERS"): logmon, s6-log, floor (a
+              logger that only splices: the CPU floor), and "logmon-base",
+              which runs the binary in env LOGMON_BASE (before/after in the
+              same run)
   -M DELAY    logmon --max-delay (default: logmon's own; env SCALE_MAX_DELAY)
   -I N        idle instances for part 2 (default $IDLE_N; 0 = skip; env SCALE_IDLE_N)
   -i SECS     idle window for the wakeup count (default $IDLE_SECS)
@@ -148,7 +153,7 @@ mkdir -p "$SCRATCH"
 WORK=$(mktemp -d "$SCRATCH/logmon-scale.XXXXXX")
 BIN=$WORK/bin
 mkdir -p "$BIN"
-for t in tasks verify latency; do gcc -O2 -Wall -Wextra -o "$BIN/$t" "$TOOLS/$t.c" || die "compiling $t.c failed"; done
+for t in tasks verify latency floor; do gcc -O2 -Wall -Wextra -o "$BIN/$t" "$TOOLS/$t.c" || die "compiling $t.c failed"; done
 STAMP=$(date +%Y%m%d-%H%M%S)
 [ -n "$OUT" ] || OUT=${CARGO_TARGET_DIR:-$ROOT/target}/bench-results/scale-$STAMP
 mkdir -p "$OUT"
@@ -218,6 +223,11 @@ run_n() { # run_n N LOGGER
             s6-log n4 s16777215 "$d/log" <"$d/fifo" 2>"$d/stderr" &
             # A writer end held here, so s6-log outlives its task; closed
             # once the CPU is read, and s6-log drains to EOF and exits.
+            exec {h}>"$d/fifo"
+            holders+=("$h")
+            ;;
+        floor)
+            "$BIN/floor" "$d/log" <"$d/fifo" 2>"$d/stderr" &
             exec {h}>"$d/fifo"
             holders+=("$h")
             ;;
@@ -392,11 +402,13 @@ fi
     awk -F'\t' 'function ms(v) { return v == "-" ? "-" : sprintf("%.1f", v / 1000) }
         NR > 1 { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.0f | %s / %s / %s / %s | %s / %s / %s / %s (%s) | %s | %s |\n", $1, $2, $3, $4, $5, $6, $16, $7, $22, $8 / 1024, $9 / 1024, $9 / $1, $10, $11, $12, $13, ms($17), ms($18), ms($19), ms($20), $21, $14, $15 }' "$RAW"
     echo
-    echo "| N | logmon CPU s | s6-log CPU s | logmon / s6-log |"
-    echo "|---|---|---|---|"
+    echo "| N | logmon CPU s | s6-log CPU s | floor CPU s | logmon / s6-log | logmon / floor |"
+    echo "|---|---|---|---|---|---|"
     awk -F'\t' 'NR > 1 { c[$1 " " $2] = $16; if (!($1 in seen)) { seen[$1] = 1; ns[++k] = $1 } }
-        END { for (i = 1; i <= k; i++) { n = ns[i]; a = c[n " logmon"]; b = c[n " s6-log"];
-              printf "| %s | %s | %s | %s |\n", n, a == "" ? "-" : a, b == "" ? "-" : b, (a != "" && b > 0) ? sprintf("%.2f", a / b) : "-" } }' "$RAW"
+        function r(a, b) { return (a != "" && b > 0) ? sprintf("%.2f", a / b) : "-" }
+        function v(a) { return a == "" ? "-" : a }
+        END { for (i = 1; i <= k; i++) { n = ns[i]; a = c[n " logmon"]; b = c[n " s6-log"]; f = c[n " floor"];
+              printf "| %s | %s | %s | %s | %s | %s |\n", n, v(a), v(b), v(f), r(a, b), r(a, f) } }' "$RAW"
     echo
     echo "Logger CPU: the sum over all N loggers of /proc/PID/schedstat run time from before the tasks start to after the last one ended; % of the tasks' write window."
     echo "Wakeups: the loggers' context switches (voluntary + involuntary, /proc/PID/status) over the same span, per logger and second of the window."

@@ -5,7 +5,7 @@
 //! Guarantees kept here:
 //! - one logmon per task: an exclusive flock on `.<task>.logmon.lock` is
 //!   taken before anything else is touched; a second `run` fails at once and
-//!   names the pid holding it (`tests/it/daemon/capture.rs::second_run_for_the_same_task_is_refused`);
+//!   names the pid holding it (`tests/it/daemon/capture.rs::second_run_for_the_same_task_is_refused_naming_the_pid`);
 //! - one logmon per FIFO, whatever the task name: an exclusive flock on the
 //!   open FIFO itself; a second reader is refused naming the pid and task of
 //!   the first (`tests/it/daemon/capture.rs::a_second_logmon_on_the_same_fifo_under_another_task_is_refused_naming_the_first`);

@@ -58,7 +58,9 @@
 //! `name_…` or `name_*` for a prefix) is a `fn` in that file or, without
 //! a file, in the sources. **On every page**: relative links and
 //! `#anchors` resolve (GitHub's heading slugs), and only
-//! `docs/performance.md` links to `docs/history.md`.
+//! `docs/performance.md` links to `docs/history.md`. **In `src/`**: every
+//! test a comment cites in backticks (`tests/…rs` or `tests/…rs::name`)
+//! exists, as on the pages.
 //!
 //! One page's examples alone: `cargo test --test it docs::guide`.
 
@@ -1176,6 +1178,65 @@ fn every_file_and_test_named_exists() {
     assert!(
         seen > 100,
         "only {seen} references found: is the check broken?"
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The comments of `src/`: each line's text after `//` (`///`, `//!`
+/// included), joined per run of comment lines so that a code span may
+/// wrap, with the line the run starts on.
+fn comment_runs(text: &str) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut open = false;
+    for (i, line) in text.lines().enumerate() {
+        let comment = line
+            .trim_start()
+            .strip_prefix("//")
+            .map(|c| c.trim_start_matches(['/', '!']));
+        match (comment, open) {
+            (Some(c), true) => {
+                if let Some(last) = out.last_mut() {
+                    last.1.push('\n');
+                    last.1.push_str(c);
+                }
+            }
+            (Some(c), false) => out.push((i + 1, c.to_string())),
+            (None, _) => {}
+        }
+        open = comment.is_some();
+    }
+    out
+}
+
+#[test]
+fn every_test_cited_in_the_sources_exists() {
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for (path, text) in sources() {
+        let rel = path.strip_prefix(root()).unwrap_or(path);
+        if !rel.starts_with("src") || path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        for (first, run) in comment_runs(text) {
+            let mut line = first;
+            for (i, part) in run.split('`').enumerate() {
+                let at = line;
+                line += part.matches('\n').count();
+                let span = part.replace('\n', " ");
+                let span = span.trim();
+                if i % 2 == 0 || !span.starts_with("tests/") {
+                    continue;
+                }
+                seen += 1;
+                if let Some(problem) = check_reference(span) {
+                    bad.push(format!("{}:{at}: `{span}`: {problem}", rel.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        seen > 50,
+        "only {seen} test citations found in src/: is the check broken?"
     );
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -52,8 +52,12 @@
 //!   containerd's logger: it holds a container's pipes and runs
 //!   `logmon-run` on them.
 //!
-//! No module imports one that imports it back (`tests/it/architecture.rs`
-//! states the rule and checks it). Each module's doc names the guarantees
+//! The sides rank `shared` < `daemon`, `readers` < `agent` < `ship` <
+//! `node` < `cli`: a side takes only from the sides below it, never from
+//! one beside or above it (what a lower side needs moves down to it, or is
+//! passed in from above, as [`cli::ship_main`] passes the shipper its
+//! metrics server), and no module imports one that imports it back
+//! (`tests/it/architecture.rs` states the rules and checks them). Each module's doc names the guarantees
 //! it keeps and the tests that prove them; the tests mirror these folders
 //! (`tests/it/`).
 //!

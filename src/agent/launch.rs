@@ -426,7 +426,7 @@ fn remove_idle_fifo(dir: &Dir, name: &OsStr) -> bool {
     let Ok(locked) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
         return false;
     };
-    let idle = crate::daemon::capture::pipe::bytes_waiting(std::os::fd::AsFd::as_fd(&*locked))
+    let idle = crate::shared::fifo::bytes_waiting(std::os::fd::AsFd::as_fd(&*locked))
         .is_ok_and(|n| n == 0);
     idle && remove_if_same(dir, name, FileId::of(&st))
 }

@@ -29,8 +29,10 @@ mod gc;
 mod logs;
 mod ls;
 mod run_flags;
+mod ship;
 
 pub use ls::LsArgs;
+pub use ship::ship_main;
 
 /// Exit code for a usage or configuration error.
 pub const EXIT_USAGE: i32 = 2;

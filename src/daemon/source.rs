@@ -165,5 +165,5 @@ fn fcntl_raw(raw: RawFd, arg: FcntlArg<'_>) -> nix::Result<i32> {
 fn adopt(fd: &OwnedFd, pipe_size: u64) -> io::Result<usize> {
     let fl = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
     fcntl(fd.as_fd(), FcntlArg::F_SETFL(fl | OFlag::O_NONBLOCK))?;
-    crate::daemon::capture::pipe::set_pipe_size(fd.as_fd(), pipe_size)
+    crate::shared::fifo::set_pipe_size(fd.as_fd(), pipe_size)
 }

@@ -4,7 +4,7 @@
 //!
 //! Nothing here follows a symlink or trusts a name for more than what it
 //! is: directories below the root are reached component by component with
-//! `O_NOFOLLOW` ([`crate::ship::tree::reopen`]), and reopened for each use
+//! `O_NOFOLLOW` ([`Dir::open_below`]), and reopened for each use
 //! only if they are still the directory found (device and inode); a name
 //! in a log directory counts for its task only if logmon (or root) made it
 //! (never "the directory's owner": a task may own its log directory) — a task that plants `.x.logmon.lock` or
@@ -48,7 +48,7 @@ impl Found {
     pub fn open(&self) -> io::Result<Dir> {
         let d = match &self.origin {
             Origin::Given => Dir::open(&self.path)?,
-            Origin::Below(root, rel) => crate::ship::tree::reopen(root, rel)?,
+            Origin::Below(root, rel) => root.open_below(rel)?,
         };
         if d.id() != self.id {
             return Err(io::Error::new(

@@ -36,24 +36,7 @@ use super::carry::Store;
 use super::find::stream_index;
 use super::{State, Survey, TaskView};
 use crate::shared::config::Stream;
-
-/// The shipper's own figures, updated by the shipper as it runs and read
-/// at each scrape.
-#[derive(Debug, Default)]
-pub struct ShipGauges {
-    /// Rounds of publishing done.
-    pub rounds: AtomicU64,
-    /// Messages published and not yet acknowledged.
-    pub in_flight: AtomicU64,
-    /// Streams followed.
-    pub streams: AtomicU64,
-    /// Log directories followed.
-    pub dirs: AtomicU64,
-    /// Log directories not shipped from: others could rename names there.
-    pub untrusted_dirs: AtomicU64,
-    /// Files at stream names of no stream of logmon's (planted): skipped.
-    pub foreign_files: AtomicU64,
-}
+use crate::ship::ShipGauges;
 
 /// A text format of the exposition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! and reopened never keep a scrape out), and one survey at a time on a
 //! blocking thread (scrapes that arrive meanwhile wait for it): the
 //! shipper's own loop never waits on a scrape. The address is loopback
-//! unless the operator names another ([`parse_listen`]).
+//! unless the operator names another (`crate::ship::cli::parse_listen`).
 //!
 //! Tests: the unit tests below; `tests/it/node.rs`
 //! (`the_metrics_endpoint_answers_scrapes_and_refuses_anything_else`: an
@@ -23,7 +23,6 @@
 //! `a_real_prometheus_sees_…` scraping it;
 //! `a_bad_or_busy_metrics_address_is_refused_before_connecting`).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,8 +31,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::carry::Store;
-use super::metrics::{encode_survey, Exposition, ShipGauges};
+use super::metrics::{encode_survey, Exposition};
 use super::{survey, Options, Scope};
+use crate::ship::ShipGauges;
 
 /// The largest request head read.
 pub const MAX_REQUEST: usize = 8 * 1024;
@@ -48,24 +48,6 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_PER_PEER: usize = 16;
 /// The counters' file in the shipper's state directory.
 pub const COUNTERS_FILE: &str = "node-counters.json";
-
-/// `--metrics-listen`: `IP:PORT` (`127.0.0.1:9464`, `[::1]:9464`,
-/// `0.0.0.0:9464` when the operator wants it reachable), or a bare
-/// `PORT` / `:PORT` / `localhost:PORT`, which are loopback.
-pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
-    let loopback = |port: &str| {
-        port.parse::<u16>()
-            .map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p))
-            .ok()
-    };
-    let port = s
-        .strip_prefix(':')
-        .or_else(|| s.strip_prefix("localhost:"))
-        .unwrap_or(s);
-    loopback(port).or_else(|| s.parse().ok()).ok_or_else(|| {
-        format!("{s:?} is not an address to listen on: give IP:PORT (127.0.0.1:9464, [::1]:9464, 0.0.0.0:9464 to be reachable from other hosts) or :PORT for loopback")
-    })
-}
 
 /// What the endpoint serves: a survey of the shipper's directories, with
 /// its own figures, and the counters carried in its state directory.
@@ -357,26 +339,6 @@ async fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listen_addresses_default_to_loopback_and_bad_ones_are_named() {
-        let lo = |p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p);
-        assert_eq!(parse_listen("9464"), Ok(lo(9464)));
-        assert_eq!(parse_listen(":9464"), Ok(lo(9464)));
-        assert_eq!(parse_listen("localhost:9464"), Ok(lo(9464)));
-        assert_eq!(
-            parse_listen("0.0.0.0:80").unwrap().to_string(),
-            "0.0.0.0:80"
-        );
-        assert_eq!(
-            parse_listen("[::1]:9464").unwrap().to_string(),
-            "[::1]:9464"
-        );
-        for bad in ["", "host:9464", "127.0.0.1", "1.2.3.4:99999", ":x"] {
-            let e = parse_listen(bad).unwrap_err();
-            assert!(e.contains("IP:PORT"), "{bad}: {e}");
-        }
-    }
 
     #[test]
     fn requests_are_judged_by_their_line() {

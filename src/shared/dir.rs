@@ -332,6 +332,28 @@ impl Dir {
         Dir::from_fd(fd, self.path.join(name))
     }
 
+    /// Opens the directory `rel` below this one, component by component
+    /// with [`Dir::open_child`], so a symlink anywhere on the way is never
+    /// followed; an empty `rel` is this directory again (a handle of its
+    /// own). The shipper's and `ls`'s walk below `--watch` reopen what
+    /// they found with it.
+    pub fn open_below(&self, rel: &[OsString]) -> io::Result<Dir> {
+        let Some((first, rest)) = rel.split_first() else {
+            let fd = nix::fcntl::openat(
+                &self.fd,
+                ".",
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            return Dir::from_fd(fd, self.path.clone());
+        };
+        let mut cur = self.open_child(first)?;
+        for c in rest {
+            cur = cur.open_child(c)?;
+        }
+        Ok(cur)
+    }
+
     /// The path the directory was opened by (absolute), for messages.
     pub fn path(&self) -> &Path {
         &self.path

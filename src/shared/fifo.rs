@@ -1,7 +1,8 @@
-//! FIFOs: creating, validating and opening both ends (docs/design.md §2). The
-//! pipe primitives capture is built on (sizing, FIONREAD, tee, splice) are
-//! in [`crate::daemon::capture::pipe`], the SIGIO wakeup in
-//! [`crate::daemon::capture::sigio`].
+//! FIFOs: creating, validating and opening both ends (docs/design.md §2),
+//! and the pipe's size and fill ([`set_pipe_size`], [`bytes_waiting`]). The
+//! pipe primitives capture is built on (tee, splice) are in
+//! `crate::daemon::capture::pipe`, the SIGIO wakeup in
+//! `crate::daemon::capture::sigio`.
 //!
 //! Both ends are opened `O_RDWR`: logmon's read end then never sees EOF when
 //! the task closes or restarts, and the task's write end never gets SIGPIPE
@@ -37,14 +38,61 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-// The integration tests size pipes through this module's path.
-#[doc(hidden)]
-pub use crate::daemon::capture::pipe::{pipe_max_size, set_pipe_size};
 use crate::shared::dir::{self, Dir};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::stat::{Mode, SFlag};
+
+/// The largest pipe an unprivileged process may ask for: read once per
+/// process (a daemon sizes four pipes at start, and each read of the file
+/// is five system calls).
+pub fn pipe_max_size() -> Option<u64> {
+    static MAX: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Enlarges the pipe behind `fd` to `want` bytes (capped by pipe-max-size;
+/// never shrinks it) and returns the resulting capacity.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, want: u64) -> io::Result<usize> {
+    let current = fcntl(fd, FcntlArg::F_GETPIPE_SZ)? as u64;
+    let want = want
+        .min(pipe_max_size().unwrap_or(want))
+        .min(i32::MAX as u64);
+    if want > current {
+        match fcntl(fd, FcntlArg::F_SETPIPE_SZ(want as i32)) {
+            Ok(n) => return Ok(n as usize),
+            // Over the per-user pipe quota: keep what we have.
+            Err(Errno::EPERM) | Err(Errno::ENOMEM) => {
+                tracing::warn!(
+                    want,
+                    current,
+                    "cannot enlarge pipe; keeping the current size"
+                )
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(current as usize)
+}
+
+/// Bytes waiting in the pipe behind `fd` (FIONREAD).
+pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: nix::libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points to
+    // a live, aligned c_int; the fd is borrowed, so it stays open meanwhile.
+    let r = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
 
 /// A FIFO that cannot be used, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -545,7 +593,6 @@ pub fn adopt_reader(fd: &OwnedFd, name: &str, pipe_size: u64) -> Result<usize, F
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::capture::pipe::bytes_waiting;
     use std::io::Write;
 
     #[test]

@@ -9,12 +9,15 @@
 //! then connection and authentication (1 refused by the server or a failed
 //! TLS handshake, 75 server unreachable); `--status`.
 //!
-//! Tests: `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
+//! Tests: the unit test below (the `--metrics-listen` address);
+//! `tests/it/ship/mod.rs` (`bad_configuration_…`, the error matrix
 //! `operator_errors_of_the_shipper_…`, `status_…`, `nkey_…`, `tls_…`);
 //! `tests/it/ship/silent.rs` (a stream not binding the subject, a second
 //! SIGTERM, a stray `LOGMON_SHIP_STATUS`, a comma in a `--log-dir`, the
 //! metrics address in the log);
-//! `--metrics-listen` (served by `crate::node::serve`): `tests/it/node.rs`.
+//! `--metrics-listen` (served by the node's exporter, which the binary
+//! passes in from `crate::cli`: the shipper does not take from the sides
+//! above it): `tests/it/node.rs`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -156,10 +159,29 @@ impl Args {
     }
 }
 
+/// `--metrics-listen`: `IP:PORT` (`127.0.0.1:9464`, `[::1]:9464`,
+/// `0.0.0.0:9464` when the operator wants it reachable), or a bare
+/// `PORT` / `:PORT` / `localhost:PORT`, which are loopback.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let loopback = |port: &str| {
+        port.parse::<u16>()
+            .map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p))
+            .ok()
+    };
+    let port = s
+        .strip_prefix(':')
+        .or_else(|| s.strip_prefix("localhost:"))
+        .unwrap_or(s);
+    loopback(port).or_else(|| s.parse().ok()).ok_or_else(|| {
+        format!("{s:?} is not an address to listen on: give IP:PORT (127.0.0.1:9464, [::1]:9464, 0.0.0.0:9464 to be reachable from other hosts) or :PORT for loopback")
+    })
+}
+
 /// `--metrics-listen`: an address with a port to listen on; port 0 (a
 /// port no scraper could know) is refused.
 fn parse_metrics_listen(s: &str) -> Result<std::net::SocketAddr, String> {
-    let a = crate::node::serve::parse_listen(s)?;
+    let a = parse_listen(s)?;
     if a.port() == 0 {
         return Err(format!(
             "{s:?} has no port (0 would be a random one no scraper knows): give :PORT for loopback (e.g. :9464) or IP:PORT"
@@ -176,21 +198,18 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The whole `logmon-ship` program.
-pub fn main() -> ! {
-    let args = match Args::parse_all() {
-        Ok(a) => a,
-        Err(e) => std::process::exit(crate::cli::clap_failure_of(
-            &e,
-            "logmon ship",
-            "LOGMON_SHIP_",
-        )),
-    };
+/// What serves `--metrics-listen`, started on the bound listener with the
+/// shipper's configuration and its own figures. The node's exporter, which
+/// ranks above the shipper: the binary passes it in from `crate::cli`.
+pub type MetricsServer = fn(tokio::net::TcpListener, &Config, std::sync::Arc<super::ShipGauges>);
+
+/// The whole `logmon-ship` program, once its flags are parsed.
+pub fn main(args: Args, metrics: MetricsServer) -> ! {
     init_tracing();
     if !args.status && std::env::var_os("LOGMON_SHIP_STATUS").is_some() {
         tracing::warn!("LOGMON_SHIP_STATUS is ignored: only the --status flag prints the status; remove the variable (from ship.env)");
     }
-    let code = match run(args) {
+    let code = match run(args, metrics) {
         Ok(()) => 0,
         Err(f) => {
             let _ = writeln!(std::io::stderr(), "logmon ship: error: {}", f.message);
@@ -230,7 +249,7 @@ struct Checked {
     metrics: Option<std::net::TcpListener>,
 }
 
-fn run(args: Args) -> Result<(), Failure> {
+fn run(args: Args, metrics: MetricsServer) -> Result<(), Failure> {
     if args.status {
         return super::status::print(&args.state_dir);
     }
@@ -251,7 +270,7 @@ fn run(args: Args) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")))?;
-    rt.block_on(serve(args, checked, locked, signals))
+    rt.block_on(serve(args, checked, locked, signals, metrics))
 }
 
 /// Takes the lock of each `--log-dir` and of the `--watch` root (one
@@ -480,6 +499,7 @@ async fn serve(
     checked: Checked,
     locked: (state::Lock, state::Journal, state::State),
     signals: crate::shared::signals::Blocked,
+    metrics: MetricsServer,
 ) -> Result<(), Failure> {
     let mut signals = signals
         .watch()
@@ -491,10 +511,7 @@ async fn serve(
         _ = signals.recv() => return Ok(()),
     };
     let (js, max_payload) = connected;
-    let scope = crate::node::Scope {
-        log_dirs: checked.cfg.log_dirs.clone(),
-        watch: checked.cfg.watch.clone(),
-    };
+    let cfg = checked.cfg.clone();
     let mut shipper = Shipper::new(checked.cfg, js, max_payload, locked)
         .map_err(|e| fail(EXIT_USAGE, e.to_string()))?;
     if let Some(l) = checked.metrics {
@@ -503,9 +520,7 @@ async fn serve(
         if let Ok(a) = l.local_addr() {
             tracing::info!(address = %a, "serving metrics at http://{a}/metrics");
         }
-        let exporter =
-            crate::node::serve::Exporter::new(scope, args.state_dir.clone(), shipper.gauges());
-        tokio::spawn(crate::node::serve::serve(l, std::sync::Arc::new(exporter)));
+        metrics(l, &cfg, shipper.gauges());
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     tracing::info!(stream = %checked.stream, "shipping");
@@ -608,5 +623,32 @@ async fn ensure_stream(
                 format!("cannot look up JetStream stream {name:?} (is JetStream enabled on the server?): {e}"),
             )),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    use super::*;
+
+    #[test]
+    fn listen_addresses_default_to_loopback_and_bad_ones_are_named() {
+        let lo = |p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p);
+        assert_eq!(parse_listen("9464"), Ok(lo(9464)));
+        assert_eq!(parse_listen(":9464"), Ok(lo(9464)));
+        assert_eq!(parse_listen("localhost:9464"), Ok(lo(9464)));
+        assert_eq!(
+            parse_listen("0.0.0.0:80").unwrap().to_string(),
+            "0.0.0.0:80"
+        );
+        assert_eq!(
+            parse_listen("[::1]:9464").unwrap().to_string(),
+            "[::1]:9464"
+        );
+        for bad in ["", "host:9464", "127.0.0.1", "1.2.3.4:99999", ":x"] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("IP:PORT"), "{bad}: {e}");
+        }
     }
 }

@@ -138,6 +138,24 @@ pub enum ShipError {
     Tree(#[from] tree::TreeError),
 }
 
+/// The shipper's own figures, updated by the shipper as it runs and read
+/// at each scrape of `--metrics-listen` (the node's metrics encode them).
+#[derive(Debug, Default)]
+pub struct ShipGauges {
+    /// Rounds of publishing done.
+    pub rounds: std::sync::atomic::AtomicU64,
+    /// Messages published and not yet acknowledged.
+    pub in_flight: std::sync::atomic::AtomicU64,
+    /// Streams followed.
+    pub streams: std::sync::atomic::AtomicU64,
+    /// Log directories followed.
+    pub dirs: std::sync::atomic::AtomicU64,
+    /// Log directories not shipped from: others could rename names there.
+    pub untrusted_dirs: std::sync::atomic::AtomicU64,
+    /// Files at stream names of no stream of logmon's (planted): skipped.
+    pub foreign_files: std::sync::atomic::AtomicU64,
+}
+
 /// The shipper: the NATS context, the directories, the streams, the state.
 pub struct Shipper {
     cfg: Config,
@@ -170,8 +188,8 @@ pub struct Shipper {
     /// be saved, or the server is unreachable).
     hold_until: Option<Instant>,
     hold_backoff: Duration,
-    /// The figures `--metrics-listen` serves ([`crate::node::serve`]).
-    gauges: std::sync::Arc<crate::node::metrics::ShipGauges>,
+    /// The figures `--metrics-listen` serves.
+    gauges: std::sync::Arc<ShipGauges>,
 }
 
 impl Shipper {
@@ -322,7 +340,7 @@ impl Shipper {
     }
 
     /// The figures the metrics endpoint reads (`--metrics-listen`).
-    pub(crate) fn gauges(&self) -> std::sync::Arc<crate::node::metrics::ShipGauges> {
+    pub(crate) fn gauges(&self) -> std::sync::Arc<ShipGauges> {
         self.gauges.clone()
     }
 

@@ -48,14 +48,12 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::fcntl::OFlag;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use nix::sys::stat::Mode;
 
 use super::scan::Pattern;
 use crate::shared::dir::{Dir, FileId};
@@ -520,7 +518,7 @@ impl Tree {
         todo.sort();
         todo.dedup();
         for (mut rel, name) in todo {
-            let Ok(dir) = reopen(&root.dir, &rel) else {
+            let Ok(dir) = root.dir.open_below(&rel) else {
                 continue;
             };
             let left = levels - rel.len();
@@ -555,7 +553,7 @@ impl Tree {
         let Some(root) = root else {
             return Err(std::io::Error::other("no root"));
         };
-        let dir = reopen(root, rel)?;
+        let dir = root.open_below(rel)?;
         if dir.id() != d.id {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -734,7 +732,7 @@ impl Tree {
             return h.is_deleted();
         }
         match (&d.origin, &self.root) {
-            (Origin::Found(rel), Some(root)) => match reopen(&root.dir, rel) {
+            (Origin::Found(rel), Some(root)) => match root.dir.open_below(rel) {
                 Ok(dir) => dir.id() != d.id,
                 Err(e) => e.raw_os_error() == Some(nix::libc::ENOENT),
             },
@@ -864,29 +862,6 @@ fn untrusted(dir: &Dir) -> Option<&'static str> {
         Ok(t) => t.renamable_by_others(),
         Err(_) => Some("its mode cannot be read"),
     }
-}
-
-/// Opens the directory `rel` below `root`, component by component, never
-/// following a symlink.
-pub(crate) fn reopen(root: &Dir, rel: &[OsString]) -> std::io::Result<Dir> {
-    let mut cur: Option<Dir> = None;
-    for c in rel {
-        let next = cur.as_ref().unwrap_or(root).open_child(c)?;
-        cur = Some(next);
-    }
-    match cur {
-        Some(d) => Ok(d),
-        None => Dir::from_fd(dup_dir(root)?, root.path().to_path_buf()),
-    }
-}
-
-fn dup_dir(d: &Dir) -> std::io::Result<OwnedFd> {
-    Ok(nix::fcntl::openat(
-        d.fd(),
-        ".",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?)
 }
 
 /// The names at the pattern's wildcard components of `rel`.

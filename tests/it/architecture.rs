@@ -1,10 +1,10 @@
-//! No import cycle between the modules of `src/`: what a
-//! module takes, it takes from modules that do not take from it, so each
-//! side can be read, and changed, after what it stands on (`src/lib.rs`
-//! names the sides).
+//! The modules of `src/` take only from below: each side takes from the
+//! sides under it, never from one beside or above it, and no module
+//! imports one that imports it back. So each side can be read, and
+//! changed, after what it stands on (`src/lib.rs` names the sides).
 //!
-//! **The rule.** A module is a file of `src/`: a folder's module is its
-//! `mod.rs`, `lib.rs` is the crate root; `main.rs` and `src/bin/` are
+//! **The dependency.** A module is a file of `src/`: a folder's module is
+//! its `mod.rs`, `lib.rs` is the crate root; `main.rs` and `src/bin/` are
 //! binaries, outside the graph. Module A depends on module B when A's code
 //! — not its comments, strings or `#[cfg(test)]` items — names B, or an
 //! item inside B, by a path: `crate::…`, `super::…`, `self::…`, or a child
@@ -15,10 +15,18 @@
 //! re-exports (`crate::config`) names the module re-exported
 //! (`shared::config`). A dependency of a module on one of its own
 //! ancestors is not counted: a child using what its folder's `mod.rs`
-//! holds (`super::`) is the inside of that folder, not a cycle between
-//! modules. Every other dependency counts, and the check fails on each
-//! strongly connected component of two or more modules, naming them and
-//! the paths that tie them.
+//! holds (`super::`) is the inside of that folder.
+//!
+//! **The ranks.** The sides are the top-level folders, ranked
+//! `shared` < `daemon`, `readers` < `agent` < `ship` < `node` < `cli`.
+//! A dependency between two sides must point to a lower rank: up or
+//! sideways (`daemon` ↔ `readers`) fails, naming the file and line of the
+//! path. The crate root, which re-exports the sides, is outside the rule;
+//! a module in no side breaks it.
+//!
+//! **No cycle.** Inside a side too, the check fails on each strongly
+//! connected component of two or more modules, naming them and the paths
+//! that tie them.
 //!
 //! Why a test of our own rather than a tool: `cargo modules dependencies
 //! --lib --no-externs --no-fns --no-traits --no-types --no-sysroot
@@ -26,11 +34,15 @@
 //! crate, free of module cycles by this rule, it stops at a "circular
 //! dependency" between a type and its own method
 //! (`logmon::shared::meta::Meta` and `Meta::new`); and installing it would
-//! cost CI about 7 minutes.
+//! cost CI about 7 minutes. Nor does it know the ranks.
 //!
-//! Tests: `src_has_no_cycle_between_modules` checks `src/`;
-//! `a_planted_cycle_is_found_and_named` proves the check finds a cycle,
-//! also one through a re-export, and ignores what the rule ignores.
+//! Tests: `src_imports_point_down_only` and
+//! `src_has_no_cycle_between_modules` check `src/`;
+//! `a_planted_climb_is_found_and_named` proves the rank check finds a
+//! path up and one sideways, with their lines, also through a re-export,
+//! and passes what points down; `a_planted_cycle_is_found_and_named`
+//! proves the check finds a cycle, also one through a re-export, and
+//! ignores what the rule ignores.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -65,7 +77,8 @@ fn module_of(rel: &str) -> Option<Module> {
 }
 
 /// The code of a file without comments and without the contents of string
-/// and character literals (lifetimes are kept).
+/// and character literals (lifetimes are kept); the lines of what is
+/// dropped are kept, so that a token's line is its line in the file.
 fn code_only(src: &str) -> String {
     let c: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
@@ -73,6 +86,7 @@ fn code_only(src: &str) -> String {
     let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
     while i < c.len() {
         let at = |k: usize| c.get(i + k).copied().unwrap_or('\0');
+        let from = i;
         if at(0) == '/' && at(1) == '/' {
             while i < c.len() && c[i] != '\n' {
                 i += 1;
@@ -93,6 +107,7 @@ fn code_only(src: &str) -> String {
                     i += 1;
                 }
             }
+            newlines(&c[from..i.min(c.len())], &mut out);
         } else if (at(0) == 'r' || (at(0) == 'b' && at(1) == 'r'))
             && (i == 0 || !ident(c[i - 1]))
             && {
@@ -120,6 +135,7 @@ fn code_only(src: &str) -> String {
                 i += 1;
             }
             out.push_str("\"\"");
+            newlines(&c[from..i.min(c.len())], &mut out);
         } else if at(0) == '"' {
             i += 1;
             while i < c.len() && c[i] != '"' {
@@ -127,6 +143,7 @@ fn code_only(src: &str) -> String {
             }
             i += 1;
             out.push_str("\"\"");
+            newlines(&c[from..i.min(c.len())], &mut out);
         } else if at(0) == '\'' && (at(1) == '\\' || at(2) == '\'') {
             // A character literal ('x', '\n', '\'', '\u{..}'), not a
             // lifetime: past the quote and the first character (or its
@@ -145,10 +162,17 @@ fn code_only(src: &str) -> String {
     out
 }
 
-/// The tokens the rule reads: identifiers, `::` and single punctuation.
-fn tokens(code: &str) -> Vec<String> {
+/// The newlines of a dropped stretch of code, kept.
+fn newlines(dropped: &[char], out: &mut String) {
+    out.extend(dropped.iter().filter(|&&ch| ch == '\n'));
+}
+
+/// The tokens the rule reads: identifiers, `::` and single punctuation,
+/// each with its line (from 1).
+fn tokens(code: &str) -> (Vec<String>, Vec<usize>) {
     let c: Vec<char> = code.chars().collect();
-    let mut out = Vec::new();
+    let (mut out, mut lines) = (Vec::new(), Vec::new());
+    let mut line = 1;
     let mut i = 0;
     while i < c.len() {
         if c[i].is_alphanumeric() || c[i] == '_' {
@@ -157,22 +181,28 @@ fn tokens(code: &str) -> Vec<String> {
                 i += 1;
             }
             out.push(c[start..i].iter().collect());
+            lines.push(line);
         } else if c[i] == ':' && c.get(i + 1) == Some(&':') {
             out.push("::".to_owned());
+            lines.push(line);
             i += 2;
         } else {
-            if !c[i].is_whitespace() {
+            if c[i] == '\n' {
+                line += 1;
+            } else if !c[i].is_whitespace() {
                 out.push(c[i].to_string());
+                lines.push(line);
             }
             i += 1;
         }
     }
-    out
+    (out, lines)
 }
 
-/// The tokens without `#[cfg(test)]` items: the attribute, any attributes
-/// after it, and the item up to its `;` or through its `{…}` block.
-fn without_test_items(t: Vec<String>) -> Vec<String> {
+/// The tokens (and their lines) without `#[cfg(test)]` items: the
+/// attribute, any attributes after it, and the item up to its `;` or
+/// through its `{…}` block.
+fn without_test_items((t, lines): (Vec<String>, Vec<usize>)) -> (Vec<String>, Vec<usize>) {
     let is_cfg_test = |i: usize| {
         t.get(i..i + 7).is_some_and(|w| {
             w.iter()
@@ -181,10 +211,12 @@ fn without_test_items(t: Vec<String>) -> Vec<String> {
         })
     };
     let mut out = Vec::with_capacity(t.len());
+    let mut out_lines = Vec::with_capacity(t.len());
     let mut i = 0;
     while i < t.len() {
         if !is_cfg_test(i) {
             out.push(t[i].clone());
+            out_lines.push(lines[i]);
             i += 1;
             continue;
         }
@@ -218,7 +250,7 @@ fn without_test_items(t: Vec<String>) -> Vec<String> {
             i += 1;
         }
     }
-    out
+    (out, out_lines)
 }
 
 fn is_ident(s: &str) -> bool {
@@ -265,16 +297,18 @@ fn path_tree(
     }
 }
 
-/// One file, read: its module, the children it declares, and the paths
-/// its code names (each with whether it is in a `use` item).
+/// One file, read: its path under `src/`, its module, the children it
+/// declares, and the paths its code names (each with whether it is in a
+/// `use` item, and its line).
 struct File {
+    rel: String,
     module: Module,
     children: BTreeSet<String>,
-    paths: Vec<(Vec<String>, bool)>,
+    paths: Vec<(Vec<String>, bool, usize)>,
 }
 
-fn read(module: Module, src: &str) -> File {
-    let t = without_test_items(tokens(&code_only(src)));
+fn read(rel: &str, module: Module, src: &str) -> File {
+    let (t, lines) = without_test_items(tokens(&code_only(src)));
     let children: BTreeSet<String> = t
         .windows(3)
         .filter(|w| w[0] == "mod" && is_ident(&w[1]) && w[2] == ";")
@@ -288,14 +322,16 @@ fn read(module: Module, src: &str) -> File {
         let after_sep = i > 0 && (t[i - 1] == "::" || t[i - 1] == ".");
         if starts && !after_sep && t.get(i + 1).is_some_and(|s| s == "::") {
             let in_use = i > 0 && t[i - 1] == "use";
+            let line = lines[i];
             let mut found = Vec::new();
             i = path_tree(&t, i, Vec::new(), &mut found);
-            paths.extend(found.into_iter().map(|p| (p, in_use)));
+            paths.extend(found.into_iter().map(|p| (p, in_use, line)));
         } else {
             i += 1;
         }
     }
     File {
+        rel: rel.to_owned(),
         module,
         children,
         paths,
@@ -336,20 +372,22 @@ fn written(p: &[String]) -> String {
     segs.join("::")
 }
 
-/// The modules that tie a cycle, and each dependency between them (the
-/// path that makes it).
-#[derive(Debug, PartialEq)]
-struct Cycle {
-    modules: Vec<String>,
-    ties: Vec<String>,
+/// A dependency of one module on another: the path that makes it and
+/// where it is written (`src/` file and line).
+struct Dep {
+    from: Module,
+    to: Module,
+    via: String,
+    at: String,
 }
 
-/// The cycles between the modules of the crate whose files (paths relative
-/// to `src/`, and their text) are given.
-fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
+/// Every dependency between the modules of the crate whose files (paths
+/// relative to `src/`, and their text) are given, in file order, and the
+/// number of modules.
+fn dependencies(files: &BTreeMap<String, String>) -> (Vec<Dep>, usize) {
     let read: Vec<File> = files
         .iter()
-        .filter_map(|(rel, src)| module_of(rel).map(|m| read(m, src)))
+        .filter_map(|(rel, src)| module_of(rel).map(|m| read(rel, m, src)))
         .collect();
     let modules: BTreeSet<Module> = read.iter().map(|f| f.module.clone()).collect();
     let deepest = |full: &Module| -> Module {
@@ -362,17 +400,16 @@ fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
     // The crate root's re-exports of modules (`pub use shared::config;`).
     let mut aliases: BTreeMap<String, Module> = BTreeMap::new();
     for f in read.iter().filter(|f| f.module.is_empty()) {
-        for (p, in_use) in &f.paths {
+        for (p, in_use, _) in &f.paths {
             let full = absolute(&f.module, &f.children, p);
             if *in_use && full.len() > 1 && modules.contains(&full) {
                 aliases.insert(full.last().cloned().unwrap_or_default(), full);
             }
         }
     }
-    let mut deps: BTreeMap<Module, BTreeMap<Module, String>> = BTreeMap::new();
+    let mut deps = Vec::new();
     for f in &read {
-        let out = deps.entry(f.module.clone()).or_default();
-        for (p, _) in &f.paths {
+        for (p, _, line) in &f.paths {
             let mut full = absolute(&f.module, &f.children, p);
             if let Some(target) = full.first().and_then(|s| aliases.get(s)) {
                 if !modules.contains(&full[..1]) {
@@ -383,8 +420,33 @@ fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
             if f.module.starts_with(&to) {
                 continue; // itself, or one of its ancestors
             }
-            out.entry(to).or_insert_with(|| written(p));
+            deps.push(Dep {
+                from: f.module.clone(),
+                to,
+                via: written(p),
+                at: format!("src/{}:{line}", f.rel),
+            });
         }
+    }
+    (deps, modules.len())
+}
+
+/// The modules that tie a cycle, and each dependency between them (the
+/// path that makes it).
+#[derive(Debug, PartialEq)]
+struct Cycle {
+    modules: Vec<String>,
+    ties: Vec<String>,
+}
+
+/// The cycles between the modules of the crate whose files (paths relative
+/// to `src/`, and their text) are given.
+fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
+    let (all, modules) = dependencies(files);
+    let mut deps: BTreeMap<Module, BTreeMap<Module, String>> = BTreeMap::new();
+    for d in all {
+        deps.entry(d.to.clone()).or_default();
+        deps.entry(d.from).or_default().entry(d.to).or_insert(d.via);
     }
     let edges = deps.values().map(BTreeMap::len).sum();
     let mut found: Vec<Cycle> = strongly_connected(&deps)
@@ -404,7 +466,55 @@ fn cycles(files: &BTreeMap<String, String>) -> (Vec<Cycle>, usize, usize) {
         })
         .collect();
     found.sort_by(|a, b| a.modules.cmp(&b.modules));
-    (found, modules.len(), edges)
+    (found, modules, edges)
+}
+
+/// The sides of `src/` (its top-level folders) and their ranks: a module
+/// may take from a side of a lower rank, or from its own side, never from
+/// one of the same rank (sideways) or above.
+const SIDES: [(&str, u8); 7] = [
+    ("shared", 0),
+    ("daemon", 1),
+    ("readers", 1),
+    ("agent", 2),
+    ("ship", 3),
+    ("node", 4),
+    ("cli", 5),
+];
+
+fn rank(side: &str) -> Option<u8> {
+    SIDES.iter().find(|(s, _)| *s == side).map(|(_, r)| *r)
+}
+
+/// Each dependency that does not point down, as `file:line: from -> to
+/// (path): why`. The crate root re-exports every side and is outside the
+/// rule; a module outside every side is itself a breach.
+fn rank_breaches(files: &BTreeMap<String, String>) -> (Vec<String>, usize) {
+    let (deps, _) = dependencies(files);
+    let mut checked = 0;
+    let mut out = Vec::new();
+    for d in &deps {
+        let (Some(from), Some(to)) = (d.from.first(), d.to.first()) else {
+            continue;
+        };
+        checked += 1;
+        let why = match (rank(from), rank(to)) {
+            _ if from == to => continue,
+            (Some(a), Some(b)) if b < a => continue,
+            (Some(a), Some(b)) if b == a => format!("{from} and {to} are of one rank (sideways)"),
+            (Some(_), Some(_)) => format!("{to} ranks above {from}"),
+            (None, _) => format!("{from} is in no side"),
+            (_, None) => format!("{to} is in no side"),
+        };
+        out.push(format!(
+            "{}: {} -> {} ({}): {why}",
+            d.at,
+            show(&d.from),
+            show(&d.to),
+            d.via
+        ));
+    }
+    (out, checked)
 }
 
 /// Tarjan's strongly connected components, each sorted.
@@ -477,12 +587,68 @@ fn rust_files(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     }
 }
 
-#[test]
-fn src_has_no_cycle_between_modules() {
+fn src_files() -> BTreeMap<String, String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = BTreeMap::new();
     rust_files(&src, &src, &mut files);
-    let (found, modules, edges) = cycles(&files);
+    files
+}
+
+#[test]
+fn src_imports_point_down_only() {
+    let (breaches, checked) = rank_breaches(&src_files());
+    // A reader that saw nothing would pass: it must see the crate.
+    assert!(checked > 300, "only {checked} paths between modules read");
+    assert!(
+        breaches.is_empty(),
+        "imports in src/ that do not point down (tests/it/architecture.rs says the ranks; \
+         move what the lower side needs down to it, or pass it in from above):\n{}",
+        breaches.join("\n")
+    );
+}
+
+#[test]
+fn a_planted_climb_is_found_and_named() {
+    let files: BTreeMap<String, String> = [
+        ("lib.rs", "mod shared;\nmod daemon;\nmod readers;\nmod cli;\npub use shared::config;\n"),
+        ("shared/mod.rs", "pub mod config;\npub mod fifo;\n"),
+        ("shared/config.rs", "pub struct Config;\n"),
+        // Up: shared takes from the daemon, on line 3 (a comment and a
+        // string before it do not count, nor does a test).
+        (
+            "shared/fifo.rs",
+            "// crate::daemon::pipe\nconst S: &str = \"crate::cli::x\";\nuse crate::daemon::pipe::size;\n\
+             #[cfg(test)]\nmod tests {\n    use crate::cli::Main;\n}\n",
+        ),
+        ("daemon/mod.rs", "pub mod pipe;\n"),
+        // Down (through the root's re-export) and inside its side: fine.
+        ("daemon/pipe.rs", "use crate::config::Config;\nuse super::Y;\n"),
+        // Sideways, inline, on line 2.
+        ("readers/mod.rs", "fn f() {\n    crate::daemon::pipe::size();\n}\n"),
+        // Down from the top: fine.
+        ("cli/mod.rs", "use crate::{readers, shared::fifo};\n"),
+    ]
+    .into_iter()
+    .map(|(p, s)| (p.to_owned(), s.to_owned()))
+    .collect();
+    let (breaches, checked) = rank_breaches(&files);
+    assert_eq!(checked, 5);
+    assert_eq!(
+        breaches,
+        vec![
+            "src/readers/mod.rs:2: readers -> daemon::pipe (crate::daemon::pipe::size): \
+             readers and daemon are of one rank (sideways)"
+                .to_owned(),
+            "src/shared/fifo.rs:3: shared::fifo -> daemon::pipe (crate::daemon::pipe::size): \
+             daemon ranks above shared"
+                .to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn src_has_no_cycle_between_modules() {
+    let (found, modules, edges) = cycles(&src_files());
     // A reader that saw nothing would pass: it must see the crate.
     assert!(
         modules > 50 && edges > 150,

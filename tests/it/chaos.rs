@@ -383,9 +383,7 @@ fn a_drop_count_outlives_a_kill_9_of_its_logmon() {
         // Everything taken out of the pipe (kept or dropped): what a
         // logmon leaves in the pipe would be the next one's to drop.
         let empty = || {
-            logmon::internals::capture::pipe::bytes_waiting(std::os::fd::AsFd::as_fd(&task))
-                .unwrap()
-                == 0
+            logmon::internals::fifo::bytes_waiting(std::os::fd::AsFd::as_fd(&task)).unwrap() == 0
         };
         assert!(wait_until(Duration::from_secs(30), || dropped() > 0 && empty()));
         drop(dm);

@@ -1,6 +1,7 @@
-//! The zero-copy pipe primitives capture is built on: pipe sizing,
-//! FIONREAD, tee(2) peeking ([`Peeker`]) and splice(2) into a file or
-//! /dev/null.
+//! The zero-copy pipe primitives capture is built on: tee(2) peeking
+//! ([`Peeker`]) and splice(2) into a file or /dev/null (pipe sizing and
+//! FIONREAD, which the FIFOs' opening needs too, are in
+//! [`crate::shared::fifo`]).
 //!
 //! Guarantee kept here: a byte leaves a FIFO only through [`splice_to_file`]
 //! (one syscall, into the file) or [`discard`]; peeking never consumes
@@ -14,55 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag, SpliceFFlags};
 
-/// The largest pipe an unprivileged process may ask for: read once per
-/// process (a daemon sizes four pipes at start, and each read of the file
-/// is five system calls).
-pub fn pipe_max_size() -> Option<u64> {
-    static MAX: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
-/// Enlarges the pipe behind `fd` to `want` bytes (capped by pipe-max-size;
-/// never shrinks it) and returns the resulting capacity.
-pub fn set_pipe_size(fd: BorrowedFd<'_>, want: u64) -> io::Result<usize> {
-    let current = fcntl(fd, FcntlArg::F_GETPIPE_SZ)? as u64;
-    let want = want
-        .min(pipe_max_size().unwrap_or(want))
-        .min(i32::MAX as u64);
-    if want > current {
-        match fcntl(fd, FcntlArg::F_SETPIPE_SZ(want as i32)) {
-            Ok(n) => return Ok(n as usize),
-            // Over the per-user pipe quota: keep what we have.
-            Err(Errno::EPERM) | Err(Errno::ENOMEM) => {
-                tracing::warn!(
-                    want,
-                    current,
-                    "cannot enlarge pipe; keeping the current size"
-                )
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(current as usize)
-}
-
-/// Bytes waiting in the pipe behind `fd` (FIONREAD).
-pub fn bytes_waiting(fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let mut n: nix::libc::c_int = 0;
-    // SAFETY: FIONREAD writes one c_int through the pointer, which points to
-    // a live, aligned c_int; the fd is borrowed, so it stays open meanwhile.
-    let r = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n.max(0) as usize)
-}
+use crate::shared::fifo::{bytes_waiting, set_pipe_size};
 
 /// A private pipe used to peek at a FIFO's contents without consuming them:
 /// tee(2) duplicates the FIFO's buffers into it (page references, no copy),

@@ -419,7 +419,7 @@ impl Pump {
         if !((look || std::mem::take(sigio)) && !self.blocked) {
             return None;
         }
-        match super::pipe::bytes_waiting(self.fd.as_fd()) {
+        match crate::shared::fifo::bytes_waiting(self.fd.as_fd()) {
             Ok(n) if n <= self.left => None,
             Ok(n) => Some(n),
             // Cannot tell: as if the pipe were full.
@@ -501,7 +501,7 @@ impl Pump {
             // The one look of a hold: at the pace since it
             // began, would the pipe be half full before the
             // drain? Then drain now.
-            let n = super::pipe::bytes_waiting(self.fd.as_fd()).unwrap_or(self.capacity);
+            let n = crate::shared::fifo::bytes_waiting(self.fd.as_fd()).unwrap_or(self.capacity);
             let gained = n.saturating_sub(seen) as u128;
             let ahead = until.saturating_duration_since(at).as_nanos();
             let spent = at.duration_since(since).as_nanos().max(1);

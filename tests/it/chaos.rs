@@ -11,12 +11,12 @@
 //! `LOGMON_CHAOS_TASKS` change its size, `LOGMON_CHAOS_VERBOSE=1` prints
 //! the fault log as it goes. A failure prints the seed, the
 //! figures and the fault log, and keeps the run's directory. Needs root (it
-//! mounts two small tmpfs) and `nats-server`; skips with the reason
-//! otherwise.
+//! mounts two small tmpfs: it is `#[ignore = "needs root"]`, run by CI with
+//! `--include-ignored`) and `nats-server`.
 //!
 //! The run's own processes (the agent, the tasks) are this test binary
 //! started again to run only [`role`], an ignored test that does nothing
-//! unless `CHAOS_ROLE` is set.
+//! unless `CHAOS_ROLE` is set (so `--include-ignored` runs it as a no-op).
 //!
 //! Below the run, each thing it found, reproduced on its own (the fix's
 //! commit names the test): a disk full of files held for a shipper that
@@ -42,11 +42,9 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn random_faults_on_a_node_lose_and_duplicate_no_line_end_to_end() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: the chaos run needs root (it mounts two small tmpfs)");
-        return;
-    }
+    crate::support::need_root();
     if !crate::nats::have_nats() {
         return;
     }
@@ -123,17 +121,14 @@ fn role() {
 struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` bytes at a new directory `name` in `parent`;
-    /// None (with the reason printed) when not root.
-    fn mount(parent: &std::path::Path, name: &str, size: u64) -> Option<Tmpfs> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: mounting a tmpfs needs root");
-            return None;
-        }
+    /// Mounts a tmpfs of `size` bytes at a new directory `name` in `parent`
+    /// (root only: the tests that mount are ignored unless run as root).
+    fn mount(parent: &std::path::Path, name: &str, size: u64) -> Tmpfs {
+        crate::support::need_root();
         let at = parent.join(name);
         std::fs::create_dir(&at).unwrap();
         run::mount_tmpfs(&at, size).unwrap();
-        Some(Tmpfs(at))
+        Tmpfs(at)
     }
 }
 
@@ -160,15 +155,14 @@ impl Drop for Tmpfs {
 /// more, so no new file was ever made. A write that fails must free what
 /// purge may free before it is retried.
 #[test]
+#[ignore = "needs root"]
 fn a_disk_full_of_files_held_for_a_shipper_that_has_caught_up_is_freed() {
     use crate::support::*;
     use logmon::config::Stream;
     use std::io::Write;
     use std::os::unix::fs::FileExt;
     let d = tempfile::tempdir().unwrap();
-    let Some(small) = Tmpfs::mount(d.path(), "small", 256 * 1024) else {
-        return;
-    };
+    let small = Tmpfs::mount(d.path(), "small", 256 * 1024);
     let dir = &small.0;
     // The shipper's position (what `logmon ship` leaves), at the start: it
     // is rewritten in place below, as the shipper does, full disk or not.
@@ -335,14 +329,13 @@ fn a_task_that_ended_while_its_logmon_hung_loses_no_line_to_stop() {
 /// missing unannounced. The count now outlives its logmon (the
 /// `.<task>.<stream>.dropped` ledger): the next logmon writes the marker.
 #[test]
+#[ignore = "needs root"]
 fn a_drop_count_outlives_a_kill_9_of_its_logmon() {
     use crate::support::*;
     use logmon::config::Stream;
     use std::io::Write;
     let d = tempfile::tempdir().unwrap();
-    let Some(small) = Tmpfs::mount(d.path(), "small", 256 * 1024) else {
-        return;
-    };
+    let small = Tmpfs::mount(d.path(), "small", 256 * 1024);
     let dir = &small.0;
     let flags = ["--max-files", "100", "--max-file-size", "16KiB"];
     let announced = || -> u64 {

@@ -274,10 +274,12 @@ fn promtool_check_metrics(text: &str) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_lock_or_socket_planted_by_the_task_is_never_trusted_or_connected_to() {
     use std::os::unix::fs::PermissionsExt;
-    if !nix::unistd::geteuid().is_root() || !have("python3") {
-        eprintln!("skipping: needs root (the task runs as uid {ATTACKER}) and python3");
+    crate::support::need_root();
+    if !have("python3") {
+        eprintln!("skipping: needs python3");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -652,12 +654,10 @@ fn rules() -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_real_prometheus_sees_one_task_drop_bytes_the_others_captured_exactly_and_the_lag_back_to_zero()
 {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: needs root (mounts a full tmpfs for one task's log directory)");
-        return;
-    }
+    crate::support::need_root();
     if !have_nats() || !have("prometheus") {
         return;
     }
@@ -667,10 +667,7 @@ fn a_real_prometheus_sees_one_task_drop_bytes_the_others_captured_exactly_and_th
     let state = tmp.path().join("state");
     std::fs::create_dir(&logs).unwrap();
     std::fs::create_dir(&small).unwrap();
-    let Some(_mount) = Tmpfs::mount(&small, "64k") else {
-        eprintln!("skipping: cannot mount a tmpfs here");
-        return;
-    };
+    let _mount = Tmpfs::mount(&small, "64k").expect("mount a tmpfs (as root)");
     let srv = Server::single(&tmp.path().join("js"));
     let web = Daemon::start(&logs, "web", &["--meta", "job=front"]);
     let db = Daemon::start(&logs, "db", &[]);

@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 use logmon::config::{Stream, TaskName};
 use logmon::protocol::ReattachConfig;
 
+/// Fails the test unless it runs as root. Tests that need root (other
+/// uids, mounts) are `#[ignore = "needs root"]` and CI, which runs as
+/// root, runs them with `--include-ignored`: run by hand without root,
+/// such a test fails saying so, never passes having checked nothing.
+pub fn need_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (other uids, mounts): run it as root"
+    );
+}
+
 /// The binary under test.
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_logmon"))

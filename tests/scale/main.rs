@@ -47,11 +47,17 @@ fn with_open_file_limit(cmd: &mut std::process::Command, n: u64) {
 /// One scale test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Fails the test unless it runs as root (the tests are ignored
+/// otherwise: `--include-ignored` runs them, as CI does).
+fn need_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (files of root's, and the limits of a service): run it as root"
+    );
+}
+
 fn ready() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: needs root (files of root's, and the limits of a service)");
-        return false;
-    }
+    need_root();
     have_nats()
 }
 
@@ -84,6 +90,7 @@ fn ship_args<'a>(srv: &'a str, state: &'a Path, extra: &[&'a str]) -> Vec<&'a st
 /// default `ulimit -n` of 1,024 — every stream is shipped, whole, and a
 /// line written afterwards to one of them arrives within seconds.
 #[test]
+#[ignore = "needs root"]
 fn twenty_thousand_streams_ship_within_the_default_open_file_limit() {
     if !ready() {
         return;
@@ -172,6 +179,7 @@ fn dir_of(root: &Path, i: usize) -> PathBuf {
 /// one shipper with the default `ulimit -n`: every line of every stream
 /// once; then a victim's new line within seconds.
 #[test]
+#[ignore = "needs root"]
 fn three_thousand_real_logmons_are_shipped_and_a_new_line_arrives_within_seconds() {
     if !ready() {
         return;

@@ -1287,11 +1287,9 @@ impl Drop for PipeQuotaHog {
 /// let a task's 600 KiB line take over a minute). Every byte arrives once
 /// and in order.
 #[test]
+#[ignore = "needs root"]
 fn a_long_partial_line_never_stalls_when_the_pipe_quota_is_used_up() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root (logmon and the pipes as a private uid)");
-        return;
-    }
+    crate::support::need_root();
     use std::os::fd::AsFd;
     use std::os::unix::process::CommandExt;
     // A uid no one else uses: the quota is per user.
@@ -1635,11 +1633,9 @@ fn planted_lock_and_socket_names_do_not_stop_a_start() {
 /// logmons), a partial line of 600 KiB still waits in the pipe for its
 /// newline instead of being written in pieces as it arrives.
 #[test]
+#[ignore = "needs root"]
 fn scratch_pipes_are_made_before_the_sandbox_drops_the_pipe_quota_exemption() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    crate::support::need_root();
     let Some(_hog) = PipeQuotaHog::start(0) else {
         eprintln!("SKIPPED: no per-user pipe quota on this machine");
         return;

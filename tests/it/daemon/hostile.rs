@@ -22,7 +22,7 @@
 //! stream's real files (regular, one link, root-owned `<task>.<stream>.<N>`),
 //! in order, exactly once (after a purge: exactly a contiguous tail).
 //!
-//! Needs root (each test prints `SKIPPED: needs root` otherwise). Every
+//! Needs root: each test is `#[ignore = "needs root"]`, run by CI (as root) with `--include-ignored`. Every
 //! wait is bounded; every process started is killed on drop.
 
 use crate::support;
@@ -70,12 +70,9 @@ struct Scene {
 }
 
 /// A `Scene` when running as root; otherwise prints why and gives `None`.
-fn scene() -> Option<Scene> {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root (logmon as root, the task as uid {ATTACKER})");
-        return None;
-    }
-    Some(Scene::new())
+fn scene() -> Scene {
+    crate::support::need_root();
+    Scene::new()
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -1107,8 +1104,9 @@ fn stream_stat(v: &serde_json::Value, stream: &str, field: &str) -> u64 {
 // ---------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs root"]
 fn symlink_planted_at_a_future_index_never_receives_task_output() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let mut run = run_web(&s, "1000").unwrap();
     let w = task_end(&s.at(".web.stdout.fifo"));
     write_lines(&w, 0, 10).unwrap();
@@ -1134,8 +1132,9 @@ fn symlink_planted_at_a_future_index_never_receives_task_output() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn symlink_at_the_highest_index_is_not_resumed() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     attack(&[Op::symlink(&s.secret_file(), &s.at("web.stdout.7"))]);
     let before = s.snapshot();
     let mut run = run_web(&s, "1000").unwrap();
@@ -1155,8 +1154,9 @@ fn symlink_at_the_highest_index_is_not_resumed() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn symlink_at_the_lock_name_is_never_followed_and_logmon_starts_anyway() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let lock = s.at(".web.logmon.lock");
     attack(&[Op::symlink(&s.secret_file(), &lock)]);
     let before = s.snapshot();
@@ -1187,8 +1187,9 @@ fn symlink_at_the_lock_name_is_never_followed_and_logmon_starts_anyway() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn symlink_at_the_diagnostics_log_name_gets_no_diagnostics() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let log = s.at(".web.logmon.log");
     attack(&[Op::symlink(&s.secret_file(), &log)]);
     let before = s.snapshot();
@@ -1236,8 +1237,9 @@ fn assert_other_alive(other: &mut Run, sock: &Path) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ensure_with_a_lost_state_never_stops_another_tasks_logmon_behind_a_planted_socket() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let (mut other, other_sock) = other_task(&s);
     // web ran once (its logmon stopped since), and the agent has lost its
     // state file; the task points web's socket name at the other task's
@@ -1265,8 +1267,9 @@ fn ensure_with_a_lost_state_never_stops_another_tasks_logmon_behind_a_planted_so
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stop_through_a_planted_socket_symlink_never_stops_another_tasks_logmon() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let (mut other, other_sock) = other_task(&s);
     attack(&[Op::symlink(&other_sock, &s.at(".web.logmon.sock"))]);
     let before = s.snapshot();
@@ -1288,8 +1291,9 @@ fn stop_through_a_planted_socket_symlink_never_stops_another_tasks_logmon() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn symlink_at_the_socket_name_does_not_stop_run_launch_or_ensure_from_starting() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let sock = s.at(".web.logmon.sock");
     let plant = || {
         attack(&[
@@ -1326,8 +1330,9 @@ fn symlink_at_the_socket_name_does_not_stop_run_launch_or_ensure_from_starting()
 }
 
 #[test]
+#[ignore = "needs root"]
 fn directory_and_fifo_planted_at_future_indices_neither_hang_capture_nor_lose_a_line() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let mut run = run_web(&s, "1000").unwrap();
     let out = task_end(&s.at(".web.stdout.fifo"));
     let err = task_end(&s.at(".web.stderr.fifo"));
@@ -1366,8 +1371,9 @@ fn directory_and_fifo_planted_at_future_indices_neither_hang_capture_nor_lose_a_
 }
 
 #[test]
+#[ignore = "needs root"]
 fn log_dir_swapped_for_a_symlink_mid_run_writes_and_purges_nothing_elsewhere() {
-    let Some(mut s) = scene() else { return };
+    let mut s = scene();
     // The log dir's parent must be writable by the task for it to rename
     // the log dir away (in a root 0755 parent it could not): the
     // orchestrator's per-task "alloc" dir is such a parent.
@@ -1433,8 +1439,9 @@ fn log_dir_swapped_for_a_symlink_mid_run_writes_and_purges_nothing_elsewhere() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn logs_never_prints_what_a_planted_name_points_at() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     // The stream's real files, as a root logmon left them.
     std::fs::write(s.at("web.stdout.0"), lines(0, 20)).unwrap();
     std::fs::write(s.at("web.stdout.1"), lines(20, 40)).unwrap();
@@ -1521,8 +1528,9 @@ fn logs_never_prints_what_a_planted_name_points_at() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn racing_attacker_replanting_symlinks_during_fast_rotation_never_redirects_a_line() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let before = s.snapshot();
     let mut run = run_web(&s, "3").unwrap();
     let w = task_end(&s.at(".web.stdout.fifo"));
@@ -1561,8 +1569,9 @@ fn racing_attacker_replanting_symlinks_during_fast_rotation_never_redirects_a_li
 }
 
 #[test]
+#[ignore = "needs root"]
 fn status_reports_foreign_names_per_stream_and_for_control_files() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     attack(&[
         Op::symlink(&s.secret_file2(), &s.at(".web.logmon.lock")),
         Op::symlink(&s.secret_file2(), &s.at(".web.logmon.sock")),

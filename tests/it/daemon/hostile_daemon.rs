@@ -19,8 +19,7 @@
 //!   (`an_active_file_the_task_renames_away_is_not_appended_to`).
 //!
 //! The task is a child process run as uid 65534 (`mv`, `touch`: privileges
-//! dropped by the spawn, groups cleared). Needs root (each test prints
-//! `SKIPPED: needs root` otherwise). Every wait is bounded; every process
+//! dropped by the spawn, groups cleared). Needs root: each test is `#[ignore = "needs root"]`, run by CI (as root) with `--include-ignored`. Every wait is bounded; every process
 //! started is killed on drop.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -48,11 +47,8 @@ struct Scene {
     tmp: tempfile::TempDir,
 }
 
-fn scene() -> Option<Scene> {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root (logmon as root, the task as uid {TASK_UID})");
-        return None;
-    }
+fn scene() -> Scene {
+    crate::support::need_root();
     let tmp = tempfile::Builder::new()
         .prefix("logmon-hostile-daemon-")
         .tempdir()
@@ -61,7 +57,7 @@ fn scene() -> Option<Scene> {
     let s = Scene { tmp };
     std::fs::create_dir(s.logs()).unwrap();
     chmod(&s.logs(), 0o777);
-    Some(s)
+    s
 }
 
 impl Scene {
@@ -143,8 +139,9 @@ fn assert_tail(bytes: &[u8], to: u64) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_log_dir_is_made_sticky_so_the_task_cannot_rename_logmons_files() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let dm = Daemon::start(&s.logs(), "web", &[]);
     write_numbered(&s.fifo(), 0, 10);
     assert!(wait_for_line(&s.logs(), 0, 10));
@@ -184,8 +181,9 @@ fn the_log_dir_is_made_sticky_so_the_task_cannot_rename_logmons_files() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let flags = ["--max-files", "2", "--max-file-size", "4KiB"];
     let dm = Daemon::start(&s.logs(), "web", &flags);
     write_numbered(&s.fifo(), 0, 200);
@@ -239,8 +237,9 @@ fn a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_active_file_the_task_renames_away_is_not_appended_to() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     // logmon as a user that neither owns the root 0777 log directory nor
     // is root: it cannot set the sticky bit, so the task can rename its
     // files — the setting of.

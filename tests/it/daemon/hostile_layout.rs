@@ -23,7 +23,7 @@
 //!   no line (`a_fifo_planted_in_a_shared_log_dir_is_replaced_and_steals_no_line`,
 //!   `exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none`).
 //!
-//! Needs root (each test prints `SKIPPED: needs root` otherwise). Every
+//! Needs root: each test is `#[ignore = "needs root"]`, run by CI (as root) with `--include-ignored`. Every
 //! wait is bounded; every process started is killed on drop.
 
 use std::collections::BTreeMap;
@@ -49,11 +49,8 @@ struct Scene {
     task_procs: Vec<Child>,
 }
 
-fn scene() -> Option<Scene> {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root (logmon as root, the task as uid {TASK})");
-        return None;
-    }
+fn scene() -> Scene {
+    crate::support::need_root();
     let tmp = tempfile::Builder::new()
         .prefix("logmon-hostile-layout-")
         .tempdir()
@@ -69,7 +66,7 @@ fn scene() -> Option<Scene> {
     }
     std::fs::write(s.private().join("secret"), b"root's own\n").unwrap();
     chmod(&s.private().join("secret"), 0o600);
-    Some(s)
+    s
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -200,8 +197,9 @@ fn own_stream(dir: &Path, task: &str) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_symlinked_log_dir_is_refused_by_exec_launch_ensure_and_run() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let private = s.private();
     s.task_ok(&format!(
         "mv logs logs.orig && ln -s {} logs",
@@ -239,8 +237,9 @@ fn a_symlinked_log_dir_is_refused_by_exec_launch_ensure_and_run() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_log_dir_the_task_replaced_with_its_own_is_refused_unless_accepted() {
-    let Some(s) = scene() else { return };
+    let s = scene();
     let logs = s.logs_str();
     // A first logmon in the real directory.
     let dm = Daemon::start(&s.logs(), "web", &[]);
@@ -311,8 +310,9 @@ fn plant_and_steal(name: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_fifo_planted_in_a_shared_log_dir_is_replaced_and_steals_no_line() {
-    let Some(mut s) = scene() else { return };
+    let mut s = scene();
     // Task a runs already; its neighbour b's logmon has not started yet.
     let a = Daemon::start(&s.logs(), "a", &[]);
     // Sticky now (a's logmon made it so): the attacker plants a name that
@@ -353,8 +353,9 @@ fn a_fifo_planted_in_a_shared_log_dir_is_replaced_and_steals_no_line() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none() {
-    let Some(mut s) = scene() else { return };
+    let mut s = scene();
     s.task_spawn(&plant_and_steal(".b.stdout.fifo"));
     assert!(wait_until(WAIT, || s.alloc().join("ready").exists()));
     let logs = s.logs_str();
@@ -392,8 +393,9 @@ fn ls_json(dir: &Path) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_impostor_logmon_in_a_task_owned_dir_is_never_the_tasks_row() {
-    let Some(mut s) = scene() else { return };
+    let mut s = scene();
     // The task owns its log directory; the operator accepted that.
     nix::unistd::chown(
         &s.logs(),

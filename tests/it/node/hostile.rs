@@ -76,9 +76,11 @@ fn within(args: &[&str], bound: Duration) -> Option<(std::process::Output, Durat
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_trickling_fake_logmon_costs_at_most_the_timeout_in_all() {
-    if !nix::unistd::geteuid().is_root() || !have("python3") {
-        eprintln!("skipping: needs root (the task runs as uid {ATTACKER}) and python3");
+    crate::support::need_root();
+    if !have("python3") {
+        eprintln!("skipping: needs python3");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -163,9 +165,11 @@ time.sleep(600)
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_planted_socket_flag_pointing_at_a_root_socket_is_never_connected_to() {
-    if !nix::unistd::geteuid().is_root() || !have("python3") {
-        eprintln!("skipping: needs root (the task runs as uid {ATTACKER}) and python3");
+    crate::support::need_root();
+    if !have("python3") {
+        eprintln!("skipping: needs python3");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -222,11 +226,9 @@ fn a_planted_socket_flag_pointing_at_a_root_socket_is_never_connected_to() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn escapes_in_a_task_chosen_directory_name_never_reach_the_table_raw() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: needs root (the task runs as uid {ATTACKER})");
-        return;
-    }
+    crate::support::need_root();
     let tmp = tempfile::tempdir().unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // The watch root is the task's to write (its alloc directory): it
@@ -257,9 +259,11 @@ fn escapes_in_a_task_chosen_directory_name_never_reach_the_table_raw() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn twenty_thousand_empty_task_made_names_are_no_series() {
-    if !nix::unistd::geteuid().is_root() || !have("python3") {
-        eprintln!("skipping: needs root (the task runs as uid {ATTACKER}) and python3");
+    crate::support::need_root();
+    if !have("python3") {
+        eprintln!("skipping: needs python3");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

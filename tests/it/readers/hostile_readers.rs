@@ -12,7 +12,7 @@
 //! memory (its `ru_maxrss` from `wait4`: a memory bound, not a timing),
 //! and that it ends (generous bounds: "it ends", not how fast).
 //!
-//! Needs root (each test prints `SKIPPED: needs root` otherwise).
+//! Needs root: each test is `#[ignore = "needs root"]`, run by CI (as root) with `--include-ignored`.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -44,11 +44,8 @@ struct Scene {
     tmp: tempfile::TempDir,
 }
 
-fn scene(sticky: bool) -> Option<Scene> {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root (logs as root, the task as uid {TASK})");
-        return None;
-    }
+fn scene(sticky: bool) -> Scene {
+    crate::support::need_root();
     let tmp = tempfile::Builder::new()
         .prefix("logmon-readers-")
         .tempdir()
@@ -58,7 +55,7 @@ fn scene(sticky: bool) -> Option<Scene> {
     std::fs::create_dir(s.logs()).unwrap();
     let mode = if sticky { 0o1777 } else { 0o777 };
     std::fs::set_permissions(s.logs(), std::fs::Permissions::from_mode(mode)).unwrap();
-    Some(s)
+    s
 }
 
 impl Scene {
@@ -330,8 +327,9 @@ const MODES: [&[&str]; 6] = [
 ];
 
 #[test]
+#[ignore = "needs root"]
 fn in_a_directory_others_can_rename_in_logs_warns_that_files_may_be_forged() {
-    let Some(s) = scene(false) else { return };
+    let s = scene(false);
     let web = lines("web", 0, 5);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     // The task wrote fake lines to its own stream (logmon, root, wrote
@@ -360,8 +358,9 @@ fn in_a_directory_others_can_rename_in_logs_warns_that_files_may_be_forged() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn in_a_sticky_directory_the_task_can_neither_rename_nor_pass_off_its_own_file() {
-    let Some(s) = scene(true) else { return };
+    let s = scene(true);
     let web = lines("web", 0, 5);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     s.put_indexed("web", Stream::Stderr, 0, &lines("web err", 0, 2), T0);
@@ -438,8 +437,9 @@ fn in_a_sticky_directory_the_task_can_neither_rename_nor_pass_off_its_own_file()
 // ---------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs root"]
 fn a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped() {
-    let Some(s) = scene(true) else { return };
+    let s = scene(true);
     let web = lines("web", 0, 1000);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     // logmon's own index, followed by a 1 GiB hole (zeros end an index).
@@ -495,8 +495,9 @@ fn a_sparse_gigabyte_index_costs_no_memory_and_a_planted_one_is_skipped() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_index_the_task_made_or_a_hard_link_is_never_believed() {
-    let Some(s) = scene(true) else { return };
+    let s = scene(true);
     let web = lines("web", 0, 3);
     let err = lines("err", 0, 3);
     s.put("web.stdout.0", joined(&web).as_bytes());
@@ -550,8 +551,9 @@ fn an_index_the_task_made_or_a_hard_link_is_never_believed() {
 // ---------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs root"]
 fn a_sparse_gigabyte_cursor_is_a_clear_error_and_costs_no_memory() {
-    let Some(s) = scene(true) else { return };
+    let s = scene(true);
     s.put_indexed("web", Stream::Stdout, 0, &lines("web", 0, 3), T0);
     s.task_ok(&format!("truncate -s {GIB} web.cursor"));
     let cursor = s.at("web.cursor");
@@ -580,7 +582,7 @@ fn a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader() {
 }
 
 fn fifo_at_the_cursors_temporary_name(sticky: bool) {
-    let Some(s) = scene(sticky) else { return };
+    let s = scene(sticky);
     let web = lines("web", 0, 3);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     let cursor = s.at("web.cursor");
@@ -629,8 +631,9 @@ fn fifo_at_the_cursors_temporary_name(sticky: bool) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_stop_signal_ends_a_reader_whose_pipe_is_full() {
-    let Some(s) = scene(true) else { return };
+    let s = scene(true);
     // More than a pipe holds; nobody reads the pipe.
     let big: Vec<String> = lines("web", 0, 20_000);
     s.put_indexed("web", Stream::Stdout, 0, &big, T0);

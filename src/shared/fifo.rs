@@ -167,7 +167,7 @@ fn dir_and_name(path: &Path) -> Result<(Dir, &OsStr), FifoError> {
 
 /// Makes sure `path` is a FIFO: creates it with mode 0600 when missing,
 /// reuses an existing FIFO, refuses anything else (symlinks included).
-/// Resolved as its directory's [`Dir`] + name ([`ensure_fifo_at`]).
+/// Resolved as its directory's [`Dir`] + name (`ensure_fifo_at`).
 pub fn ensure_fifo(path: &Path) -> Result<(), FifoError> {
     let (dir, name) = dir_and_name(path)?;
     ensure_fifo_at(&dir, name)

@@ -180,7 +180,7 @@ impl Stamp {
 
 /// The usable records of one file's index, held in memory: the reference
 /// reading of an index's bytes ([`Index::parse`]), for the writer's tests
-/// and the model of the property tests. Readers use [`IndexFile`], which
+/// and the model of the property tests. Readers use `IndexFile`, which
 /// reads the same way in place, a few records at a time.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
@@ -235,18 +235,6 @@ impl Index {
     /// for bytes past the last record.
     pub fn time_at(&self, offset: u64, fallback_ns: i64) -> Stamp {
         time_at(&mut &*self, offset, fallback_ns)
-    }
-
-    /// The offset of the first batch captured at or after `time_ns`, or
-    /// `None` if every recorded batch is older (binary search: a few
-    /// comparisons, no scan of the log file).
-    pub fn offset_at_or_after(&self, time_ns: i64) -> Option<u64> {
-        offset_at_or_after(&mut &*self, time_ns)
-    }
-
-    /// Capture time of the file's first batch, if recorded.
-    pub fn first_time(&self) -> Option<i64> {
-        self.records.first().map(|r| r.time_ns)
     }
 }
 
@@ -538,12 +526,6 @@ fn time_at(r: &mut impl Records, offset: u64, fallback_ns: i64) -> Stamp {
     }
 }
 
-/// See [`Index::offset_at_or_after`].
-fn offset_at_or_after(r: &mut impl Records, time_ns: i64) -> Option<u64> {
-    let i = r.partition(&|x| x.time_ns < time_ns)?;
-    r.get(i).map(|x| x.offset)
-}
-
 /// A few blocks of an index's records, most recently used first.
 #[derive(Debug, Default)]
 struct BlockCache {
@@ -700,11 +682,6 @@ impl IndexFile {
         Ok(())
     }
 
-    /// How many records are usable.
-    pub fn count(&self) -> u64 {
-        self.prefix.count
-    }
-
     /// Whether some of the file's bytes have no usable record.
     pub fn damaged(&self) -> bool {
         self.prefix.damaged
@@ -720,13 +697,6 @@ impl IndexFile {
         let s = time_at(self, offset, fallback_ns);
         self.release();
         s
-    }
-
-    /// As [`Index::offset_at_or_after`].
-    pub fn offset_at_or_after(&mut self, time_ns: i64) -> Option<u64> {
-        let o = offset_at_or_after(self, time_ns);
-        self.release();
-        o
     }
 
     /// Where to start reading for the lines captured at or after
@@ -965,11 +935,6 @@ impl IndexWriter {
         self.file.set_len(self.end)
     }
 
-    /// The last record written or resumed.
-    pub fn last(&self) -> Option<Record> {
-        self.last
-    }
-
     /// Flushes, then fdatasync of the index.
     pub fn sync(&mut self) -> std::io::Result<()> {
         self.flush()?;
@@ -1124,9 +1089,6 @@ mod tests {
         assert_eq!(ix.time_at(9, 999), Stamp::Indexed(100));
         assert_eq!(ix.time_at(10, 999), Stamp::Indexed(200));
         assert_eq!(ix.time_at(39, 999), Stamp::Indexed(300));
-        assert_eq!(ix.offset_at_or_after(150), Some(10));
-        assert_eq!(ix.offset_at_or_after(100), Some(0));
-        assert_eq!(ix.offset_at_or_after(301), None);
     }
 
     #[test]
@@ -1198,7 +1160,7 @@ mod tests {
         // Resuming it appends after the last record, over the zeros.
         let mut w = IndexWriter::resume(rw(), N, 100).unwrap();
         assert_eq!(
-            w.last(),
+            w.last,
             Some(Record {
                 offset: 0,
                 time_ns: 500
@@ -1212,7 +1174,7 @@ mod tests {
         // A header naming another file is started afresh on resume.
         std::fs::write(&p, &old).unwrap();
         let w = IndexWriter::resume(rw(), N, 100).unwrap();
-        assert_eq!(w.last(), None);
+        assert_eq!(w.last, None);
         assert_eq!(std::fs::read(&p).unwrap(), header(N));
     }
 
@@ -1282,7 +1244,7 @@ mod tests {
             .unwrap();
         let mut w = IndexWriter::resume(open(), N, 30).unwrap();
         assert_eq!(
-            w.last(),
+            w.last,
             Some(Record {
                 offset: 10,
                 time_ns: 100
@@ -1295,7 +1257,7 @@ mod tests {
         assert_eq!(ix.records().len(), 3);
         // A file shorter than its index says: started afresh.
         let w = IndexWriter::resume(open(), N, 15).unwrap();
-        assert_eq!(w.last(), None);
+        assert_eq!(w.last, None);
         assert_eq!(std::fs::read(&p).unwrap(), header(N));
         // Garbage: started afresh.
         std::fs::write(&p, b"garbage, not an index").unwrap();
@@ -1407,7 +1369,7 @@ mod tests {
             std::fs::write(&p, &bytes[..cut]).unwrap();
             let mut f = IndexFile::open(std::fs::File::open(&p).unwrap(), N, file_len / 2).unwrap();
             let early = Index::parse(Some(&bytes[..cut]), N, file_len / 2);
-            proptest::prop_assert_eq!(f.count(), early.records().len() as u64);
+            proptest::prop_assert_eq!(f.prefix.count, early.records().len() as u64);
             proptest::prop_assert_eq!(f.damaged(), early.damaged());
             // Looked up before it grew (the blocks read then are cached).
             for off in (0..file_len / 2 + 20).step_by(11) {
@@ -1415,14 +1377,11 @@ mod tests {
             }
             std::fs::write(&p, &bytes).unwrap();
             f.refresh(file_len).unwrap();
-            proptest::prop_assert_eq!(f.count(), model.records().len() as u64);
+            proptest::prop_assert_eq!(f.prefix.count, model.records().len() as u64);
             proptest::prop_assert_eq!(f.damaged(), model.damaged());
             proptest::prop_assert_eq!(f.last(), model.records().last().copied());
             for off in (0..file_len + 20).step_by(7) {
                 proptest::prop_assert_eq!(f.time_at(off, 77), model.time_at(off, 77), "offset {}", off);
-            }
-            for t in (900..2_600).step_by(13) {
-                proptest::prop_assert_eq!(f.offset_at_or_after(t), model.offset_at_or_after(t), "time {}", t);
             }
         }
     }

@@ -150,7 +150,7 @@ pub fn parse_index(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
 }
 
 /// The indices of `task`'s `stream` files in `dir`, ascending: opens the
-/// directory once and lists it through its handle ([`scan_indices_in`]).
+/// directory once and lists it through its handle (`scan_indices_in`).
 pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
     scan_indices_in(&Dir::open(dir)?, task, stream)
 }
@@ -177,7 +177,7 @@ pub fn hwm_name(task: &TaskName, stream: Stream) -> String {
 }
 
 /// Parses `name` as `.<task>.<stream>.<N>.idx` and returns N (canonical
-/// decimal, at most [`MAX_INDEX`]); `None` for any other name.
+/// decimal, at most `MAX_INDEX`); `None` for any other name.
 pub fn parse_index_name(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
     let file = name.strip_prefix('.')?.strip_suffix(".idx")?;
     parse_index(file, task, stream)

@@ -330,8 +330,8 @@ impl<'a> Policy<'a> {
 }
 
 /// Confines the calling process by `policy` (module docs), unless
-/// [`set_disabled`] turned it off; logs what is in force once and returns
-/// it (also kept for [`current`]). A layer the kernel refuses is reported
+/// `set_disabled` turned it off; logs what is in force once and returns
+/// it (also kept for `current`). A layer the kernel refuses is reported
 /// in the status and a warning, never a failure: capture must go on.
 pub fn confine(policy: &Policy<'_>) -> Status {
     let status = if DISABLED.load(Ordering::Relaxed) {

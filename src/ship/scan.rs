@@ -482,7 +482,7 @@ pub fn subjects_overlap(a: &str, b: &str) -> bool {
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
-/// [`crate::shared::names::MAX_INDEX`]).
+/// `crate::shared::names::MAX_INDEX`).
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     let (rest, _) = name.rsplit_once('.')?;
     let (task, stream) = rest.rsplit_once('.')?;

@@ -41,7 +41,7 @@
 //!   watch go within seconds
 //!   (`tests/it/ship/silent.rs::a_removed_directory_under_watch_is_let_go_within_seconds`);
 //! - **trust** — a directory that others could rename names in (writable
-//!   by others without the sticky bit, [`crate::shared::dir::Trust`]) is not
+//!   by others without the sticky bit, `crate::shared::dir::Trust`) is not
 //!   shipped from: a task there could have renamed another task's files or
 //!   logmon's into any stream's name. It is reported, and looked at again
 //!   when its mode changes (`tests/it/ship/hostile.rs::forged_by_rename_…`).

@@ -67,7 +67,7 @@ mod pump;
 #[allow(unsafe_code)] // sigaction, F_SETOWN_EX
 pub mod sigio;
 
-pub use pump::{Pump, SharedCapture, BATCH_WAIT};
+pub use pump::{Pump, SharedCapture};
 
 /// How long a partial line may wait in the pipe for its newline before it is
 /// written as it is (prompts and progress bars must show up).

@@ -79,7 +79,7 @@ const PROBE: Duration = Duration::from_millis(2);
 ///
 /// Three phases:
 /// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
-///   for SIGIO ([`DataSignal`]; it is never registered with epoll,
+///   for SIGIO (`DataSignal`; it is never registered with epoll,
 ///   which would make every later write of the task pay for a wakeup) and
 ///   the pump has no deadline but its partial-line or retry one.
 /// - *holding* (with `--max-delay` above 0): the first look after SIGIO
@@ -102,7 +102,7 @@ const PROBE: Duration = Duration::from_millis(2);
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
 ///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
 ///   rate counts half after 100 ms) the pipe would be half full at most,
-///   and at least [`BATCH_WAIT`] apart. When
+///   and at least `BATCH_WAIT` apart. When
 ///   bytes come so fast that the pipe would be three quarters full before
 ///   the next drain (the loop's wait is whole milliseconds, rounded up, so
 ///   a wait lasts up to twice `BATCH_WAIT`), or when a drain found it three

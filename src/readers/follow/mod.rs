@@ -18,7 +18,7 @@
 //!   goes through its descriptor: listing, `fstatat(AT_SYMLINK_NOFOLLOW)`,
 //!   and `openat2` refusing any symlink; its path is never walked again.
 //!   Only a file logmon wrote at a name `<task>.<stream>.<N>` is read: a
-//!   regular file with exactly one link that the directory's [`Trust`]
+//!   regular file with exactly one link that the directory's `Trust`
 //!   accepts (owned by root or the reader, never by the directory's
 //!   owner: a task's own file is never read, whatever it holds). It is looked at
 //!   first (a FIFO or device is never opened), opened `O_NONBLOCK` (a FIFO

@@ -7,7 +7,7 @@
 //! (`tests/it/ship/readback.rs`):
 //!
 //! - **The same output as the local reader.** Pieces are cut and stamped
-//!   by the local reader's [`crate::readers::timeline::Assembler`] and written by its [`Style`]: one
+//!   by the local reader's `crate::readers::timeline::Assembler` and written by its `Style`: one
 //!   code path for both readers. Each message carries its lines' capture
 //!   times as the node's index gives them (`Logmon-Times`, [`times`]), so
 //!   nothing is estimated centrally; a message of an older shipper (no

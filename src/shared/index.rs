@@ -991,7 +991,7 @@ pub fn read_hwm_trusted(
 /// Width of the high-water mark's decimal field: every value takes
 /// exactly this many bytes (zero-padded, then `\n`), so a rewrite never
 /// changes the file's length.
-pub const HWM_WIDTH: usize = 20;
+pub const HWM_WIDTH: usize = crate::shared::counter::WIDTH;
 
 /// Stores `n` as the stream's high-water mark in [`hwm_name`]: one `pwrite`
 /// of a fixed-width field ([`HWM_WIDTH`] digits and a newline) at offset 0
@@ -1018,30 +1018,15 @@ pub fn store_hwm(
     stream: Stream,
     n: u64,
 ) -> std::io::Result<(std::fs::File, usize)> {
-    use nix::fcntl::OFlag;
-    use std::os::unix::fs::FileExt;
+    use crate::shared::counter::{self, CounterFile};
     let name = hwm_name(task, stream);
-    let text = format!("{n:0width$}\n", width = HWM_WIDTH);
-    let (file, removed) = match dir.open_own(&name, OFlag::O_WRONLY)? {
-        Ok(Some(f)) if f.metadata()?.len() == text.len() as u64 => (f, 0),
-        // Missing, of another length (not written by this code), or
-        // planted: made afresh.
-        _ => match dir.create_own(
-            &name,
-            OFlag::O_WRONLY,
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-        )? {
-            crate::shared::dir::Claim::Created { file, removed } => (file, removed.len()),
-            crate::shared::dir::Claim::Occupied { by, .. } => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!("{name} is taken by a {by}"),
-                ))
-            }
-        },
-    };
-    file.write_all_at(text.as_bytes(), 0)?;
-    Ok((file, removed))
+    let (file, removed) = CounterFile::open(dir, &name, HWM_WIDTH + 1)?;
+    if !file.write(counter::number(n).as_bytes())? {
+        return Err(std::io::Error::other(format!(
+            "{name} was given another name while it was opened"
+        )));
+    }
+    Ok((file.into_file(), removed))
 }
 
 /// Stores `n` as the high-water mark in `file`, the mark's file as
@@ -1054,13 +1039,8 @@ pub fn store_hwm(
 /// none (it then numbers past the highest file left, as an older logmon
 /// did); only the task's own numbering can suffer from that.
 pub fn rewrite_hwm(file: &std::fs::File, n: u64) -> std::io::Result<bool> {
-    use std::os::unix::fs::{FileExt, MetadataExt};
-    if file.metadata()?.nlink() != 1 {
-        return Ok(false);
-    }
-    let text = format!("{n:0width$}\n", width = HWM_WIDTH);
-    file.write_all_at(text.as_bytes(), 0)?;
-    Ok(true)
+    use crate::shared::counter;
+    counter::write_in_place(file, counter::number(n).as_bytes())
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! What every side takes: the directory handle, the task's flags, names
 //! and metadata, the wire protocol, the FIFOs' two ends, the capture-time index
-//! format, the shipper's positions, process identity, the sandbox, the
+//! format, the in-place counter files, the shipper's positions, process identity, the sandbox, the
 //! signalfd, logmon's own diagnostics and the error helpers. Each module's
 //! doc names its guarantees and the tests that prove them.
 
 pub mod config;
+pub mod counter;
 pub mod diag;
 pub mod dir;
 pub mod error;

@@ -30,18 +30,11 @@
 //! (`keep_unshipped_keeps_what_the_shipper_has_not_read_up_to_size`,
 //! `keep_unshipped_holds_a_stream_until_the_shipper_leaves_a_position`).
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
-
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
 
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{Claim, Dir};
-
-/// Width of each decimal field.
-const WIDTH: usize = 20;
+use crate::shared::counter::{CounterFile, WIDTH};
+use crate::shared::dir::Dir;
 
 /// `.<task>.<stream>.shipped`: the shipper's position in the stream.
 pub fn name(task: &TaskName, stream: Stream) -> String {
@@ -111,7 +104,7 @@ pub fn load(dir: &Dir, task: &TaskName, stream: Stream) -> Option<Position> {
 /// (through the [`Dir`]) when it no longer has exactly one name.
 #[derive(Debug, Default)]
 pub struct Writer {
-    file: Option<File>,
+    file: Option<CounterFile>,
     last: Option<Position>,
 }
 
@@ -129,29 +122,19 @@ impl Writer {
         }
         let text = encode(p);
         if let Some(f) = &self.file {
-            if f.metadata()?.nlink() == 1 {
-                f.write_all_at(text.as_bytes(), 0)?;
+            if f.write(text.as_bytes())? {
                 self.last = Some(p);
                 return Ok(());
             }
             self.file = None;
         }
-        let n = name(task, stream);
-        let f = match dir.open_own(&n, OFlag::O_WRONLY)? {
-            Ok(Some(f)) if f.metadata()?.len() == text.len() as u64 => f,
-            // Missing, another length, or not ours: made afresh (whatever
-            // sits at the name is removed, never written through).
-            _ => match dir.create_own(&n, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))? {
-                Claim::Created { file, .. } => file,
-                Claim::Occupied { by, .. } => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AlreadyExists,
-                        format!("{n} is taken by a {by}"),
-                    ))
-                }
-            },
-        };
-        f.write_all_at(text.as_bytes(), 0)?;
+        let (f, _) = CounterFile::open(dir, &name(task, stream), text.len())?;
+        if !f.write(text.as_bytes())? {
+            return Err(io::Error::other(format!(
+                "{} was given another name while it was opened",
+                name(task, stream)
+            )));
+        }
         self.file = Some(f);
         self.last = Some(p);
         Ok(())
@@ -161,6 +144,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn a_position_round_trips_in_place_and_garbage_reads_as_none() {

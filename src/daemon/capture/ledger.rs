@@ -13,17 +13,9 @@
 //! or moved it ([`crate::shared::dir::Trust`], as the shipper's position): a forged
 //! count could only make logmon announce a loss that did not happen.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
-
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{Claim, Dir};
-
-/// Width of the count (decimal, zero-padded), newline excluded.
-const WIDTH: usize = 20;
+use crate::shared::counter::{self, CounterFile, WIDTH};
+use crate::shared::dir::Dir;
 
 /// `.<task>.<stream>.dropped`.
 pub fn name(task: &TaskName, stream: Stream) -> String {
@@ -33,7 +25,7 @@ pub fn name(task: &TaskName, stream: Stream) -> String {
 /// The ledger of one stream.
 #[derive(Debug)]
 pub struct Ledger {
-    file: Option<File>,
+    file: Option<CounterFile>,
     stored: Option<u64>,
 }
 
@@ -44,18 +36,14 @@ impl Ledger {
     pub fn open(dir: &Dir, task: &TaskName, stream: Stream) -> (Ledger, u64) {
         let n = name(task, stream);
         let carried = load(dir, &n).unwrap_or(0);
-        let file = match dir.open_own(&n, OFlag::O_WRONLY) {
-            Ok(Ok(Some(f))) if f.metadata().is_ok_and(|m| m.len() == WIDTH as u64 + 1) => Some(f),
-            // Missing, another length, or not ours: made afresh (whatever
-            // sits at the name is removed, never written through).
-            _ => match dir.create_own(&n, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644)) {
-                Ok(Claim::Created { file, .. }) => Some(file),
-                Ok(Claim::Occupied { .. }) => None,
-                Err(e) => {
-                    tracing::debug!(%stream, error = %e, "no ledger of dropped bytes");
-                    None
-                }
-            },
+        // Missing, another length, or not ours: made afresh (whatever sits
+        // at the name is removed, never written through).
+        let file = match CounterFile::open(dir, &n, WIDTH + 1) {
+            Ok((f, _)) => Some(f),
+            Err(e) => {
+                tracing::debug!(%stream, error = %e, "no ledger of dropped bytes");
+                None
+            }
         };
         let mut l = Ledger { file, stored: None };
         l.store(carried);
@@ -68,19 +56,14 @@ impl Ledger {
             return;
         }
         let Some(f) = &self.file else { return };
-        // As the other in-place counters (the index's high-water mark, the
-        // shipper's position): never written once it has another name, a
-        // hard link the task made to it elsewhere.
-        if !f
-            .metadata()
-            .is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 1)
-        {
-            tracing::debug!("the ledger of dropped bytes has another link: not written");
-            self.file = None;
-            return;
-        }
-        match f.write_all_at(format!("{n:0WIDTH$}\n").as_bytes(), 0) {
-            Ok(()) => self.stored = Some(n),
+        // As the other in-place counters: never written once it has
+        // another name, a hard link the task made to it elsewhere.
+        match f.write(counter::number(n).as_bytes()) {
+            Ok(true) => self.stored = Some(n),
+            Ok(false) => {
+                tracing::debug!("the ledger of dropped bytes has another link: not written");
+                self.file = None;
+            }
             Err(e) => tracing::debug!(error = %e, "cannot store the count of dropped bytes"),
         }
     }

@@ -182,10 +182,7 @@ pub fn reattach_with_timeout(
                     timeout,
                 }
             } else {
-                ReattachError::SocketGone {
-                    path: cfg.socket.clone(),
-                    source,
-                }
+                ReattachError::socket_gone(cfg.socket.clone(), source)
             }
         })?;
         let peer = peer_pid(&stream);

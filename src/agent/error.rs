@@ -4,7 +4,10 @@
 //! `state`), why talking to one already reattached to failed
 //! ([`ClientError`]), why a socket path could not be connected
 //! ([`ConnectFailure`]), and what a version gap means. `client` re-exports
-//! them (the public `logmon::client::ReattachError`, …).
+//! them (the public `logmon::client::ReattachError`, …). Each error is
+//! classified when it is made, never while it is printed (a socket that
+//! is gone says why it was, not what sits at its path later:
+//! `removed_or_renamed_socket_is_socket_gone`).
 //!
 //! Tests: every reason is produced for real in `tests/it/agent/reattach.rs`;
 //! the connect failures through the binary in `tests/it/cli/errors.rs`.
@@ -51,11 +54,18 @@ pub enum ReattachError {
         /// The start time found.
         found: u64,
     },
-    /// The control socket does not accept connections.
-    #[error("control socket {}: {}", path.display(), connect_failure(path, source).1)]
+    /// The control socket does not accept connections: missing, stale
+    /// (refused), not a socket, or not ours to connect to, as classified
+    /// when the connection failed ([`ReattachError::socket_gone`]), not
+    /// when the error is printed.
+    #[error("control socket {}: {why}", path.display())]
     SocketGone {
         /// The socket path.
         path: PathBuf,
+        /// Why, classified.
+        failure: ConnectFailure,
+        /// Why, in words, with what to do.
+        why: String,
         /// The connect error.
         source: io::Error,
     },
@@ -120,6 +130,18 @@ impl ReattachError {
             ReattachError::Unresponsive { .. } => "Unresponsive",
             ReattachError::InstanceMismatch { .. } => "InstanceMismatch",
             ReattachError::ProtocolMismatch { .. } => "ProtocolMismatch",
+        }
+    }
+
+    /// [`ReattachError::SocketGone`] for the connect error `source` on
+    /// `path`, classified now by what sits at the path.
+    pub fn socket_gone(path: PathBuf, source: io::Error) -> ReattachError {
+        let (failure, why) = connect_failure(&path, &source);
+        ReattachError::SocketGone {
+            path,
+            failure,
+            why,
+            source,
         }
     }
 

@@ -22,7 +22,7 @@ use crate::support::{
     kill_checked, logmon, numbered_line, read_stream, text, wait_until, write_numbered, Daemon,
     Detached, PATIENCE,
 };
-use logmon::client::{self, Handle, Program, ReattachError};
+use logmon::client::{self, ConnectFailure, Handle, Program, ReattachError};
 use logmon::config::{CaptureConfig, Stream, TaskName};
 use logmon::process;
 use logmon::protocol::{
@@ -480,10 +480,16 @@ fn removed_or_renamed_socket_is_socket_gone() {
     std::fs::rename(&rc.socket, &moved).unwrap();
     let e = reattach_err(&rc);
     assert!(
-        matches!(&e, ReattachError::SocketGone { path, .. } if *path == rc.socket),
+        matches!(&e, ReattachError::SocketGone { path, failure: ConnectFailure::Missing, .. }
+            if *path == rc.socket),
         "{e:?}"
     );
     assert_eq!(e.name(), "SocketGone");
+    // Classified when made: the words stay those of a missing socket
+    // whatever sits at the path when it is printed.
+    std::fs::write(&rc.socket, b"not a socket").unwrap();
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    std::fs::remove_file(&rc.socket).unwrap();
     let state = dir.path().join("state.json");
     write_state(&state, &rc);
     let out = cli(&["reattach", "--state", state.to_str().unwrap()]);
@@ -492,7 +498,16 @@ fn removed_or_renamed_socket_is_socket_gone() {
     // A regular file where the socket was.
     std::fs::write(&rc.socket, b"not a socket").unwrap();
     let e = reattach_err(&rc);
-    assert!(matches!(e, ReattachError::SocketGone { .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            ReattachError::SocketGone {
+                failure: ConnectFailure::NotASocket,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     std::fs::remove_file(&rc.socket).unwrap();
 
     std::fs::rename(&moved, &rc.socket).unwrap();

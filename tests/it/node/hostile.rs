@@ -442,6 +442,14 @@ fn a_header_trickle_is_cut_at_the_head_timeout_while_scrapes_succeed() {
             })
         })
         .collect();
+    // And one that sends nothing at all: the timeout runs from the accept.
+    let silent = std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let start = Instant::now();
+        c.set_read_timeout(Some(trickle)).unwrap();
+        let cut = matches!(c.read(&mut [0u8; 1]), Ok(0) | Err(_)) && start.elapsed() < trickle;
+        (cut, start.elapsed())
+    });
     let mut ok = 0;
     for _ in 0..10 {
         if let Some((200, body)) = super::http_get(port, "/metrics") {
@@ -450,6 +458,11 @@ fn a_header_trickle_is_cut_at_the_head_timeout_while_scrapes_succeed() {
         std::thread::sleep(Duration::from_millis(300));
     }
     assert_eq!(ok, 10, "scrapes answered while the head trickled in");
+    let (cut, kept) = silent.join().unwrap();
+    assert!(
+        cut && kept < Duration::from_secs(15),
+        "a silent connection was kept {kept:?}"
+    );
     for t in slow {
         let (cut, kept, answer) = t.join().unwrap();
         // Cut by the server at its head timeout (2 s; the bound leaves

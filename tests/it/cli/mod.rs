@@ -3,3 +3,4 @@
 
 mod cli_errors;
 mod errors;
+mod lifeline;

@@ -207,15 +207,15 @@ impl Lifeline {
     /// After a report of its token: whether `exec` is gone (end of file,
     /// hang-up or a failed read). Stray bytes are read and ignored.
     pub fn cut(&self, ready: Ready) -> bool {
+        // One read per report: epoll is level-triggered, so bytes left
+        // over report again, and a descriptor made blocking by mistake
+        // could never stall the loop here.
         let mut buf = [0u8; 64];
-        loop {
-            match nix::unistd::read(self.fd.as_fd(), &mut buf) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return ready.closed,
-                Err(_) => return true,
-            }
+        match nix::unistd::read(self.fd.as_fd(), &mut buf) {
+            Ok(0) => true,
+            Ok(_) | Err(Errno::EINTR) => false,
+            Err(Errno::EAGAIN) => ready.closed,
+            Err(_) => true,
         }
     }
 }
@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn a_lifeline_is_cut_when_its_writer_is_gone_and_not_before() {
         let p = Poller::new().unwrap();
-        let (r, w) = nix::unistd::pipe().unwrap();
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
         let line = Lifeline { fd: r };
         line.watch(&p, 3).unwrap();
         let mut seen = Vec::new();

@@ -3,4 +3,5 @@
 
 mod cli_errors;
 mod errors;
+mod exit_codes;
 mod lifeline;

@@ -396,7 +396,7 @@ fn check(args: &Args) -> Result<Checked, Failure> {
     let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
         return Err(usage("--nats and --stream are required".into()));
     };
-    check_stream_name(&stream, &args.shown("--stream", "LOGMON_SHIP_STREAM"))?;
+    check_stream_name(&stream, args.shown("--stream", "LOGMON_SHIP_STREAM"))?;
     check_scope(args)?;
     let addrs = parse_urls(&urls)?;
     args.auth.check()?;

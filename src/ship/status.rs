@@ -5,8 +5,11 @@
 //! Whether a shipper holds the state directory, and its pid, come from
 //! the kernel's lock table, without taking the lock.
 //!
-//! Read-only: it creates nothing and never blocks a running shipper.
-//! Tests: `tests/it/ship/mod.rs` (`status_shows_the_lag_…`, the error matrix).
+//! Read-only: it creates nothing and never blocks a running shipper. A
+//! directory holding other files and none a shipper keeps (a log
+//! directory given by mistake) is refused, never shown as "no streams".
+//! Tests: `tests/it/ship/mod.rs` (`status_shows_the_lag_…`, the error
+//! matrix), `tests/it/cli/audit.rs` (the second audit).
 
 use std::collections::BTreeMap;
 use std::io::Write;

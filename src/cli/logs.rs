@@ -738,12 +738,7 @@ fn run_timeline(
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
     };
-    let style = Style {
-        format: a.format,
-        timestamps: a.timestamps,
-        tag: a.merged,
-        attrs,
-    };
+    let style = Style::new(a.format, a.timestamps, a.merged, attrs);
     // -n over a range: the last lines of what is in the range.
     let tail = match (&saved, a.lines) {
         (None, Some(n)) => Some(n),
@@ -1074,12 +1069,7 @@ fn run_nats(a: &LogsArgs) -> CliResult {
         lines: a.lines,
         bytes: a.bytes,
         follow: a.follow,
-        style: Style {
-            format: a.format,
-            timestamps: a.timestamps,
-            tag: a.merged,
-            attrs: None,
-        },
+        style: Style::new(a.format, a.timestamps, a.merged, None),
         notes_times: a.timestamps
             || a.merged
             || a.format != Format::Raw

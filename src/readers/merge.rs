@@ -264,10 +264,7 @@ mod tests {
     }
 
     fn merged(since: Option<i64>, until: Option<i64>, tail: Option<u64>) -> Merge {
-        let style = Style {
-            tag: true,
-            ..Default::default()
-        };
+        let style = Style::new(Default::default(), false, true, None);
         Merge::new(style, since, until, tail)
     }
 

@@ -839,6 +839,42 @@ pub struct Style {
     pub tag: bool,
     /// JSON: the task's metadata, as `attrs`.
     pub attrs: Option<BTreeMap<String, String>>,
+    /// The last time formatted (the lines of one capture batch share
+    /// it: formatted once, not once per line).
+    time_cache: std::cell::RefCell<Option<(i64, String)>>,
+}
+
+impl Style {
+    /// A style of `format`, with `timestamps` and `tag` (raw), and `attrs`
+    /// (JSON).
+    pub fn new(
+        format: Format,
+        timestamps: bool,
+        tag: bool,
+        attrs: Option<BTreeMap<String, String>>,
+    ) -> Style {
+        Style {
+            format,
+            timestamps,
+            tag,
+            attrs,
+            time_cache: Default::default(),
+        }
+    }
+
+    /// `ns` as RFC 3339, appended to `out` (from the cache when it is the
+    /// last time formatted).
+    fn put_time(&self, ns: i64, out: &mut Vec<u8>) {
+        let mut c = self.time_cache.borrow_mut();
+        match &*c {
+            Some((t, s)) if *t == ns => out.extend_from_slice(s.as_bytes()),
+            _ => {
+                let s = format_rfc3339(ns);
+                out.extend_from_slice(s.as_bytes());
+                *c = Some((ns, s));
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -856,12 +892,11 @@ impl Style {
     /// Appends `p` as it is written to `out`.
     pub fn write(&self, p: &Piece, out: &mut Vec<u8>) {
         let estimated = matches!(p.time, Stamp::Estimated(_));
-        let time = format_rfc3339(p.time.ns());
         match self.format {
             Format::Raw => {
                 if p.starts_line || self.tag {
                     if self.timestamps {
-                        out.extend_from_slice(time.as_bytes());
+                        self.put_time(p.time.ns(), out);
                         out.extend_from_slice(if estimated { b"~ " } else { b" " });
                     }
                     if self.tag {
@@ -875,7 +910,7 @@ impl Style {
                 }
             }
             Format::Cri => {
-                out.extend_from_slice(time.as_bytes());
+                self.put_time(p.time.ns(), out);
                 out.push(b' ');
                 out.extend_from_slice(p.stream.as_str().as_bytes());
                 out.extend_from_slice(if p.ends_line { b" F " } else { b" P " });
@@ -888,7 +923,7 @@ impl Style {
                 let line = JsonLine {
                     log: &log,
                     stream: p.stream.as_str(),
-                    time,
+                    time: format_rfc3339(p.time.ns()),
                     attrs: self.attrs.as_ref(),
                     estimated,
                 };

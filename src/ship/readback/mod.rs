@@ -129,6 +129,7 @@ pub async fn run(
     sink: &mut dyn Sink,
 ) -> Result<(), Failure> {
     let (addrs, template) = check(req, auth)?;
+    keep_freed_memory();
     let opts = super::connect::options(auth, "logmon-logs").await?;
     let client = super::connect::connect_client(opts, &req.urls, &addrs).await?;
     let js = jetstream::new(client);
@@ -200,6 +201,22 @@ fn plain(req: &Request, cursor: bool) -> bool {
         && req.since.is_none()
         && req.until.is_none()
         && !cursor
+}
+
+/// Messages of up to a MiB come each in a buffer of their own (the
+/// client's read buffer grows to hold one): glibc's malloc would map each
+/// afresh and unmap it when freed (above its mmap threshold), or give the
+/// heap's top back, so that every message cost page faults and zeroed
+/// pages, half of the reader's time (`perf`, benches/readback.sh). Kept
+/// in the heap instead and reused: the peak stays what the batches hold.
+#[allow(unsafe_code)] // mallopt
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets malloc's tunables (no pointer passed); an
+    // unsupported value is refused (0 returned) and changes nothing.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 16 << 20);
+        nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 32 << 20);
+    }
 }
 
 /// The stream `name`, or one line saying why not.

@@ -116,9 +116,14 @@ use crate::shared::names::{file_name, index_name, scan_indices_in};
 use crate::shared::time::{format_rfc3339, now_ns, rfc3339, DurationFlag, Rfc3339Error, Why};
 
 /// A file not written for this long has every capture record it will
-/// ever get (see [`Stamper::final_to`]).
-pub const QUIET: Duration = Duration::from_secs(1);
-const QUIET_NS: i64 = 1_000_000_000;
+/// ever get (see [`Stamper::final_to`]): capture writes a batch's record
+/// within milliseconds of its bytes (before its pump sleeps, or
+/// [`crate::shared::index::FLUSH_AGE`] later while data flows), so this
+/// only covers a daemon starved of CPU, and bounds how long the last
+/// lines of a burst wait to be shipped when the index's mtime cannot
+/// tell (written within the same clock tick as the file).
+pub const QUIET: Duration = Duration::from_millis(300);
+const QUIET_NS: i64 = 300_000_000;
 
 /// The longest piece: a longer line is cut in pieces of this size (the
 /// size Kubernetes runtimes cut at).

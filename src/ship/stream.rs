@@ -951,7 +951,7 @@ mod tests {
         );
         // Or the file quiet for QUIET, whatever the index's mtime.
         set(&idx, now - Duration::from_secs(5));
-        set(&log, now - Duration::from_secs(2));
+        set(&log, now - QUIET - Duration::from_millis(100));
         match t.plan(&mut st, 1 << 20, at).unwrap() {
             Planned::Window(p) => assert_eq!((p.start, p.end), (4, 6)),
             other => panic!("{other:?}"),

@@ -14,6 +14,16 @@
 //!   such header) reads with its `Logmon-Time` marked estimated (`~`), as
 //!   the local reader marks a line no index record covers
 //!   (`every_view_reads_back_as_the_local_reader_prints_it`).
+//! - **A line cut by the shipper reads back whole.** A message marked
+//!   `Logmon-Cut` (a line longer than the largest message) is joined to
+//!   the next one by the assembler, and its partial line is not cut at
+//!   the partial-line deadline while following: the rest is coming
+//!   (`a_line_cut_at_the_largest_message_is_marked_and_read_back_whole`).
+//! - **The raw view is a copy.** One stream, raw, no range, cursor or
+//!   `-n`: each message's new bytes are written as they are (what the
+//!   pieces would print), without cutting or stamping pieces
+//!   (`benches/readback.sh` measures it; `wait_shipped` in the tests
+//!   compares it with the local reader's).
 //! - **Only the task's lines.** `--subject` is the shipper's template,
 //!   parsed by the shipper's parser: `{task}` and `{stream}` are filled
 //!   in, any other placeholder matches any token, and each message's

@@ -16,6 +16,9 @@
 #      (the stamped view), and examples/plain-consumer.rs (the client's
 #      ordered consumer writing the payloads, no checks);
 #   4. prints MB/s of each and the ratio of `logs --nats` to the local.
+# LOGMON_BASE=/path/to/older/logmon also times that build's `logs
+# --log-dir`, `logs --nats` and `logs --nats -t` on the same stream, right
+# after this build's (paired: the machine's load is the same for both).
 # Every process it starts is killed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,3 +92,11 @@ measure "logs --nats" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task ben
 measure "logs --nats -t" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench -t
 measure "logs --log-dir -t" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench -t
 measure "plain consumer" "$BIN/examples/plain-consumer" "$URL" BENCH logmon.bench.stdout
+if [ -n "${LOGMON_BASE:-}" ]; then
+  measure "base logs --log-dir" "$LOGMON_BASE" logs --log-dir "$TMP/logs" --task bench
+  measure "base logs --nats" "$LOGMON_BASE" logs --nats "$URL" --stream BENCH --task bench
+  measure "base logs --nats -t" "$LOGMON_BASE" logs --nats "$URL" --stream BENCH --task bench -t
+  measure "logs --log-dir" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench
+  measure "logs --nats" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench
+  measure "logs --nats -t" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench -t
+fi

@@ -121,14 +121,17 @@ usage: $0 [options]
   -D DIR      parent of the scratch dir (default $SCRATCH)
   -o DIR      results dir (default target/bench-results/ship-node-DATE)
   -g PNG      the plot (default DIR/ship-node.png)
+  -b BIN      time that logmon binary (logmon-run and logmon-ship beside it) instead of
+              building the release one (a paired run against another build)
 EOF
     exit 2
 }
-while getopts "n:R:d:r:s:z:c:KN:SpD:o:g:h" o; do
+BIN=
+while getopts "n:R:d:r:s:z:c:KN:SpD:o:g:b:h" o; do
     case $o in
     n) TASKS=$OPTARG ;; R) RATE_MB=$OPTARG ;; d) SECS=$OPTARG ;; r) REPS=$OPTARG ;; s) SHIPPERS=$OPTARG ;;
     z) FILE_SIZE=$OPTARG ;; c) CATCHUP=$OPTARG ;; K) KEYED=0 ;; N) NICE=$OPTARG ;; S) OWN=0 ;; p) PROFILE=1 ;; D) SCRATCH=$OPTARG ;;
-    o) OUT=$OPTARG ;; g) PNG=$OPTARG ;; *) usage ;;
+    o) OUT=$OPTARG ;; g) PNG=$OPTARG ;; b) BIN=$OPTARG ;; *) usage ;;
     esac
 done
 
@@ -155,7 +158,10 @@ needs=(python3 cc)
 for c in "${needs[@]}"; do command -v "$c" >/dev/null || die "needs $c (apt-get install ${c%d})"; done
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ $PROFILE = 1 ]; then
+if [ -n "$BIN" ]; then
+    LOGMON=$(readlink -f "$BIN")
+    [ -x "$LOGMON" ] || die "-b: no executable at $BIN"
+elif [ $PROFILE = 1 ]; then
     # The same code with its symbols and line tables, for perf.
     SHIPPERS=logmon REPS=1 TARGET=$ROOT/target/shipbench-prof
     say "building logmon with symbols into $TARGET (cargo build --release)"
@@ -165,7 +171,7 @@ else
     say "building logmon (cargo build --release)"
     (cd "$ROOT" && cargo build --release --quiet --bin logmon --bin logmon-ship) || die "cargo build --release failed"
 fi
-LOGMON=$TARGET/x86_64-unknown-linux-gnu/release/logmon
+[ -n "$BIN" ] || LOGMON=$TARGET/x86_64-unknown-linux-gnu/release/logmon
 [ -x "$LOGMON" ] || die "no binary at $LOGMON"
 
 mkdir -p "$SCRATCH"
@@ -182,7 +188,11 @@ mkdir -p "$OUT"
 {
     echo "date: $(date -Is)"
     echo "host: $(uname -srm); $(nproc) CPUs; load at start $(cut -d' ' -f1-3 /proc/loadavg); sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo -)"
-    echo "logmon: $LOGMON (worktree at $COMMIT; its code as of commit $CODE)"
+    if [ -n "$BIN" ]; then
+        echo "logmon: $LOGMON (-b; sha256 $(sha256sum "$LOGMON" | cut -c1-16))"
+    else
+        echo "logmon: $LOGMON (worktree at $COMMIT; its code as of commit $CODE)"
+    fi
     echo "nats-server: $(nats-server --version 2>/dev/null || echo -); rsyslog: $(rsyslogd -v 2>/dev/null | head -1 || echo -)"
     echo "args: tasks=$TASKS rate/task=$RATE_MB MB/s secs=$SECS reps=$REPS shippers='$SHIPPERS' max-file-size=$FILE_SIZE keyed=$KEYED nice=$NICE own-session=$OWN profile=$PROFILE scratch=$WORK ($(stat -f -c %T "$WORK"))"
 } >"$OUT/env.txt"

@@ -446,15 +446,31 @@ fn remove_idle_fifo(dir: &Dir, name: &OsStr) -> bool {
 /// stderr. What a refused daemon made (FIFOs, task lock, metadata file) is
 /// removed, and only that (see the module docs).
 pub fn launch(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
+    launch_tied(cfg, program, None)
+}
+
+/// [`launch`], handing the daemon `lifeline` (the read end of a pipe whose
+/// write end only the caller holds, close-on-exec): the daemon drains and
+/// exits when the caller is gone (`logmon exec`; the daemon's reactor
+/// watches it). Without one, the daemon outlives its launcher.
+pub fn launch_tied(
+    cfg: &CaptureConfig,
+    program: &Program,
+    lifeline: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<ReattachConfig, LaunchError> {
     let footprint = Footprint::before(cfg);
-    spawn_and_wait(cfg, program).inspect_err(|_| {
+    spawn_and_wait(cfg, program, lifeline).inspect_err(|_| {
         footprint.clean_up();
     })
 }
 
-/// [`launch`], without the clean-up.
-fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConfig, LaunchError> {
-    let (mut cmd, exe) = daemon_command(cfg, program)?;
+/// [`launch_tied`], without the clean-up.
+fn spawn_and_wait(
+    cfg: &CaptureConfig,
+    program: &Program,
+    lifeline: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<ReattachConfig, LaunchError> {
+    let (mut cmd, exe) = daemon_command(cfg, program, lifeline)?;
     let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         program: exe.clone(),
         source,
@@ -487,6 +503,7 @@ fn spawn_and_wait(cfg: &CaptureConfig, program: &Program) -> Result<ReattachConf
 fn daemon_command(
     cfg: &CaptureConfig,
     program: &Program,
+    lifeline: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<(Command, PathBuf), LaunchError> {
     let exe = match program {
         Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
@@ -535,18 +552,31 @@ fn daemon_command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let lifeline = lifeline.map(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
+    match lifeline {
+        Some(fd) => cmd.env(crate::daemon::reactor::LIFELINE_ENV, fd.to_string()),
+        None => cmd.env_remove(crate::daemon::reactor::LIFELINE_ENV),
+    };
     // SAFETY: between fork and exec only async-signal-safe calls are made
-    // (setsid, fork, _exit); no allocation, no locks.
+    // (setsid, fork, fcntl, _exit); no allocation, no locks.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(io::Error::from)?;
             // Double fork: the daemon's parent exits now, so it is reparented
             // and reaped by init instead of lingering as our zombie.
             match nix::libc::fork() {
-                -1 => Err(io::Error::last_os_error()),
-                0 => Ok(()),
+                -1 => return Err(io::Error::last_os_error()),
+                0 => {}
                 _ => nix::libc::_exit(0),
             }
+            // The lifeline's read end crosses exec into the daemon only
+            // (the caller's copy stays close-on-exec for anything else).
+            if let Some(fd) = lifeline {
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
         });
     }
     Ok((cmd, exe))

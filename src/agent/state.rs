@@ -226,6 +226,7 @@ fn explain_open_dir(dir: &Path, e: io::Error) -> io::Error {
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
+            .filter(|p| !p.as_os_str().is_empty())
             .find(|p| !p.is_dir())
             .map(Path::to_owned)
     };

@@ -132,6 +132,11 @@ fn serve() -> Result<i32, Failure> {
             std::env::remove_var(k);
         }
     }
+    // Asked by an operator, not the shim: no descriptors to check.
+    if matches!(std::env::args().nth(1).as_deref(), Some("--version" | "-V")) {
+        let _ = writeln!(io::stdout(), "{ME} {}", env!("CARGO_PKG_VERSION"));
+        return Ok(0);
+    }
     let ready = take_descriptors()?;
     let cfg = config_from(std::env::args_os().skip(1).collect())?;
     let program = capture_program()?;

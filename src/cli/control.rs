@@ -96,6 +96,16 @@ pub fn ensure(a: &EnsureArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     let read = client::read_state(&a.state);
     let previous = read.as_ref().ok().cloned();
+    if a.conservative && matches!(read, Err(ReattachError::NoState { .. })) {
+        // The hook would refuse too, as a "corrupt state": say what it is.
+        return Err(CliError::new(
+            super::EXIT_TEMPFAIL,
+            format!(
+                "--conservative: no logmon recorded in {} to reattach to, and --conservative launches none: run `logmon ensure` without --conservative to launch one",
+                a.state.display()
+            ),
+        ));
+    }
     if previous.is_none() {
         super::check_log_dir(&cfg)?;
     }
@@ -213,7 +223,10 @@ pub fn status(a: &TargetArgs) -> CliResult {
             } else {
                 EXIT_FAILURE
             };
-            return Err(CliError::new(code, why));
+            return Err(CliError::new(
+                code,
+                format!("{why}: it is not running; `logmon ensure` with the same flags launches a new one (`logmon gc` cleans up after it)"),
+            ));
         }
     };
     // As the logmon reported it: one of the previous release shows the

@@ -1,15 +1,28 @@
 //! `logmon exec`: run a command with its stdout and stderr captured.
 //!
-//! A detached logmon is launched for the task (so the capture survives even
-//! if `exec` itself is killed), the command gets the FIFOs' task ends as
-//! stdout and stderr, and when it exits logmon is stopped through its socket
-//! — which drains every byte — before `exec` exits with the command's
-//! status (128+N if it was killed by signal N). Before the command starts,
+//! A detached logmon is launched for the task (its own session, so a
+//! signal to `exec`'s process group does not cut the capture short), the
+//! command gets the FIFOs' task ends as stdout and stderr, and when it
+//! exits logmon is stopped through its socket — which drains every byte —
+//! before `exec` exits with the command's status (128+N if it was killed
+//! by signal N).
+//!
+//! Nothing `exec` started outlives it: the logmon holds the read end of a
+//! lifeline pipe whose write end only `exec` holds (close-on-exec, so the
+//! command and its children never hold it: one of them left running must
+//! not keep the logmon up), and stops as on `Stop`, draining every byte,
+//! when `exec` is gone for any reason, kill -9 included; the command gets
+//! SIGKILL from the kernel at the same moment (`PR_SET_PDEATHSIG`), so
+//! everything it wrote is already in the pipes that logmon drains, and
+//! nothing it could still write goes into a pipe no one reads. That is the
+//! command itself: processes it started are its own to stop, as with a
+//! SIGTERM `exec` forwards (`tests/it/cli/lifeline.rs`). Before the command starts,
 //! logmon's own failures are `logmon: error:` lines with 2 / 1 (127 / 126
 //! when the command cannot be run); after, the command's status is the exit
 //! code (`super::exit_codes`).
 
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
 
@@ -29,7 +42,12 @@ pub fn run(a: &ExecArgs) -> CliResult {
     let cfg = a.run.to_config()?;
     super::check_log_dir(&cfg)?;
     super::check_fifos(&cfg)?;
-    let state = client::launch(&cfg, &Program::CurrentExe)?;
+    // Both ends close-on-exec: the read end crosses into the logmon alone
+    // (`launch_tied`), the write end stays with `exec` until it exits.
+    let (line_r, _line_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("cannot make a pipe: {e}")))?;
+    let state = client::launch_tied(&cfg, &Program::CurrentExe, Some(line_r.as_fd()))?;
+    drop(line_r);
     let (out, err) = match open_task_ends(&cfg, state.pid) {
         Ok(e) => e,
         Err(e) => {
@@ -123,17 +141,30 @@ fn block_handled_signals() -> Result<SigSet, CliError> {
     Ok(set)
 }
 
-/// Starts the command with `out` and `err` as its stdout and stderr.
+/// Starts the command with `out` and `err` as its stdout and stderr,
+/// killed by the kernel when `exec` dies (see the module docs).
 fn spawn_command(command: &[std::ffi::OsString], out: File, err: File) -> std::io::Result<Child> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..]).stdout(out).stderr(err);
-    // SAFETY: pthread_sigmask is async-signal-safe and allocates nothing;
-    // std keeps the parent's signal mask in the child, so it is cleared here.
+    let parent = nix::unistd::getpid();
+    // SAFETY: pthread_sigmask, prctl, getppid and raise are
+    // async-signal-safe and allocate nothing; std keeps the parent's
+    // signal mask in the child, so it is cleared here.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             SigSet::empty()
                 .thread_set_mask()
-                .map_err(std::io::Error::from)
+                .map_err(std::io::Error::from)?;
+            // This thread spawns and waits for the command, and lives as
+            // long as `exec`: its death is `exec`'s.
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // `exec` died before the line above took effect.
+            if nix::unistd::getppid() != parent {
+                nix::libc::raise(nix::libc::SIGKILL);
+            }
+            Ok(())
         });
     }
     cmd.spawn()

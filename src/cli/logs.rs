@@ -90,7 +90,6 @@
 //! coming back, so that is no gap, and it is said at debug level only. A
 //! layer really missing (an old kernel without Landlock) is one warning.
 
-use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -104,9 +103,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::readers::follow::{Event, FollowError, Follower, Options, Start};
+use crate::readers::merge::{caught_up, Lane, Merge};
 use crate::readers::timeline::{
-    locate_since, parse_time, trim_to_lines, Assembler, CursorError, CursorFile, CursorState,
-    Format, Piece, Stamper, StreamCursor, Style, PARTIAL_WAIT,
+    locate_since, parse_time, CursorError, CursorFile, CursorState, Format, Stamper, StreamCursor,
+    Style, PARTIAL_WAIT,
 };
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, LogDirError};
@@ -613,50 +613,28 @@ async fn stdout_gone(watch: Option<&AsyncFd<OwnedFd>>) {
 struct Src {
     f: Follower,
     stamper: Stamper,
-    asm: Assembler,
-    /// The last look found nothing more to read.
-    idle: bool,
-    /// Past `--until`, or at the end without `-f`: read no more.
-    done: bool,
-    /// The current line is in the range (its first piece was).
-    in_range: bool,
-    /// After the last piece written.
-    pos: StreamCursor,
-    last_data: Instant,
+    /// Its pieces and where its reading is (`caught_up`: the last look
+    /// found nothing more to read).
+    lane: Lane,
+}
+
+impl AsMut<Lane> for Src {
+    fn as_mut(&mut self) -> &mut Lane {
+        &mut self.lane
+    }
 }
 
 impl Src {
-    /// The time of the next piece to write, dropping those out of the
-    /// range.
-    fn head(&mut self, since: Option<i64>, until: Option<i64>) -> Option<i64> {
-        while let Some(p) = self.asm.out.front() {
-            if p.starts_line {
-                let t = p.time.ns();
-                if until.is_some_and(|u| t > u) {
-                    self.done = true;
-                    self.asm.out.clear();
-                    return None;
-                }
-                self.in_range = since.is_none_or(|s| t >= s);
-            }
-            if self.in_range {
-                return Some(p.time.ns());
-            }
-            self.asm.out.pop_front();
-        }
-        None
-    }
-
     fn handle(&mut self, ev: Event, skips: &mut Skips) {
         match ev {
             Event::Data(chunk) => {
-                self.idle = false;
-                self.last_data = Instant::now();
-                self.asm.push(&mut self.stamper, &chunk);
+                self.lane.caught_up = false;
+                self.lane.last_data = Instant::now();
+                self.lane.asm.push(&mut self.stamper, &chunk);
                 self.stamper.forget_before(chunk.index);
             }
             other => {
-                self.asm.reset();
+                self.lane.asm.reset();
                 notice(&other, &self.f, skips);
             }
         }
@@ -760,12 +738,7 @@ fn run_timeline(
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
     };
-    let style = Style {
-        format: a.format,
-        timestamps: a.timestamps,
-        tag: a.merged,
-        attrs,
-    };
+    let style = Style::new(a.format, a.timestamps, a.merged, attrs);
     // -n over a range: the last lines of what is in the range.
     let tail = match (&saved, a.lines) {
         (None, Some(n)) => Some(n),
@@ -785,16 +758,14 @@ fn run_timeline(
             || since.is_some()
             || until.is_some();
         let how = Drive {
-            style: &style,
-            since,
-            until,
             follow: a.follow,
             cursor: cursor.as_ref(),
             notes_times,
             stop,
             out,
         };
-        how.run(srcs, tail, &mut state, signals, skips).await
+        let merge = Merge::new(style, since, until, tail);
+        how.run(srcs, merge, &mut state, signals, skips).await
     })
 }
 
@@ -867,29 +838,21 @@ fn open_sources(
         .map_err(cli_error)?;
         let p = f.position();
         let mid_line = resumed.is_some_and(|c| c.mid_line);
-        srcs.push(Src {
-            f,
-            stamper,
-            asm: Assembler::new(stream, mid_line),
-            idle: false,
-            done: false,
-            in_range: true,
-            pos: StreamCursor {
+        let lane = Lane::new(
+            stream,
+            StreamCursor {
                 index: p.index,
                 offset: p.offset,
                 mid_line,
             },
-            last_data: Instant::now(),
-        });
+        );
+        srcs.push(Src { f, stamper, lane });
     }
     Ok(srcs)
 }
 
 /// How [`Drive::run`] writes: the settings of [`run_timeline`].
 struct Drive<'a> {
-    style: &'a Style,
-    since: Option<i64>,
-    until: Option<i64>,
     follow: bool,
     cursor: Option<&'a CursorFile>,
     notes_times: bool,
@@ -899,77 +862,64 @@ struct Drive<'a> {
 
 impl Drive<'_> {
     /// The pump of [`run_timeline`]: reads every stream as far as it can,
-    /// writes the pieces in time order (stdout first on a tie), saves the
-    /// cursor after each write, then waits.
+    /// writes the pieces in time order (stdout first on a tie: [`Merge`],
+    /// which `logs --nats` shares), saves the cursor after each write,
+    /// then waits.
     async fn run(
         &self,
         mut srcs: Vec<Src>,
-        mut tail: Option<u64>,
+        mut merge: Merge,
         state: &mut CursorState,
         signals: Blocked,
         skips: &mut Skips,
     ) -> CliResult {
         let mut signals = watch(signals)?;
         let stdout_watch = stdout_error_watch();
-        // -n: pieces held until every stream has caught up.
-        let mut held: VecDeque<Piece> = VecDeque::new();
-        let mut out = Vec::new();
         loop {
             // A stop between two awaits (a long read never awaits).
             if self.stop.take() {
                 return Ok(0);
             }
             self.read_available(&mut srcs, skips)?;
-            self.write_in_order(&mut srcs, tail, &mut held, state, &mut out);
+            merge.order(&mut srcs, state);
             self.take_notes(&mut srcs, skips);
-            // (A partial line held while following waits for its deadline.)
-            let caught_up = srcs
-                .iter()
-                .all(|s| s.done || (s.idle && s.asm.out.is_empty()));
-            if caught_up && tail.is_some() {
-                for p in held.drain(..) {
-                    self.style.write(&p, &mut out);
-                }
-                tail = None;
-            }
-            if !out.is_empty() {
-                if !self.flush(&mut out, state)? {
+            if !merge.out.is_empty() {
+                if !self.flush(&mut merge.out, state)? {
                     return Ok(0);
                 }
                 continue;
             }
-            if !caught_up {
+            // (A partial line held while following waits for its deadline.)
+            if !caught_up(&mut srcs) {
                 continue;
             }
-            if !self.follow || srcs.iter().all(|s| s.done) {
+            if !self.follow || srcs.iter().all(|s| s.lane.done) {
                 return Ok(0);
             }
             match self
-                .wait(&mut srcs, &mut signals, stdout_watch.as_ref())
+                .wait(&mut srcs, &merge, &mut signals, stdout_watch.as_ref())
                 .await
             {
                 Woke::Stop => return Ok(0),
                 Woke::Stream(i, Some(Ok(ev))) => srcs[i].handle(ev, skips),
                 Woke::Stream(_, Some(Err(e))) => return Err(cli_error(e)),
-                Woke::Stream(i, None) => srcs[i].done = true,
-                Woke::Timer => self.end_of_range(&mut srcs),
+                Woke::Stream(i, None) => srcs[i].lane.done = true,
+                Woke::Timer => merge.end_of_range(&mut srcs),
             }
         }
     }
 
     /// Reads what is there in every stream not done (up to 256 pieces
-    /// waiting in each); a stream with nothing more is idle, and its
+    /// waiting in each); a stream with nothing more is caught up, and its
     /// partial line is cut when not following or after its deadline.
     fn read_available(&self, srcs: &mut [Src], skips: &mut Skips) -> Result<(), CliError> {
-        for s in srcs.iter_mut().filter(|s| !s.done) {
-            while s.asm.out.len() < 256 {
+        for s in srcs.iter_mut().filter(|s| !s.lane.done) {
+            while s.lane.asm.out.len() < 256 {
                 match s.f.next_now() {
                     Ok(Some(ev)) => s.handle(ev, skips),
                     Ok(None) => {
-                        s.idle = true;
-                        if !self.follow || s.last_data.elapsed() >= PARTIAL_WAIT {
-                            s.asm.cut();
-                        }
+                        s.lane.caught_up = true;
+                        s.lane.cut_if_due(self.follow, PARTIAL_WAIT);
                         break;
                     }
                     Err(e) => return Err(cli_error(e)),
@@ -977,59 +927,6 @@ impl Drive<'_> {
             }
         }
         Ok(())
-    }
-
-    /// Writes into `out`, in time order, what can be ordered: the earliest
-    /// head of the streams, while no stream not read to its end may still
-    /// hold an earlier line; with `-n` (`tail`), into `held` instead. The
-    /// cursor moves with each piece; stops at 64 KiB.
-    fn write_in_order(
-        &self,
-        srcs: &mut [Src],
-        tail: Option<u64>,
-        held: &mut VecDeque<Piece>,
-        state: &mut CursorState,
-        out: &mut Vec<u8>,
-    ) {
-        loop {
-            let mut best: Option<(usize, i64)> = None;
-            let mut blocked = false;
-            for (i, s) in srcs.iter_mut().enumerate() {
-                if s.done {
-                    continue;
-                }
-                match s.head(self.since, self.until) {
-                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
-                    Some(_) => {}
-                    // Not read to its end yet: it may hold an earlier line.
-                    None if !s.idle && !s.done => blocked = true,
-                    None => {}
-                }
-            }
-            let Some((i, _)) = best.filter(|_| !blocked) else {
-                break;
-            };
-            let s = &mut srcs[i];
-            let Some(p) = s.asm.out.pop_front() else {
-                break;
-            };
-            s.pos = StreamCursor {
-                index: p.end.index,
-                offset: p.end.offset,
-                mid_line: !p.ends_line,
-            };
-            state.set(p.stream, s.pos);
-            match tail {
-                Some(n) => {
-                    held.push_back(p);
-                    trim_to_lines(held, n);
-                }
-                None => self.style.write(&p, out),
-            }
-            if out.len() >= 64 * 1024 {
-                break;
-            }
-        }
     }
 
     /// Gathers the streams' skips, and (when times are shown or used) says
@@ -1073,23 +970,15 @@ impl Drive<'_> {
     async fn wait(
         &self,
         srcs: &mut [Src],
+        merge: &Merge,
         signals: &mut crate::shared::signals::Signals,
         stdout_watch: Option<&AsyncFd<OwnedFd>>,
     ) -> Woke {
-        let partial = srcs
-            .iter()
-            .filter(|s| !s.done && s.asm.has_partial())
-            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
-            .min();
-        let until_left = self.until.map(|u| {
-            let left = u.saturating_add(UNTIL_GRACE_NS).saturating_sub(now_ns());
-            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
-        });
-        let sleep_for = partial.into_iter().chain(until_left).min();
+        let sleep_for = merge.deadline(srcs, PARTIAL_WAIT);
         let waits = srcs
             .iter_mut()
             .enumerate()
-            .filter(|(_, s)| !s.done)
+            .filter(|(_, s)| !s.lane.done)
             .map(|(i, s)| Box::pin(async move { (i, s.f.next().await) }));
         tokio::select! {
             biased;
@@ -1097,21 +986,6 @@ impl Drive<'_> {
             () = stdout_gone(stdout_watch) => Woke::Stop,
             ((i, item), _, _) = futures_util::future::select_all(waits) => Woke::Stream(i, item),
             () = sleep_or_never(sleep_for) => Woke::Timer,
-        }
-    }
-
-    /// A timer woke the follower: past `--until` (and its grace), every
-    /// stream caught up is done.
-    fn end_of_range(&self, srcs: &mut [Src]) {
-        if self
-            .until
-            .is_some_and(|u| now_ns() > u.saturating_add(UNTIL_GRACE_NS))
-        {
-            for s in srcs {
-                if s.idle && s.asm.out.is_empty() {
-                    s.done = true;
-                }
-            }
         }
     }
 }
@@ -1125,10 +999,6 @@ enum Woke {
     /// A partial line's deadline, or the end of the range.
     Timer,
 }
-
-/// How long after `--until` a follower still waits for lines captured
-/// before it (their records may lag the data by a little).
-const UNTIL_GRACE_NS: i64 = 1_000_000_000;
 
 async fn sleep_or_never(d: Option<Duration>) {
     match d {
@@ -1199,12 +1069,7 @@ fn run_nats(a: &LogsArgs) -> CliResult {
         lines: a.lines,
         bytes: a.bytes,
         follow: a.follow,
-        style: Style {
-            format: a.format,
-            timestamps: a.timestamps,
-            tag: a.merged,
-            attrs: None,
-        },
+        style: Style::new(a.format, a.timestamps, a.merged, None),
         notes_times: a.timestamps
             || a.merged
             || a.format != Format::Raw

@@ -213,8 +213,12 @@ fn settings(a: &LsArgs, metrics: bool) -> Result<Settings, CliError> {
 fn check_state_dir(dir: &std::path::Path, from: Source) -> Result<(), CliError> {
     use crate::ship::state::{LEGACY_FILE, LOCK_FILE, STATE_FILE};
     let usage = |m: String| CliError::new(EXIT_USAGE, m);
-    let d = crate::shared::dir::Dir::open(dir)
-        .map_err(|e| usage(format!("{from} {}: {e}", dir.display())))?;
+    let d = crate::shared::dir::Dir::open(dir).map_err(|e| {
+        usage(format!(
+            "{from} {}: {e}: give the --state-dir of `logmon ship`",
+            dir.display()
+        ))
+    })?;
     let mut any = false;
     for name in [STATE_FILE, LEGACY_FILE, LOCK_FILE] {
         any |= d

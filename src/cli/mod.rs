@@ -127,6 +127,18 @@ impl From<crate::agent::client::ReattachError> for CliError {
         let code = exit_code_reattach(&e);
         if e.is_state_file() {
             CliError::new(code, e)
+        } else if matches!(
+            e,
+            crate::agent::client::ReattachError::ProcessGone { .. }
+                | crate::agent::client::ReattachError::PidReused { .. }
+        ) {
+            CliError::new(
+                code,
+                format!(
+                    "{}: {e}: it is not running; `logmon ensure` with the same flags launches a new one (`logmon gc` cleans up after it)",
+                    e.name()
+                ),
+            )
         } else {
             CliError::new(code, format!("{}: {e}", e.name()))
         }
@@ -529,6 +541,10 @@ fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
     let launched_run = matches!(cli.command, Command::Run(_)) && crate::shared::diag::launched();
+    let run_flags = matches!(
+        cli.command,
+        Command::Run(_) | Command::Launch(_) | Command::Ensure(_) | Command::Exec(_)
+    );
     let result = match cli.command {
         Command::Run(a) => {
             crate::shared::sandbox::set_disabled(a.no_sandbox);
@@ -550,8 +566,50 @@ pub fn dispatch(cli: Cli) -> i32 {
     };
     match result {
         Ok(code) => code,
+        Err(e) if run_flags && !launched_run && e.code == EXIT_USAGE => {
+            report(naming_the_variable(e), false)
+        }
         Err(e) => report(e, launched_run),
     }
+}
+
+/// A configuration error about a run flag that is not on the command line
+/// but set by its `LOGMON_*` variable names the variable too (clap's own
+/// errors already do: [`env_context`]); the operator would otherwise look
+/// for a flag nobody gave.
+fn naming_the_variable(mut e: CliError) -> CliError {
+    use clap::CommandFactory;
+    if e.message.contains("environment variable") {
+        return e;
+    }
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cmd = Cli::command();
+    let Some(run) = cmd.find_subcommand("run") else {
+        return e;
+    };
+    for arg in run.get_arguments() {
+        let (Some(long), Some(var)) = (arg.get_long(), arg.get_env()) else {
+            continue;
+        };
+        let flag = format!("--{long}");
+        let named = e.message.match_indices(&flag).any(|(i, _)| {
+            !e.message[i + flag.len()..]
+                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+        });
+        let given = argv
+            .iter()
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+        if named && !given && std::env::var_os(var).is_some() {
+            e.message.push_str(&format!(
+                " (set by environment variable {})",
+                var.to_string_lossy()
+            ));
+            break;
+        }
+    }
+    e
 }
 
 /// Says why a command failed (one line on stderr; for a launched `run`,

@@ -40,9 +40,10 @@
 //!   running logmon (removed when it runs without metadata); a name planted
 //!   there is replaced, never followed (`tests/it/daemon/control.rs::metadata_is_shown_in_status_and_written_for_readers`);
 //! - the ready line is printed only when FIFOs, files and socket are ready;
-//! - on SIGTERM, SIGINT or `Stop`, the pipes are drained until empty (a held
-//!   partial line included), the active files fsynced, the socket removed,
-//!   and the process exits 0;
+//! - on SIGTERM, SIGINT or `Stop`, or the end of `logmon exec`'s
+//!   lifeline (`reactor::Lifeline`), the pipes are drained until empty (a
+//!   held partial line included), the active files fsynced, the socket
+//!   removed, and the process exits 0;
 //! - SIGHUP is ignored, with a line in its own log
 //!   (`tests/it/cli/errors.rs::sighup_is_ignored_and_said`).
 //!
@@ -55,6 +56,7 @@
 pub mod capture;
 #[allow(unsafe_code)] // malloc_trim and madvise of dead stack
 pub mod memory;
+#[allow(unsafe_code)] // owning the lifeline descriptor `logmon exec` hands over
 pub mod reactor;
 pub mod rotate;
 pub mod server;
@@ -357,6 +359,9 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     // more fds than it passed is caught instead of adopting our own.
     let mut inherited = systemd::InheritedFds::from_env()?;
     let pipes = source::PipeSource::from_env()?;
+    // `logmon exec`'s lifeline, taken as early as the handed pipes.
+    let lifeline = crate::daemon::reactor::Lifeline::from_env()
+        .map_err(io_err("cannot take the lifeline of logmon exec"))?;
     // The one walk of the operator's paths: from here on every name is
     // resolved through these descriptors.
     let log_dir = Arc::new(Dir::open_log_dir(&cfg.log_dir).map_err(RotateError::from)?);
@@ -394,6 +399,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
             ready,
             welcome,
             foreign,
+            lifeline,
         },
         &mut held,
     );
@@ -576,10 +582,13 @@ struct Serving<'a> {
     ready: ReattachConfig,
     welcome: Welcome,
     foreign: u64,
+    lifeline: Option<crate::daemon::reactor::Lifeline>,
 }
 
 /// The poller token of the signalfd (stop signals and SIGIO).
 const SIGNALS: u64 = 0;
+/// The poller token of `logmon exec`'s lifeline (no server token is).
+const LIFELINE: u64 = u64::MAX;
 
 /// Starts the pumps, confines the process, serves the socket, prints the
 /// ready line, then runs the event loop until a stop and drains.
@@ -594,6 +603,10 @@ fn serve_until_stopped(
 ) -> Result<(), DaemonError> {
     let cfg = s.cfg;
     let (signals, poller) = watch_signals()?;
+    if let Some(l) = &s.lifeline {
+        l.watch(&poller, LIFELINE)
+            .map_err(io_err("cannot watch the lifeline of logmon exec"))?;
+    }
     let [r_out, r_err] = s.rotators;
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
         Rc::new(RefCell::new(
@@ -670,7 +683,7 @@ fn serve_until_stopped(
                 .map(|p| p.as_ref().and_then(Pump::deadline))
                 .chain([server.deadline(), status.deadline()]),
         );
-        let woke = wait_for_events(&poller, &signals, server, &state, deadline)?;
+        let woke = wait_for_events(&poller, &signals, server, &state, deadline, &s.lifeline)?;
         sigio = woke.sigio;
         if woke.stop {
             break;
@@ -745,6 +758,7 @@ fn wait_for_events(
     server: &mut server::Server,
     state: &ServerState,
     deadline: Option<Instant>,
+    lifeline: &Option<crate::daemon::reactor::Lifeline>,
 ) -> Result<Woke, DaemonError> {
     let mut woke = Woke {
         sigio: false,
@@ -752,6 +766,14 @@ fn wait_for_events(
     };
     poller
         .wait(deadline, |r| {
+            if let (LIFELINE, Some(l)) = (r.token, lifeline) {
+                if l.cut(r) {
+                    // Its `exec` is gone (killed): stop as on `Stop`.
+                    tracing::info!("logmon exec is gone: draining and stopping");
+                    woke.stop = true;
+                }
+                return;
+            }
             if r.token != SIGNALS {
                 server.on_ready(r, poller, state, Instant::now());
                 return;

@@ -17,10 +17,17 @@
 //!   (`tests/it/daemon/capture.rs::an_idle_logmon_does_not_wake_up`);
 //! - **never early**: a deadline's timeout is rounded up to the next
 //!   millisecond, so a state machine woken for it finds it due
-//!   (`tests::a_deadline_is_never_reported_early`).
+//!   (`tests::a_deadline_is_never_reported_early`);
+//! - **no orphan of `exec`**: a logmon started by `logmon exec` holds the
+//!   read end of a pipe only `exec` writes to, its [`Lifeline`]; when
+//!   `exec` is gone for any reason (kill -9 included) the pipe's end is
+//!   reported here and the daemon stops as on `Stop`, draining every byte
+//!   first (`tests/it/cli/lifeline.rs::a_killed_exec_takes_its_logmon_and_command_with_it`).
+//!   Only `exec` hands one over: launched, ensured and systemd-started
+//!   logmons have none and outlive whoever started them.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 
 use nix::errno::Errno;
@@ -122,6 +129,97 @@ fn timeout(deadline: Option<Instant>, now: Instant) -> EpollTimeout {
     EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
 }
 
+/// The variable naming the descriptor of the read end of `logmon exec`'s
+/// lifeline pipe, open in the daemon when it starts ([`Lifeline`]).
+pub const LIFELINE_ENV: &str = "LOGMON_INTERNAL_LIFELINE_FD";
+
+/// The read end of a pipe whose only writer is the `logmon exec` that
+/// started this daemon: nothing is ever written to it, so its end of file
+/// (or hang-up) means `exec` is gone, and the daemon must not outlive it.
+#[derive(Debug)]
+pub struct Lifeline {
+    fd: OwnedFd,
+}
+
+impl Lifeline {
+    /// Takes the descriptor [`LIFELINE_ENV`] names, if set: it must be an
+    /// open pipe, readable; it becomes ours (close-on-exec, non-blocking)
+    /// and the variable is removed so no child takes it again. Call it
+    /// before the process opens anything or starts a thread (it edits the
+    /// environment), as for the handed pipes.
+    pub fn from_env() -> io::Result<Option<Lifeline>> {
+        let Some(value) = std::env::var_os(LIFELINE_ENV) else {
+            return Ok(None);
+        };
+        let value = value.to_string_lossy().into_owned();
+        std::env::remove_var(LIFELINE_ENV);
+        let bad = |why: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{LIFELINE_ENV}={value:?} (set only by `logmon exec`): {why}"),
+            )
+        };
+        let raw: RawFd = value
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 2)
+            .ok_or_else(|| bad("not a descriptor number above 2".into()))?;
+        // SAFETY: the borrow lives only for this call; fcntl on a closed
+        // number fails with EBADF, reported as not open.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+        nix::fcntl::fcntl(borrowed, nix::fcntl::FcntlArg::F_GETFD)
+            .map_err(|e| bad(format!("not open ({e})")))?;
+        // SAFETY: `logmon exec` named `raw` as the pipe it left open for
+        // us; F_GETFD just showed it is open, it is taken before this
+        // process opens anything, and the variable is gone, so nothing
+        // else wraps this number.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| bad(e.to_string()))?;
+        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFIFO {
+            return Err(bad("not a pipe".into()));
+        }
+        let fl = nix::fcntl::OFlag::from_bits_truncate(
+            nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_GETFL)
+                .map_err(|e| bad(e.to_string()))?,
+        );
+        if fl & nix::fcntl::OFlag::O_ACCMODE == nix::fcntl::OFlag::O_WRONLY {
+            return Err(bad("open for writing only, not reading".into()));
+        }
+        nix::fcntl::fcntl(
+            fd.as_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(fl | nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        nix::fcntl::fcntl(
+            fd.as_fd(),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        Ok(Some(Lifeline { fd }))
+    }
+
+    /// Watches the lifeline in `poller` as `token`.
+    pub fn watch(&self, poller: &Poller, token: u64) -> io::Result<()> {
+        poller.add(&self.fd, token, Interest::Read)
+    }
+
+    /// After a report of its token: whether `exec` is gone (end of file,
+    /// hang-up or a failed read). Stray bytes are read and ignored.
+    pub fn cut(&self, ready: Ready) -> bool {
+        // One read per report: epoll is level-triggered, so bytes left
+        // over report again, and a descriptor made blocking by mistake
+        // could never stall the loop here.
+        let mut buf = [0u8; 64];
+        match nix::unistd::read(self.fd.as_fd(), &mut buf) {
+            Ok(0) => true,
+            Ok(_) | Err(Errno::EINTR) => false,
+            Err(Errno::EAGAIN) => ready.closed,
+            Err(_) => true,
+        }
+    }
+}
+
 /// The earliest of some deadlines.
 pub fn earliest(deadlines: impl IntoIterator<Item = Option<Instant>>) -> Option<Instant> {
     deadlines.into_iter().flatten().min()
@@ -185,5 +283,25 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, [7, 8, 9]);
+    }
+
+    #[test]
+    fn a_lifeline_is_cut_when_its_writer_is_gone_and_not_before() {
+        let p = Poller::new().unwrap();
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        let line = Lifeline { fd: r };
+        line.watch(&p, 3).unwrap();
+        let mut seen = Vec::new();
+        p.wait(Some(Instant::now()), |r| seen.push(r)).unwrap();
+        assert!(seen.is_empty(), "the writer is alive");
+        // A stray byte is no cut.
+        nix::unistd::write(&w, b"x").unwrap();
+        p.wait(None, |r| seen.push(r)).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert!(!line.cut(seen[0]));
+        drop(w);
+        p.wait(None, |r| seen.push(r)).unwrap();
+        assert_eq!(seen[1].token, 3);
+        assert!(line.cut(seen[1]));
     }
 }

@@ -254,7 +254,7 @@ impl Survey {
 #[derive(Debug, thiserror::Error)]
 pub enum SurveyError {
     /// The `--watch` root.
-    #[error("--watch {}: {source}", path.display())]
+    #[error("--watch {}: {source}: give an existing directory to look below", path.display())]
     Watch {
         /// The root.
         path: PathBuf,
@@ -262,7 +262,7 @@ pub enum SurveyError {
         source: std::io::Error,
     },
     /// The shipper's state directory.
-    #[error("--state-dir: {0}")]
+    #[error("--state-dir: {0}: give the --state-dir of `logmon ship`")]
     ShipState(#[from] crate::ship::state::StateError),
     /// The thread that keeps the deadlines cannot start.
     #[error("cannot start a thread: {0}")]

@@ -1,33 +1,48 @@
-//! The shipper's scrape endpoint (`logmon ship --metrics-listen ADDR`): a
-//! minimal HTTP/1.1 responder on the shipper's own runtime, serving the
-//! node's figures ([`super::metrics`]) at `/metrics`: OpenMetrics to a
-//! client that accepts it (Prometheus asks for it first), Prometheus's
-//! text format 0.0.4 to any other.
+//! The shipper's scrape endpoint (`logmon ship --metrics-listen ADDR`):
+//! hyper's HTTP/1 server on the shipper's own runtime, serving the node's
+//! figures ([`super::metrics`]) at `/metrics`: OpenMetrics to a client
+//! that accepts it (Prometheus asks for it first), Prometheus's text
+//! format 0.0.4 to any other; `/` says where they are; anything else is
+//! 404, a method other than GET or HEAD 405.
 //!
-//! Kept small and hard to abuse, since anything that can reach the port
-//! can talk to it: one request per connection (`Connection: close`), a
-//! request head of at most [`MAX_REQUEST`] bytes read within
-//! [`HEAD_TIMEOUT`] (an idle, slow or endless sender is dropped), the
-//! answer written within [`IO_TIMEOUT`], at most [`MAX_CONNECTIONS`]
-//! connections at once and [`MAX_PER_PEER`] from one address, a new one
-//! making room by dropping the oldest still idle (so idle connections held
-//! and reopened never keep a scrape out), and one survey at a time on a
-//! blocking thread (scrapes that arrive meanwhile wait for it): the
-//! shipper's own loop never waits on a scrape. The address is loopback
-//! unless the operator names another (`crate::ship::cli::parse_listen`).
+//! Hard to abuse, since anything that can reach the port can talk to it:
+//! hyper parses the request (malformed: 400; a head over [`MAX_REQUEST`]
+//! bytes: 431) and cuts a connection whose request line and headers are
+//! not all in within [`HEAD_TIMEOUT`] of its accept (its header-read
+//! timeout: an idle, slow or trickling sender is dropped); one request per
+//! connection (`Connection: close`); the answer written within
+//! [`IO_TIMEOUT`]; at most [`MAX_CONNECTIONS`] connections at once and
+//! [`MAX_PER_PEER`] from one address, a new one making room by dropping
+//! the oldest whose head is not in yet (so idle connections held and
+//! reopened never keep a scrape out); one survey at a time on a blocking
+//! thread (scrapes that arrive meanwhile wait for it): the shipper's own
+//! loop never waits on a scrape. The address is loopback unless the
+//! operator names another (`crate::ship::cli::parse_listen`).
 //!
 //! Tests: the unit tests below; `tests/it/node.rs`
 //! (`the_metrics_endpoint_answers_scrapes_and_refuses_anything_else`: an
 //! idle connection, an oversized request, other methods and paths;
-//! `scrapes_succeed_while_sixteen_idle_connections_are_held_and_reopened`;
 //! `a_real_prometheus_sees_…` scraping it;
-//! `a_bad_or_busy_metrics_address_is_refused_before_connecting`).
+//! `a_bad_or_busy_metrics_address_is_refused_before_connecting`);
+//! `tests/it/node/hostile.rs`
+//! (`scrapes_succeed_while_sixteen_idle_connections_are_held_and_reopened`,
+//! `a_header_trickle_is_cut_at_the_head_timeout_while_scrapes_succeed`).
 
+use std::convert::Infallible;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::carry::Store;
@@ -35,12 +50,13 @@ use super::metrics::{encode_survey, Exposition};
 use super::{survey, Options, Scope};
 use crate::ship::ShipGauges;
 
-/// The largest request head read.
+/// The largest request head read (hyper's smallest buffer limit).
 pub const MAX_REQUEST: usize = 8 * 1024;
-/// How long a connection may take to send its request head: an idle or
-/// slow sender is dropped after this.
+/// How long a connection may take, from its accept, to send its request
+/// line and headers: an idle, slow or trickling sender is dropped after
+/// this.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long writing an answer may take.
+/// How long writing an answer may take, once it is ready.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections held at once, in all.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -110,7 +126,7 @@ struct Held {
     peer: std::net::IpAddr,
     /// Still waiting for its request head: the first to go when room is
     /// needed.
-    idle: Arc<std::sync::atomic::AtomicBool>,
+    idle: Arc<AtomicBool>,
     drop_it: Arc<tokio::sync::Notify>,
 }
 
@@ -126,7 +142,6 @@ struct Connections {
 
 impl Connections {
     fn admit(&mut self, peer: std::net::IpAddr) -> Option<Held> {
-        use std::sync::atomic::Ordering;
         let mine = self.conns.iter().filter(|c| c.peer == peer).count();
         if mine >= MAX_PER_PEER || self.conns.len() >= MAX_CONNECTIONS {
             let own_only = mine >= MAX_PER_PEER;
@@ -140,7 +155,7 @@ impl Connections {
         let h = Held {
             id: self.next,
             peer,
-            idle: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            idle: Arc::new(AtomicBool::new(true)),
             drop_it: Arc::new(tokio::sync::Notify::new()),
         };
         self.conns.push(Held {
@@ -175,7 +190,7 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
         let (exporter, one_survey, held) = (exporter.clone(), one_survey.clone(), held.clone());
         tokio::spawn(async move {
             tokio::select! {
-                _ = answer(sock, exporter, one_survey, &me.idle) => {}
+                () = answer(sock, exporter, one_survey, me.idle.clone()) => {}
                 () = me.drop_it.notified() => {}
             }
             held.lock()
@@ -189,137 +204,127 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>) {
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ask {
-    Metrics { head: bool, format: Exposition },
-    Index { head: bool },
+    Metrics { format: Exposition },
+    Index,
     NotFound,
     BadMethod,
-    TooLarge,
-    Bad,
 }
 
-/// Reads one request head and judges it.
-async fn read_request(sock: &mut TcpStream) -> std::io::Result<Option<Ask>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            return Ok(Some(judge(&buf)));
-        }
-        if buf.len() > MAX_REQUEST {
-            return Ok(Some(Ask::TooLarge));
-        }
+/// A request's verdict, from its method, path and `Accept` headers (hyper
+/// has parsed the request and answered a malformed or oversized one).
+fn judge<'a>(method: &Method, path: &str, accept: impl IntoIterator<Item = &'a [u8]>) -> Ask {
+    if method != Method::GET && method != Method::HEAD {
+        return Ask::BadMethod;
     }
-}
-
-/// The request line's verdict.
-fn judge(head_bytes: &[u8]) -> Ask {
-    let line = head_bytes.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Ask::Bad;
-    };
-    if !version.starts_with("HTTP/1.") || parts.next().is_some() {
-        return Ask::Bad;
-    }
-    let head = match method {
-        "GET" => false,
-        "HEAD" => true,
-        _ => return Ask::BadMethod,
-    };
     // Prometheus asks for OpenMetrics first; anything that does not
     // (curl, an older scraper) gets the classic text format.
-    let format = if String::from_utf8_lossy(head_bytes).lines().any(|l| {
-        l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text")
-    }) {
+    let wants_om = accept
+        .into_iter()
+        .any(|v| String::from_utf8_lossy(v).contains("application/openmetrics-text"));
+    let format = if wants_om {
         Exposition::OpenMetrics
     } else {
         Exposition::PrometheusText
     };
-    match target.split('?').next().unwrap_or_default() {
-        "/metrics" => Ask::Metrics { head, format },
-        "/" => Ask::Index { head },
+    match path {
+        "/metrics" => Ask::Metrics { format },
+        "/" => Ask::Index,
         _ => Ask::NotFound,
     }
 }
 
+/// The answer to one request: the survey runs on a blocking thread, one
+/// at a time (the shipper's loop never waits on a scrape).
+async fn respond(
+    req: Request<Incoming>,
+    exporter: Arc<Exporter>,
+    one_survey: Arc<tokio::sync::Mutex<()>>,
+) -> Response<Full<Bytes>> {
+    let accept = req.headers().get_all(header::ACCEPT);
+    let ask = judge(
+        req.method(),
+        req.uri().path(),
+        accept.iter().map(HeaderValue::as_bytes),
+    );
+    let (status, ctype, body) = match ask {
+        Ask::Metrics { format } => {
+            let _one = one_survey.lock().await;
+            let body = tokio::task::spawn_blocking(move || exporter.scrape(format))
+                .await
+                .unwrap_or_default();
+            (StatusCode::OK, format.content_type(), body)
+        }
+        Ask::Index => (
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "logmon ship: the node's metrics are at /metrics (OpenMetrics)\n".to_owned(),
+        ),
+        Ask::NotFound => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics\n".into(),
+        ),
+        Ask::BadMethod => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET or HEAD only\n".into(),
+        ),
+    };
+    // hyper leaves the body out of an answer to HEAD, and keeps its length.
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    if ask == Ask::BadMethod {
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    resp
+}
+
+/// One connection, served by hyper's HTTP/1 server: the request head
+/// within [`HEAD_TIMEOUT`] of the connection's start (hyper's header-read
+/// timeout, which runs from the accept, so a silent connection is cut
+/// too), at most [`MAX_REQUEST`] bytes of it (larger: 431), one request
+/// (`Connection: close`), the answer written within [`IO_TIMEOUT`] of
+/// being ready.
 async fn answer(
     mut sock: TcpStream,
     exporter: Arc<Exporter>,
     one_survey: Arc<tokio::sync::Mutex<()>>,
-    idle: &std::sync::atomic::AtomicBool,
-) -> std::io::Result<()> {
-    let ask = match tokio::time::timeout(HEAD_TIMEOUT, read_request(&mut sock)).await {
-        Ok(r) => r?,
-        Err(_) => Some(Ask::Bad),
-    };
-    let Some(ask) = ask else { return Ok(()) };
-    idle.store(false, std::sync::atomic::Ordering::Release);
-    let (status, ctype, body, head) = match ask {
-        Ask::Metrics { head, format } => {
-            let _one = one_survey.lock().await;
-            let e = exporter.clone();
-            let body = tokio::task::spawn_blocking(move || e.scrape(format))
-                .await
-                .unwrap_or_default();
-            ("200 OK", format.content_type(), body, head)
+    idle: Arc<AtomicBool>,
+) {
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let ready = answered.clone();
+    let service = service_fn(move |req| {
+        // The head is in: no longer a connection to drop for room.
+        idle.store(false, Ordering::Release);
+        let (exporter, one_survey, ready) = (exporter.clone(), one_survey.clone(), ready.clone());
+        async move {
+            let resp = respond(req, exporter, one_survey).await;
+            ready.notify_one();
+            Ok::<_, Infallible>(resp)
         }
-        Ask::Index { head } => (
-            "200 OK",
-            "text/plain; charset=utf-8",
-            "logmon ship: the node's metrics are at /metrics (OpenMetrics)\n".to_owned(),
-            head,
-        ),
-        Ask::NotFound => (
-            "404 Not Found",
-            "text/plain",
-            "not found: try /metrics\n".into(),
-            false,
-        ),
-        Ask::BadMethod => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET or HEAD only\n".into(),
-            false,
-        ),
-        Ask::TooLarge => (
-            "431 Request Header Fields Too Large",
-            "text/plain",
-            "request too large\n".into(),
-            false,
-        ),
-        Ask::Bad => (
-            "400 Bad Request",
-            "text/plain",
-            "bad request\n".into(),
-            false,
-        ),
+    });
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .keep_alive(false)
+        .max_buf_size(MAX_REQUEST)
+        .serve_connection(TokioIo::new(&mut sock), service);
+    let write_deadline = async {
+        answered.notified().await;
+        tokio::time::sleep(IO_TIMEOUT).await;
     };
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if status.starts_with("405") {
-        out.push_str("Allow: GET, HEAD\r\n");
-    }
-    out.push_str("\r\n");
-    if !head {
-        out.push_str(&body);
-    }
-    let too_large = ask == Ask::TooLarge;
-    let write = async {
-        sock.write_all(out.as_bytes()).await?;
-        sock.shutdown().await?;
-        if too_large {
-            // Read what is left of the request (bounded) before closing:
-            // closing on unread bytes resets the connection, and the
-            // client could lose the answer.
+    let served = tokio::select! {
+        r = served => r,
+        () = write_deadline => return,
+    };
+    if served.as_ref().is_err_and(hyper::Error::is_parse_too_large) {
+        // hyper has answered 431 without reading the rest: read it
+        // (bounded) before closing, since closing on unread bytes resets
+        // the connection and the client could lose the answer.
+        let drain = async {
             let mut sink = [0u8; 4096];
             let mut left = 16 * MAX_REQUEST;
             while left > 0 {
@@ -328,12 +333,9 @@ async fn answer(
                     Ok(n) => left = left.saturating_sub(n),
                 }
             }
-        }
-        Ok(())
-    };
-    tokio::time::timeout(IO_TIMEOUT, write)
-        .await
-        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+        };
+        let _ = tokio::time::timeout(IO_TIMEOUT, drain).await;
+    }
 }
 
 #[cfg(test)]
@@ -341,26 +343,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_are_judged_by_their_line() {
-        let om = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+    fn requests_are_judged_by_method_path_and_accept() {
+        let om: &[u8] = b"application/openmetrics-text;version=1.0.0,text/plain;q=0.5";
+        let metrics = |format| Ask::Metrics { format };
         assert_eq!(
-            judge(om),
-            Ask::Metrics {
-                head: false,
-                format: Exposition::OpenMetrics
-            }
+            judge(&Method::GET, "/metrics", [om]),
+            metrics(Exposition::OpenMetrics)
         );
         assert_eq!(
-            judge(b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Ask::Metrics {
-                head: true,
-                format: Exposition::PrometheusText
-            }
+            judge(&Method::HEAD, "/metrics", [b"text/plain".as_slice(), om]),
+            metrics(Exposition::OpenMetrics)
         );
-        assert_eq!(judge(b"GET / HTTP/1.1\r\n\r\n"), Ask::Index { head: false });
-        assert_eq!(judge(b"GET /etc/passwd HTTP/1.1\r\n\r\n"), Ask::NotFound);
-        assert_eq!(judge(b"POST /metrics HTTP/1.1\r\n\r\n"), Ask::BadMethod);
-        assert_eq!(judge(b"GET /metrics\r\n\r\n"), Ask::Bad);
-        assert_eq!(judge(b"\x16\x03\x01garbage\r\n\r\n"), Ask::Bad);
+        assert_eq!(
+            judge(&Method::GET, "/metrics", []),
+            metrics(Exposition::PrometheusText)
+        );
+        assert_eq!(judge(&Method::GET, "/", []), Ask::Index);
+        assert_eq!(judge(&Method::GET, "/etc/passwd", []), Ask::NotFound);
+        assert_eq!(judge(&Method::POST, "/metrics", []), Ask::BadMethod);
     }
 }

@@ -115,6 +115,16 @@ use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
 use crate::shared::names::{file_name, index_name, scan_indices_in};
 use crate::shared::time::{format_rfc3339, now_ns, rfc3339, DurationFlag, Rfc3339Error, Why};
 
+/// A file not written for this long has every capture record it will
+/// ever get (see [`Stamper::final_to`]): capture writes a batch's record
+/// within milliseconds of its bytes (before its pump sleeps, or
+/// [`crate::shared::index::FLUSH_AGE`] later while data flows), so this
+/// only covers a daemon starved of CPU, and bounds how long the last
+/// lines of a burst wait to be shipped when the index's mtime cannot
+/// tell (written within the same clock tick as the file).
+pub const QUIET: Duration = Duration::from_millis(300);
+const QUIET_NS: i64 = 300_000_000;
+
 /// The longest piece: a longer line is cut in pieces of this size (the
 /// size Kubernetes runtimes cut at).
 pub const MAX_PIECE: usize = 16 * 1024;
@@ -441,28 +451,59 @@ impl Stamper {
         self.files.entry(n).or_insert(t)
     }
 
-    /// Waits, when byte `offset` of file `n` would be estimated and the
-    /// file was written within the last second, for its record: the
-    /// daemon writes a batch's record right after the data, at the latest
-    /// when its pump next sleeps ([`crate::shared::index::FLUSH_AGE`]
-    /// while data flows), so a look at the index every 2 ms finds it; at
-    /// most 50 looks (100 ms), for a daemon starved of CPU. For the shipper, whose stamps travel with
-    /// the bytes (`crate::ship::readback::times`); a file whose record
-    /// never comes (no index, a damaged one) costs one such wait per look.
-    pub fn settle(&mut self, n: u64, offset: u64) {
-        for _ in 0..50 {
-            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
-                return;
-            }
-            self.refresh(n);
-            if !matches!(self.stamp(n, offset), Stamp::Estimated(_)) {
-                return;
-            }
-            let recent = now_ns().saturating_sub(self.times(n).mtime_ns) < NS;
-            if !recent {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(2));
+    /// How far the capture times of file `n`, `len` bytes long now, are
+    /// final: every byte before the offset returned has the time any later
+    /// look gives it (for the shipper, whose stamps travel with the bytes:
+    /// `crate::ship::readback::times`). Capture writes a batch's record
+    /// after its bytes, so bytes past the last record may belong to a batch
+    /// whose record is still to come; they are final only once
+    ///
+    /// - the index was written after the file's last write (its mtime is
+    ///   later: a record is flushed with, or after, its batch's bytes), or
+    /// - the file has not been written for [`QUIET`] (capture flushes its
+    ///   records within milliseconds while data flows, and before it
+    ///   sleeps; a logmon killed before that never writes them), or
+    /// - there is no index to believe (no record will make them exact).
+    ///
+    /// Otherwise they are final up to the last record (the batch before it
+    /// ends there). Never waits: with the offset comes, when it is short of
+    /// `len`, how long until the rest is final by time alone.
+    pub fn final_to(&mut self, n: u64, len: u64) -> (u64, Option<Duration>) {
+        // In this order: the file's last write, then the index's, then its
+        // records, so that an index written after that write is read with
+        // the records it wrote.
+        let Ok(Some(st)) = self.dir.stat(file_name(&self.task, self.stream, n)) else {
+            return (len, None);
+        };
+        let file_mtime = stat_ns(&st);
+        let index_mtime = self.index_mtime(n);
+        self.refresh(n);
+        let t = self.times(n);
+        if t.index.is_err() {
+            return (len, None);
+        }
+        let last = t.last();
+        let quiet_for = now_ns().saturating_sub(file_mtime);
+        if quiet_for >= QUIET_NS || index_mtime.is_some_and(|m| m > file_mtime) {
+            return (len, None);
+        }
+        match last.map_or(0, |r| r.offset) {
+            o if o >= len => (len, None),
+            o => (
+                o,
+                Some(Duration::from_nanos(
+                    u64::try_from(QUIET_NS - quiet_for).unwrap_or(0),
+                )),
+            ),
+        }
+    }
+
+    /// The mtime of file `n`'s index (looked at through the directory,
+    /// never followed), if there is one.
+    fn index_mtime(&self, n: u64) -> Option<i64> {
+        match self.dir.stat(index_name(&self.task, self.stream, n)) {
+            Ok(Some(st)) => Some(stat_ns(&st)),
+            _ => None,
         }
     }
 
@@ -803,6 +844,42 @@ pub struct Style {
     pub tag: bool,
     /// JSON: the task's metadata, as `attrs`.
     pub attrs: Option<BTreeMap<String, String>>,
+    /// The last time formatted (the lines of one capture batch share
+    /// it: formatted once, not once per line).
+    time_cache: std::cell::RefCell<Option<(i64, String)>>,
+}
+
+impl Style {
+    /// A style of `format`, with `timestamps` and `tag` (raw), and `attrs`
+    /// (JSON).
+    pub fn new(
+        format: Format,
+        timestamps: bool,
+        tag: bool,
+        attrs: Option<BTreeMap<String, String>>,
+    ) -> Style {
+        Style {
+            format,
+            timestamps,
+            tag,
+            attrs,
+            time_cache: Default::default(),
+        }
+    }
+
+    /// `ns` as RFC 3339, appended to `out` (from the cache when it is the
+    /// last time formatted).
+    fn put_time(&self, ns: i64, out: &mut Vec<u8>) {
+        let mut c = self.time_cache.borrow_mut();
+        match &*c {
+            Some((t, s)) if *t == ns => out.extend_from_slice(s.as_bytes()),
+            _ => {
+                let s = format_rfc3339(ns);
+                out.extend_from_slice(s.as_bytes());
+                *c = Some((ns, s));
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -820,12 +897,11 @@ impl Style {
     /// Appends `p` as it is written to `out`.
     pub fn write(&self, p: &Piece, out: &mut Vec<u8>) {
         let estimated = matches!(p.time, Stamp::Estimated(_));
-        let time = format_rfc3339(p.time.ns());
         match self.format {
             Format::Raw => {
                 if p.starts_line || self.tag {
                     if self.timestamps {
-                        out.extend_from_slice(time.as_bytes());
+                        self.put_time(p.time.ns(), out);
                         out.extend_from_slice(if estimated { b"~ " } else { b" " });
                     }
                     if self.tag {
@@ -839,7 +915,7 @@ impl Style {
                 }
             }
             Format::Cri => {
-                out.extend_from_slice(time.as_bytes());
+                self.put_time(p.time.ns(), out);
                 out.push(b' ');
                 out.extend_from_slice(p.stream.as_str().as_bytes());
                 out.extend_from_slice(if p.ends_line { b" F " } else { b" P " });
@@ -852,7 +928,7 @@ impl Style {
                 let line = JsonLine {
                     log: &log,
                     stream: p.stream.as_str(),
-                    time,
+                    time: format_rfc3339(p.time.ns()),
                     attrs: self.attrs.as_ref(),
                     estimated,
                 };

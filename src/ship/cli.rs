@@ -121,6 +121,13 @@ impl Args {
         let m = Args::command().try_get_matches()?;
         let mut args = Args::from_arg_matches(&m)?;
         for (id, var) in [
+            ("nats", "LOGMON_SHIP_NATS"),
+            ("stream", "LOGMON_SHIP_STREAM"),
+            ("creds", "LOGMON_SHIP_CREDS"),
+            ("nkey", "LOGMON_SHIP_NKEY"),
+            ("tls_ca", "LOGMON_SHIP_TLS_CA"),
+            ("tls_cert", "LOGMON_SHIP_TLS_CERT"),
+            ("tls_key", "LOGMON_SHIP_TLS_KEY"),
             ("watch", "LOGMON_SHIP_WATCH"),
             ("pattern", "LOGMON_SHIP_PATTERN"),
             ("subject", "LOGMON_SHIP_SUBJECT"),
@@ -209,14 +216,35 @@ pub fn main(args: Args, metrics: MetricsServer) -> ! {
     if !args.status && std::env::var_os("LOGMON_SHIP_STATUS").is_some() {
         tracing::warn!("LOGMON_SHIP_STATUS is ignored: only the --status flag prints the status; remove the variable (from ship.env)");
     }
+    let from_env = args.from_env.clone();
     let code = match run(args, metrics) {
         Ok(()) => 0,
         Err(f) => {
+            let f = naming_the_variable(&from_env, f);
             let _ = writeln!(std::io::stderr(), "logmon ship: error: {}", f.message);
             f.code
         }
     };
     std::process::exit(code);
+}
+
+/// `f` naming the variable instead of the flag its message starts with,
+/// when the value came from that variable: the flag is not on the command
+/// line, so naming it would send the operator looking for the wrong thing.
+fn naming_the_variable(from_env: &[&'static str], mut f: Failure) -> Failure {
+    for var in from_env {
+        let Some(name) = var.strip_prefix("LOGMON_SHIP_") else {
+            continue;
+        };
+        let flag = format!("--{}", name.to_ascii_lowercase().replace('_', "-"));
+        if let Some(rest) = f.message.strip_prefix(&flag) {
+            if rest.starts_with([' ', ':']) {
+                f.message = format!("{var}{rest}");
+                break;
+            }
+        }
+    }
+    f
 }
 
 /// Diagnostics on stderr (the journal under systemd): logmon's filter
@@ -365,12 +393,29 @@ fn check_tree(args: &Args) -> Result<(Option<(PathBuf, Pattern)>, Template), Fai
     Ok((watch, subject))
 }
 
+/// A name JetStream refuses is bad usage now, not a server to retry.
+fn check_stream_name(stream: &str, shown: &str) -> Result<(), Failure> {
+    let bad = stream.is_empty()
+        || stream.len() > 255
+        || stream.chars().any(|c| {
+            c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\')
+        });
+    if bad {
+        return Err(fail(
+            EXIT_USAGE,
+            format!("{shown} {stream:?} is not a JetStream stream name: give 1 to 255 characters without '.', '*', '>', '/', '\\' or whitespace (e.g. LOGS)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Everything about the flags that can be judged before connecting.
 fn check(args: &Args) -> Result<Checked, Failure> {
     let usage = |m: String| fail(EXIT_USAGE, m);
     let (Some(urls), Some(stream)) = (args.nats.clone(), args.stream.clone()) else {
         return Err(usage("--nats and --stream are required".into()));
     };
+    check_stream_name(&stream, args.shown("--stream", "LOGMON_SHIP_STREAM"))?;
     check_scope(args)?;
     let addrs = parse_urls(&urls)?;
     args.auth.check()?;
@@ -433,9 +478,15 @@ fn check_dir(flag: &str, d: &Path) -> Result<(), Failure> {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(fail(
             EXIT_USAGE,
-            format!("{flag} {} is not a directory", d.display()),
+            format!(
+                "{flag} {} is not a directory: give a directory",
+                d.display()
+            ),
         )),
-        Err(e) => Err(fail(EXIT_USAGE, format!("{flag} {}: {e}", d.display()))),
+        Err(e) => Err(fail(
+            EXIT_USAGE,
+            format!("{flag} {}: {e}: give an existing directory", d.display()),
+        )),
     }
 }
 

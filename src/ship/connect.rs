@@ -67,13 +67,21 @@ impl Auth {
 pub fn parse_urls(urls: &str) -> Result<Vec<async_nats::ServerAddr>, Failure> {
     let mut addrs = Vec::new();
     for u in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        let a: async_nats::ServerAddr = u
-            .parse()
-            .map_err(|e| fail(EXIT_USAGE, format!("bad NATS URL {u:?}: {e}")))?;
+        let a: async_nats::ServerAddr = u.parse().map_err(|e| {
+            fail(
+                EXIT_USAGE,
+                format!(
+                    "--nats: bad NATS URL {u:?}: {e}: give nats://HOST:PORT (or tls://…), comma-separated"
+                ),
+            )
+        })?;
         addrs.push(a);
     }
     if addrs.is_empty() {
-        return Err(fail(EXIT_USAGE, "--nats names no server"));
+        return Err(fail(
+            EXIT_USAGE,
+            "--nats names no server: give nats://HOST:PORT (or tls://…), comma-separated",
+        ));
     }
     Ok(addrs)
 }
@@ -84,9 +92,18 @@ fn check_readable(flag: &str, f: &Path) -> Result<(), Failure> {
         Ok(m) if m.is_file() => Ok(()),
         Ok(_) => Err(fail(
             EXIT_USAGE,
-            format!("{flag} {} is not a regular file", f.display()),
+            format!(
+                "{flag} {} is not a regular file: give the file itself",
+                f.display()
+            ),
         )),
-        Err(e) => Err(fail(EXIT_USAGE, format!("{flag} {}: {e}", f.display()))),
+        Err(e) => Err(fail(
+            EXIT_USAGE,
+            format!(
+                "{flag} {}: {e}: give a file this user can read",
+                f.display()
+            ),
+        )),
     }
 }
 

@@ -219,6 +219,9 @@ impl Shipper {
             cfg.watch.as_ref().map(|(r, p)| (r.as_path(), p.clone())),
             budget / 4,
             cfg.max_watches,
+            cfg.watch
+                .as_ref()
+                .is_some_and(|(_, p)| cfg.subject.has_every_capture(p.captures())),
         )?;
         let list_due = tree.dirs().map(|d| d.id).collect();
         Ok(Shipper {

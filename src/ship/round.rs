@@ -210,9 +210,9 @@ impl Shipper {
                 h.insert("Logmon-Time", crate::shared::time::format_rfc3339(ns));
             }
             // Each line's capture time as the index gives it (the reader
-            // stamps as the local one: super::readback::times).
+            // stamps as the local one: super::readback::times); final, as
+            // the window ends where they are (`Tracked::plan`).
             let file = p.file;
-            t.settle(file, off + piece as u64 - 1);
             let steps = super::readback::times::steps(|o| t.stamp_of(file, o), off, piece as u64);
             if !steps.is_empty() {
                 h.insert(
@@ -220,7 +220,11 @@ impl Shipper {
                     super::readback::times::encode(&steps),
                 );
             }
-            out.push((t.subject.clone(), h, buf.slice(at..at + piece)));
+            let payload = buf.slice(at..at + piece);
+            if is_cut(&payload, p.max_msg) {
+                h.insert(CUT_HEADER, "1");
+            }
+            out.push((t.subject.clone(), h, payload));
             at += piece;
         }
         Ok(out)
@@ -467,6 +471,19 @@ pub fn streams_in(dir: &Dir) -> std::io::Result<Listing> {
     Ok(out)
 }
 
+/// The header of a message whose last line goes on in the next message:
+/// a line longer than the largest message, cut there by design
+/// (docs/design.md §12). A reader joins it to what follows as the line it
+/// is (`crate::ship::readback`).
+pub const CUT_HEADER: &str = "Logmon-Cut";
+
+/// Whether `payload` ends a message cut mid-line at the largest message
+/// size `max_msg` ([`split_lines`], and a window of one line's bytes):
+/// a partial last line shipped as it is (its file is final) is shorter.
+pub fn is_cut(payload: &[u8], max_msg: u64) -> bool {
+    payload.last().is_some_and(|&b| b != b'\n') && payload.len() as u64 >= max_msg.max(1)
+}
+
 /// Splits `buf` into message payload lengths: whole lines packed up to
 /// `max` bytes; a line longer than `max` is cut into `max`-byte pieces.
 /// Deterministic: the same bytes and limit give the same pieces.
@@ -501,5 +518,15 @@ mod tests {
         assert_eq!(p, vec![7, 8, 3]);
         assert_eq!(p.iter().sum::<usize>(), buf.len());
         assert_eq!(split_lines(b"", 8), Vec::<usize>::new());
+        // Only the pieces of the cut line are marked cut.
+        let cut: Vec<bool> = split_lines(b"aaaaaaaaaaaa\nb", 8)
+            .iter()
+            .scan(0, |at, &n| {
+                let piece = &b"aaaaaaaaaaaa\nb"[*at..*at + n];
+                *at += n;
+                Some(is_cut(piece, 8))
+            })
+            .collect();
+        assert_eq!(cut, vec![true, false]);
     }
 }

@@ -328,6 +328,19 @@ impl Template {
             .any(|p| matches!(p, Piece::Capture(_)))
     }
 
+    /// Whether the template uses every one of the pattern's `captures`
+    /// (`{1}`…`{n}`): the whole identity the directory tree gives a found
+    /// directory, which a task-owned one is shipped under only.
+    pub fn has_every_capture(&self, captures: usize) -> bool {
+        captures > 0
+            && (1..=captures).all(|n| {
+                self.tokens
+                    .iter()
+                    .flatten()
+                    .any(|p| matches!(p, Piece::Capture(i) if *i == n))
+            })
+    }
+
     /// The subjects of one task's stream under this template, for a
     /// reader (`logs --nats`): `{task}` and `{stream}` filled in as
     /// [`Template::render`] fills them, every token holding another

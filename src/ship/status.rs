@@ -5,8 +5,11 @@
 //! Whether a shipper holds the state directory, and its pid, come from
 //! the kernel's lock table, without taking the lock.
 //!
-//! Read-only: it creates nothing and never blocks a running shipper.
-//! Tests: `tests/it/ship/mod.rs` (`status_shows_the_lag_…`, the error matrix).
+//! Read-only: it creates nothing and never blocks a running shipper. A
+//! directory holding other files and none a shipper keeps (a log
+//! directory given by mistake) is refused, never shown as "no streams".
+//! Tests: `tests/it/ship/mod.rs` (`status_shows_the_lag_…`, the error
+//! matrix), `tests/it/cli/audit.rs` (the second audit).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -53,6 +56,7 @@ fn figures(dir: &Path) -> Option<Figures> {
 
 /// Prints the status of the state in `dir`.
 pub fn print(dir: &Path) -> Result<(), Failure> {
+    refuse_other_directory(dir)?;
     let st = state::read(dir).map_err(|e| Failure {
         code: if matches!(e, state::StateError::Io { .. }) || e.is_bad_state() {
             EXIT_USAGE
@@ -110,6 +114,31 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
             message: format!("cannot write the status to stdout: {e}"),
         }),
     }
+}
+
+/// Refuses a directory that holds files but none a shipper keeps (a log
+/// directory given by mistake would read as "no streams", exit 0). An
+/// empty one is a state directory whose shipper has not run yet.
+fn refuse_other_directory(dir: &Path) -> Result<(), Failure> {
+    use super::state::{LEGACY_FILE, LOCK_FILE, STATE_FILE};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        // Missing or unreadable: `state::read` says so.
+        return Ok(());
+    };
+    let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
+    let ours = names
+        .iter()
+        .any(|n| [STATE_FILE, LEGACY_FILE, LOCK_FILE].iter().any(|f| n == f));
+    if names.is_empty() || ours {
+        return Ok(());
+    }
+    Err(Failure {
+        code: EXIT_USAGE,
+        message: format!(
+            "--state-dir {} is not a shipper's state directory (it holds other files, and no {STATE_FILE}, {LEGACY_FILE} or {LOCK_FILE}): give the --state-dir of `logmon ship`",
+            dir.display()
+        ),
+    })
 }
 
 /// `<dev>:<ino>` of a stream's key.

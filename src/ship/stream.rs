@@ -30,6 +30,13 @@
 //! is no longer active: a later file exists, or its logmon is gone
 //! (`tests/it/ship/silent.rs::a_partial_line_waits_for_its_newline_while_its_logmon_lives`).
 //! Only a line longer than the largest message is cut.
+//!
+//! A window ends where its lines' capture times are final
+//! ([`Stamper::final_to`]): bytes whose batch's index record is still to
+//! come wait for the next round (a write to the file wakes it, or a timer
+//! at most [`QUIET`] later), so each line ships with the time a later
+//! read of the index gives it, and the round never sleeps waiting for a
+//! record (`tests/it/ship/readback.rs::times_shipped_while_the_writer_is_busy_are_exact`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -38,7 +45,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::state::{Gap, Pending, StreamState};
-use crate::readers::timeline::Stamper;
+use crate::readers::timeline::{Stamper, QUIET};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, FileId, Kind, Opened, Trust};
 
@@ -111,6 +118,9 @@ pub struct Tracked {
     pub learnt: BTreeMap<u64, u64>,
     /// A partial last line has waited since then.
     partial_since: Option<Instant>,
+    /// Bytes whose capture records are to come have waited since then,
+    /// at this file and offset ([`Tracked::final_to`]).
+    held: Option<(u64, u64, Instant)>,
     /// Not to be tried again before then (its own backoff).
     pub retry_at: Option<Instant>,
     /// Its next backoff.
@@ -165,6 +175,7 @@ impl Tracked {
             sizes: BTreeMap::new(),
             learnt: BTreeMap::new(),
             partial_since: None,
+            held: None,
             retry_at: None,
             backoff: BACKOFF_MIN,
             dirty: true,
@@ -199,7 +210,7 @@ impl Tracked {
     /// Its files were written to: a partial line waiting for its newline
     /// is looked at again now, not at the end of its wait.
     pub fn partial_written(&mut self) {
-        if self.partial_since.is_some() {
+        if self.partial_since.is_some() || self.held.is_some() {
             self.retry_at = None;
         }
     }
@@ -252,13 +263,6 @@ impl Tracked {
     /// The capture time (ns) of byte `offset` of file `n`.
     pub fn stamp(&mut self, n: u64, offset: u64) -> Option<i64> {
         self.open.as_mut().map(|o| o.stamper.stamp(n, offset).ns())
-    }
-
-    /// See [`Stamper::settle`].
-    pub fn settle(&mut self, n: u64, offset: u64) {
-        if let Some(o) = self.open.as_mut() {
-            o.stamper.settle(n, offset);
-        }
     }
 
     /// As [`Self::stamp`], saying whether the time is indexed or
@@ -526,7 +530,8 @@ impl Tracked {
         })
     }
 
-    /// A window of whole lines from the cursor in file `n` of `len` bytes.
+    /// A window of whole lines from the cursor in file `n` of `len` bytes,
+    /// up to where their capture times are final ([`Tracked::final_to`]).
     #[allow(clippy::too_many_arguments)]
     fn lines(
         &mut self,
@@ -539,7 +544,11 @@ impl Tracked {
         trust: &Trust,
     ) -> Result<Planned, WindowError> {
         let o = st.offset;
-        let want = (len - o).min(WINDOW);
+        let (limit, timed) = self.final_to(n, len, now);
+        if limit <= o {
+            return Ok(Planned::Partial(timed.unwrap_or(now)));
+        }
+        let want = (limit - o).min(WINDOW);
         let buf = self.read(n, o, o + want)?;
         let last_nl = memchr::memrchr(b'\n', &buf).map(|i| i as u64 + 1);
         // The file is final when a later one exists (and then it has not
@@ -547,9 +556,11 @@ impl Tracked {
         let final_file =
             || self.present(dir, trust, n + 1) && self.cursor_len(n).is_ok_and(|now| now == len);
         let take = match last_nl {
-            _ if o + want < len => last_nl.unwrap_or(want.min(max_msg).max(1)),
+            _ if o + want < limit => last_nl.unwrap_or(want.min(max_msg).max(1)),
             Some(c) => c,
             None if want >= max_msg => max_msg,
+            // The bytes past the limit (their times to come) finish it.
+            None if limit < len => return Ok(Planned::Partial(timed.unwrap_or(now))),
             None if final_file() => want,
             None => {
                 // A partial line in the active file: it waits for its
@@ -575,6 +586,33 @@ impl Tracked {
             max_msg,
             gap: None,
         }))
+    }
+
+    /// How far file `n` (`len` bytes) may be shipped now: up to where the
+    /// capture times are final ([`Stamper::final_to`]: a line never ships
+    /// with a time a later look would give otherwise), or the whole of it
+    /// once the rest has waited [`QUIET`] at the same place (its records
+    /// are not coming: an index that failed or is damaged). With a limit
+    /// short of `len` comes when to look again, if nothing wakes the
+    /// stream first (a write to the file does).
+    fn final_to(&mut self, n: u64, len: u64, now: Instant) -> (u64, Option<Instant>) {
+        let Some(o) = self.open.as_mut() else {
+            return (len, None);
+        };
+        let (limit, wait) = o.stamper.final_to(n, len);
+        let Some(wait) = wait.filter(|_| limit < len) else {
+            self.held = None;
+            return (len, None);
+        };
+        let since = match self.held {
+            Some((m, at, since)) if m == n && at == limit => since,
+            _ => now,
+        };
+        self.held = Some((n, limit, since));
+        if now.duration_since(since) >= QUIET {
+            return (len, None);
+        }
+        (limit, Some((now + wait).min(since + QUIET)))
     }
 }
 
@@ -676,9 +714,8 @@ impl Streams {
             return;
         }
         t.open = Some(Open {
-            // Not live: the shipper reads a batch after its --max-delay,
-            // by when the batch's record is written (a missing one only
-            // makes the time an estimate, never a wait of the round).
+            // Not live: never waits for a record; a window ends where
+            // the times are final instead (`Tracked::final_to`).
             stamper: Stamper::holding(dir.clone(), &t.task, t.stream),
             dir,
             file: None,
@@ -855,6 +892,70 @@ mod tests {
             gaps[0]
         );
         assert_eq!(planned, 4 * ROUNDS + 2, "bytes planned");
+    }
+
+    /// A window ends where the capture times are final: bytes past the
+    /// last index record, of a file written after its index, wait (the
+    /// plan says when to look again, it never sleeps) until the index is
+    /// written after them or the file has been quiet for [`QUIET`].
+    #[test]
+    fn a_window_ends_where_the_capture_times_are_final() {
+        use std::time::SystemTime;
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("t.stdout.0");
+        std::fs::write(&log, "a\nb\nc\n").unwrap();
+        let idx = d.path().join(".t.stdout.0.idx");
+        let mut w =
+            crate::shared::index::IndexWriter::fresh(std::fs::File::create(&idx).unwrap(), 0)
+                .unwrap();
+        let t0 = crate::shared::time::now_ns() - 5_000_000;
+        w.append(0, t0).unwrap();
+        w.append(4, t0 + 1_000).unwrap();
+        w.flush().unwrap();
+        let set = |p: &std::path::Path, t: SystemTime| {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        let now = SystemTime::now();
+        set(&idx, now - Duration::from_millis(100));
+        set(&log, now);
+        let dir = Arc::new(Dir::open(d.path()).unwrap());
+        let (mut s, k) = tracked(&dir);
+        s.open(&k, dir.clone());
+        let t = s.map.get_mut(&k).unwrap();
+        let mut st = StreamState::default();
+        let at = Instant::now();
+        // "c\n" may be a batch whose record is to come: up to the record.
+        match t.plan(&mut st, 1 << 20, at).unwrap() {
+            Planned::Window(p) => assert_eq!((p.start, p.end), (0, 4)),
+            other => panic!("{other:?}"),
+        }
+        st.offset = 4;
+        match t.plan(&mut st, 1 << 20, at).unwrap() {
+            Planned::Partial(when) => assert!(when > at && when <= at + QUIET, "{when:?}"),
+            other => panic!("{other:?}"),
+        }
+        // The index written after the file's last write: all final.
+        set(&idx, now + Duration::from_millis(10));
+        match t.plan(&mut st, 1 << 20, at).unwrap() {
+            Planned::Window(p) => assert_eq!((p.start, p.end), (4, 6)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            t.stamp_of(0, 5),
+            Some(crate::shared::index::Stamp::Indexed(t0 + 1_000))
+        );
+        // Or the file quiet for QUIET, whatever the index's mtime.
+        set(&idx, now - Duration::from_secs(5));
+        set(&log, now - QUIET - Duration::from_millis(100));
+        match t.plan(&mut st, 1 << 20, at).unwrap() {
+            Planned::Window(p) => assert_eq!((p.start, p.end), (4, 6)),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A file logmon did not make at the next index is not a next file:

@@ -41,10 +41,17 @@
 //!   watch go within seconds
 //!   (`tests/it/ship/silent.rs::a_removed_directory_under_watch_is_let_go_within_seconds`);
 //! - **trust** — a directory that others could rename names in (writable
-//!   by others without the sticky bit, `crate::shared::dir::Trust`) is not
-//!   shipped from: a task there could have renamed another task's files or
-//!   logmon's into any stream's name. It is reported, and looked at again
-//!   when its mode changes (`tests/it/ship/hostile.rs::forged_by_rename_…`).
+//!   by others without the sticky bit, or another user's,
+//!   `crate::shared::dir::Trust`) is not shipped from: a task there could
+//!   have renamed another task's files or logmon's into any stream's name.
+//!   It is reported, and looked at again when its mode changes
+//!   (`tests/it/ship/hostile.rs::forged_by_rename_…`,
+//!   `…::a_task_owned_log_dir_is_not_shipped_so_its_names_forge_nothing`).
+//!   Except a task's own directory that only its owner can rename names
+//!   in, found by `--pattern` with every capture in `--subject`: shipped
+//!   under those captures, an identity the task cannot choose, logmon's
+//!   files only and its metadata never read (docs/security.md;
+//!   `tests/it/daemon/hostile_layout.rs::a_task_owned_log_dir_is_shipped_under_its_captures_and_never_its_metadata`).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -221,6 +228,10 @@ pub struct Tree {
     last_verify: Option<std::time::Instant>,
     /// A look was asked for while the last was under a second ago.
     verify_wanted: bool,
+    /// `--subject` uses every capture of `--pattern`: a task-owned
+    /// directory found by the pattern is shipped under its captures
+    /// ([`untrusted`]).
+    captures_in_subject: bool,
     /// Watches on the parents of given directories (by watch), with the
     /// names of the given directories in each: a directory held open
     /// reports its own removal only once closed, so its removal, or a
@@ -230,12 +241,15 @@ pub struct Tree {
 
 impl Tree {
     /// Sets up inotify, the given directories and the root; `cap` bounds
-    /// the found directories' handles kept open.
+    /// the found directories' handles kept open; `captures_in_subject`:
+    /// `--subject` uses every capture of the pattern
+    /// ([`crate::ship::scan::Template::has_every_capture`]).
     pub fn new(
         given: &[PathBuf],
         watch: Option<(&Path, Pattern)>,
         cap: usize,
         max_watches: usize,
+        captures_in_subject: bool,
     ) -> Result<Tree, TreeError> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| TreeError::Inotify(e.into()))?;
@@ -260,6 +274,7 @@ impl Tree {
             last_verify: None,
             verify_wanted: false,
             parents: HashMap::new(),
+            captures_in_subject,
         };
         for p in given {
             let dir = Dir::open(p).map_err(|source| TreeError::Dir {
@@ -336,7 +351,8 @@ impl Tree {
             return None;
         }
         let wd = self.watch(&dir, log_mask());
-        let untrusted = untrusted(&dir);
+        let found = matches!(origin, Origin::Found(_));
+        let untrusted = untrusted(&dir, found && self.captures_in_subject);
         let elsewhere = match origin {
             Origin::Found(_) => super::dirlock::holder(&dir),
             Origin::Given => None,
@@ -348,6 +364,9 @@ impl Tree {
         if let Some(why) = untrusted {
             tracing::warn!(dir = %dir.path().display(), why,
                 "not shipping from a log directory whose names others could rename: a task there could pass its lines off as another task's");
+        } else if task_owned(&dir) {
+            tracing::info!(dir = %dir.path().display(), captures = ?captures,
+                "shipping a task-owned log directory under its --pattern captures only: logmon's files alone, its metadata never read");
         }
         if let Some(wd) = wd {
             self.by_wd.insert(wd.as_raw(), id);
@@ -618,7 +637,11 @@ impl Tree {
     /// whether that changed.
     pub fn recheck_trust(&mut self, id: &FileId) -> bool {
         let Ok(h) = self.handle(id) else { return false };
-        let now = untrusted(&h);
+        let found = self
+            .logs
+            .get(id)
+            .is_some_and(|d| matches!(d.origin, Origin::Found(_)));
+        let now = untrusted(&h, found && self.captures_in_subject);
         let Some(d) = self.logs.get_mut(id) else {
             return false;
         };
@@ -856,12 +879,38 @@ fn replaced(handle: Option<&Dir>, path: &Path, id: FileId) -> bool {
     }
 }
 
-/// Why names in `dir` cannot be trusted, if they cannot.
-fn untrusted(dir: &Dir) -> Option<&'static str> {
-    match dir.trust() {
-        Ok(t) => t.renamable_by_others(),
-        Err(_) => Some("its mode cannot be read"),
+/// Why `dir` is not shipped from, if it is not: others could rename names
+/// in it ([`crate::shared::dir::Trust::renamable_by_others`]). Except a
+/// task-owned directory (of another uid) that only its owner can rename
+/// names in (sticky, or not writable by others), found by `--pattern`
+/// with every capture in `--subject` (`by_captures`): it is shipped under
+/// that identity, which its task cannot choose; its task names are its
+/// own word within it, and its metadata is never read
+/// (`crate::shared::meta::load` reads none in such a directory).
+fn untrusted(dir: &Dir, by_captures: bool) -> Option<&'static str> {
+    let Ok(t) = dir.trust() else {
+        return Some("its mode cannot be read");
+    };
+    let why = t.renamable_by_others()?;
+    if !task_owned(dir) {
+        return Some(why);
     }
+    let Ok(st) = nix::sys::stat::fstat(dir.fd()) else {
+        return Some("its mode cannot be read");
+    };
+    if st.st_mode & 0o022 != 0 && !t.sticky() {
+        return Some("it belongs to another user and is writable by others without a sticky bit: any of them could rename names in it");
+    }
+    if !by_captures {
+        return Some("it belongs to another user, who can rename any name in it: a task-owned directory is shipped only when found by --watch and --pattern, with every capture of the pattern in --subject");
+    }
+    None
+}
+
+/// Whether `dir` belongs to a uid other than root and this process's (a
+/// task's own directory).
+fn task_owned(dir: &Dir) -> bool {
+    dir.trust().is_ok_and(|t| !t.trusted_uid(t.owner()))
 }
 
 /// The names at the pattern's wildcard components of `rel`.
@@ -963,7 +1012,7 @@ mod tests {
         std::fs::create_dir_all(d.path().join("outside/alloc/logs")).unwrap();
         std::os::unix::fs::symlink(d.path().join("outside"), root.join("evil")).unwrap();
         let p = Pattern::parse("*/alloc/logs").unwrap();
-        let mut t = Tree::new(&[], Some((&root, p)), 2, 4096).unwrap();
+        let mut t = Tree::new(&[], Some((&root, p)), 2, 4096, true).unwrap();
         let mut caps: Vec<String> = t.dirs().map(|l| l.captures[0].clone()).collect();
         caps.sort();
         assert_eq!(

@@ -14,6 +14,16 @@
 //!   such header) reads with its `Logmon-Time` marked estimated (`~`), as
 //!   the local reader marks a line no index record covers
 //!   (`every_view_reads_back_as_the_local_reader_prints_it`).
+//! - **A line cut by the shipper reads back whole.** A message marked
+//!   `Logmon-Cut` (a line longer than the largest message) is joined to
+//!   the next one by the assembler, and its partial line is not cut at
+//!   the partial-line deadline while following: the rest is coming
+//!   (`a_line_cut_at_the_largest_message_is_marked_and_read_back_whole`).
+//! - **The raw view is a copy.** One stream, raw, no range, cursor or
+//!   `-n`: each message's new bytes are written as they are (what the
+//!   pieces would print), without cutting or stamping pieces
+//!   (`benches/readback.sh` measures it; `wait_shipped` in the tests
+//!   compares it with the local reader's).
 //! - **Only the task's lines.** `--subject` is the shipper's template,
 //!   parsed by the shipper's parser: `{task}` and `{stream}` are filled
 //!   in, any other placeholder matches any token, and each message's
@@ -42,24 +52,24 @@
 mod source;
 pub mod times;
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use futures_util::future::select_all;
 
-use self::source::{Source, Taken};
+use self::source::{Plain, Source, Taken};
+
+/// The raw copy gathers small messages' bytes up to this much per write.
+const PLAIN_OUT: usize = 64 * 1024;
 pub use super::connect::Auth;
 pub use super::exit::Failure;
 use super::exit::{EXIT_FAILURE, EXIT_USAGE};
 use super::scan::{header_value, Template};
 use crate::readers::follow::Position;
-use crate::readers::timeline::{
-    trim_to_lines, CursorFile, CursorState, Piece, StreamCursor, Style, PARTIAL_WAIT,
-};
+use crate::readers::merge::{caught_up, Merge};
+use crate::readers::timeline::{CursorFile, CursorState, StreamCursor, Style, PARTIAL_WAIT};
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::time::now_ns;
 
 /// What to read back, and how to print it.
 #[derive(Debug, Clone)]
@@ -129,6 +139,7 @@ pub async fn run(
     sink: &mut dyn Sink,
 ) -> Result<(), Failure> {
     let (addrs, template) = check(req, auth)?;
+    keep_freed_memory();
     let opts = super::connect::options(auth, "logmon-logs").await?;
     let client = super::connect::connect_client(opts, &req.urls, &addrs).await?;
     let js = jetstream::new(client);
@@ -163,22 +174,59 @@ pub async fn run(
     });
     state.version = crate::readers::timeline::CURSOR_VERSION;
     let tail = match (
-        cursor.is_some() && srcs.iter().any(|s| s.pos != StreamCursor::default()),
+        cursor.is_some() && srcs.iter().any(|s| s.lane.pos != StreamCursor::default()),
         req.lines,
     ) {
         (false, Some(n)) => Some(n),
         _ => None,
     };
-    Drive {
+    let mut drive = Drive {
         req,
         cursor,
         sink,
         noted: false,
-        style: req.style.clone(),
+        merge: Merge::new(req.style.clone(), req.since, req.until, tail),
         meta_seen: false,
+    };
+    match srcs.pop() {
+        Some(src) if srcs.is_empty() && tail.is_none() && plain(req, cursor.is_some()) => {
+            drive.run_plain(src).await
+        }
+        last => {
+            srcs.extend(last);
+            drive.run(srcs, &mut state).await
+        }
     }
-    .run(srcs, tail, &mut state)
-    .await
+}
+
+/// Whether the request is the raw copy (one stream, the bytes as
+/// written, no range, no cursor): the bytes are written as the messages
+/// hold them, as the local reader copies its files, without cutting
+/// pieces or stamping them (the output is the same: raw pieces are the
+/// bytes themselves).
+fn plain(req: &Request, cursor: bool) -> bool {
+    req.style.format == crate::readers::timeline::Format::Raw
+        && !req.style.timestamps
+        && !req.style.tag
+        && req.since.is_none()
+        && req.until.is_none()
+        && !cursor
+}
+
+/// Messages of up to a MiB come each in a buffer of their own (the
+/// client's read buffer grows to hold one): glibc's malloc would map each
+/// afresh and unmap it when freed (above its mmap threshold), or give the
+/// heap's top back, so that every message cost page faults and zeroed
+/// pages, half of the reader's time (`perf`, benches/readback.sh). Kept
+/// in the heap instead and reused: the peak stays what the batches hold.
+#[allow(unsafe_code)] // mallopt
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets malloc's tunables (no pointer passed); an
+    // unsupported value is refused (0 returned) and changes nothing.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 16 << 20);
+        nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 32 << 20);
+    }
 }
 
 /// The stream `name`, or one line saying why not.
@@ -529,65 +577,81 @@ struct Drive<'a> {
     cursor: Option<&'a CursorFile>,
     sink: &'a mut dyn Sink,
     noted: bool,
-    /// How pieces are written: the request's, with `attrs` from the
-    /// messages' metadata.
-    style: Style,
+    /// The merge driver the local reader uses too; its style is the
+    /// request's, with `attrs` from the messages' metadata.
+    merge: Merge,
     meta_seen: bool,
 }
 
 impl Drive<'_> {
     /// Reads every stream as far as the server has it, writes the pieces
-    /// in time order (stdout first on a tie) as the local reader does,
-    /// saves the cursor after each write, then waits (`-f`) or ends.
-    async fn run(
-        &mut self,
-        mut srcs: Vec<Source>,
-        mut tail: Option<u64>,
-        state: &mut CursorState,
-    ) -> Result<(), Failure> {
-        let mut held: VecDeque<Piece> = VecDeque::new();
-        let mut out = Vec::new();
+    /// in time order (stdout first on a tie) as the local reader does
+    /// ([`Merge`]), saves the cursor after each write, then waits (`-f`)
+    /// or ends.
+    async fn run(&mut self, mut srcs: Vec<Source>, state: &mut CursorState) -> Result<(), Failure> {
         loop {
             self.read_available(&mut srcs).await?;
-            self.write_in_order(&mut srcs, tail, &mut held, state, &mut out);
-            let caught_up = srcs
-                .iter()
-                .all(|s| s.done || (s.caught_up && s.asm.out.is_empty()));
-            if caught_up && tail.is_some() {
-                for p in held.drain(..) {
-                    self.style.write(&p, &mut out);
-                }
-                tail = None;
-            }
-            if !out.is_empty() {
-                if !self.flush(&mut out, state)? {
+            self.merge.order(&mut srcs, state);
+            if !self.merge.out.is_empty() {
+                if !self.flush(state)? {
                     return Ok(());
                 }
                 continue;
             }
-            if !caught_up {
+            if !caught_up(&mut srcs) {
                 continue;
             }
-            if !self.req.follow || srcs.iter().all(|s| s.done) {
+            if !self.req.follow || srcs.iter().all(|s| s.lane.done) {
                 return Ok(());
             }
             self.wait(&mut srcs).await?;
         }
     }
 
+    /// The raw copy ([`plain`]): each message's new bytes as they are,
+    /// gathered up to [`PLAIN_OUT`] (a larger message written at once,
+    /// from the message itself), written whenever the server has nothing
+    /// more pending, so a follower sees a line as soon as it is shipped.
+    async fn run_plain(&mut self, mut s: Source) -> Result<(), Failure> {
+        let mut out = Vec::new();
+        while let Some(m) = s.next().await.map_err(|e| fail(EXIT_FAILURE, e))? {
+            match s.take_plain(&m) {
+                Plain::Bytes(b) if out.is_empty() && b.len() >= PLAIN_OUT => {
+                    if !self.sink.write(&b)? {
+                        return Ok(());
+                    }
+                }
+                Plain::Bytes(b) => out.extend_from_slice(&b),
+                Plain::Gap(b, files) => note(&gap_note(b, files, self.req, s.stream)),
+                Plain::Skipped => {}
+            }
+            if (out.len() >= PLAIN_OUT || s.lane.caught_up) && !out.is_empty() {
+                if !self.sink.write(&out)? {
+                    return Ok(());
+                }
+                out.clear();
+            }
+        }
+        if !out.is_empty() {
+            self.sink.write(&out)?;
+        }
+        Ok(())
+    }
+
     /// Reads, in every stream not caught up, up to 256 pieces; at the end
     /// (not following, or a partial line's deadline) the partial line is
-    /// cut, as the local reader cuts it.
+    /// cut, as the local reader cuts it, unless its message was cut by
+    /// the shipper (`Logmon-Cut`: the line goes on in the next message).
     async fn read_available(&mut self, srcs: &mut [Source]) -> Result<(), Failure> {
-        for s in srcs.iter_mut().filter(|s| !s.done) {
-            while s.asm.out.len() < 256 && !s.caught_up {
+        for s in srcs.iter_mut().filter(|s| !s.lane.done) {
+            while s.lane.asm.out.len() < 256 && !s.lane.caught_up {
                 match s.next().await.map_err(|e| fail(EXIT_FAILURE, e))? {
                     Some(m) => self.take(s, &m),
                     None => break,
                 }
             }
-            if s.caught_up && (!self.req.follow || s.last_data.elapsed() >= PARTIAL_WAIT) {
-                s.asm.cut();
+            if !(self.req.follow && s.continues) {
+                s.lane.cut_if_due(self.req.follow, PARTIAL_WAIT);
             }
         }
         Ok(())
@@ -597,21 +661,17 @@ impl Drive<'_> {
     fn take(&mut self, s: &mut Source, m: &jetstream::Message) {
         let taken = s.take(m);
         if matches!(taken, Taken::Data { .. })
-            && self.style.format == crate::readers::timeline::Format::Json
+            && self.merge.style.format == crate::readers::timeline::Format::Json
             && !self.meta_seen
         {
             // The metadata of the task's first message (as the local
             // reader loads it once): `attrs` when it has any.
             let meta = Source::meta_of(m);
-            self.style.attrs = Some(meta).filter(|m| !m.is_empty());
+            self.merge.style.attrs = Some(meta).filter(|m| !m.is_empty());
             self.meta_seen = true;
         }
         match taken {
-            Taken::Gap(b, files) => note(&format!(
-                "note: skipped {b} bytes ({files} files) of {}'s {}: purged on the node before they were shipped (a gap record)",
-                self.req.task.as_str(),
-                s.stream
-            )),
+            Taken::Gap(b, files) => note(&gap_note(b, files, self.req, s.stream)),
             Taken::Data { estimated: true } if self.req.notes_times && !self.noted => {
                 self.noted = true;
                 note("note: the capture times of some lines are estimated (shipped by a logmon ship that did not send them)");
@@ -620,62 +680,13 @@ impl Drive<'_> {
         }
     }
 
-    /// As the local reader: the earliest head first while no stream not
-    /// caught up may still hold an earlier line; `-n` into `held`.
-    fn write_in_order(
-        &self,
-        srcs: &mut [Source],
-        tail: Option<u64>,
-        held: &mut VecDeque<Piece>,
-        state: &mut CursorState,
-        out: &mut Vec<u8>,
-    ) {
-        loop {
-            let mut best: Option<(usize, i64)> = None;
-            let mut blocked = false;
-            for (i, s) in srcs.iter_mut().enumerate() {
-                if s.done {
-                    continue;
-                }
-                match s.head(self.req.since, self.req.until) {
-                    Some(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
-                    Some(_) => {}
-                    None if !s.caught_up && !s.done => blocked = true,
-                    None => {}
-                }
-            }
-            let Some((i, _)) = best.filter(|_| !blocked) else {
-                break;
-            };
-            let s = &mut srcs[i];
-            let Some(p) = s.asm.out.pop_front() else {
-                break;
-            };
-            s.pos = StreamCursor {
-                index: p.end.index,
-                offset: p.end.offset,
-                mid_line: !p.ends_line,
-            };
-            state.set(p.stream, s.pos);
-            match tail {
-                Some(n) => {
-                    held.push_back(p);
-                    trim_to_lines(held, n);
-                }
-                None => self.style.write(&p, out),
-            }
-            if out.len() >= 64 * 1024 {
-                break;
-            }
-        }
-    }
-
-    /// Writes `out` and saves the cursor; `false` when stdout is gone.
-    fn flush(&mut self, out: &mut Vec<u8>, state: &CursorState) -> Result<bool, Failure> {
-        if !self.sink.write(out)? {
+    /// Writes what the merge gathered and saves the cursor; `false` when
+    /// stdout is gone.
+    fn flush(&mut self, state: &CursorState) -> Result<bool, Failure> {
+        if !self.sink.write(&self.merge.out)? {
             return Ok(false);
         }
-        out.clear();
+        self.merge.out.clear();
         if let Some(c) = self.cursor {
             c.save(state)
                 .map_err(|e| fail(EXIT_FAILURE, e.to_string()))?;
@@ -684,23 +695,20 @@ impl Drive<'_> {
     }
 
     /// Following, caught up: waits for a message of any stream, a partial
-    /// line's deadline, or the end of `--until` (and its grace of 1 s).
+    /// line's deadline (none for a line the shipper cut: its rest is
+    /// coming), or the end of `--until` (and its grace).
     async fn wait(&mut self, srcs: &mut [Source]) -> Result<(), Failure> {
-        let partial = srcs
-            .iter()
-            .filter(|s| !s.done && s.asm.has_partial())
-            .map(|s| PARTIAL_WAIT.saturating_sub(s.last_data.elapsed()))
-            .min();
-        let until_left = self.req.until.map(|u| {
-            let left = u.saturating_add(1_000_000_000).saturating_sub(now_ns());
-            Duration::from_nanos(u64::try_from(left).unwrap_or(0))
-        });
-        let sleep_for = partial.into_iter().chain(until_left).min();
+        let sleep_for = {
+            let mut lanes: Vec<&mut Source> = srcs.iter_mut().filter(|s| !s.continues).collect();
+            let partial = self.merge.deadline(&mut lanes, PARTIAL_WAIT);
+            let until = self.merge.deadline::<Source>(&mut [], PARTIAL_WAIT);
+            partial.into_iter().chain(until).min()
+        };
         let got = {
             let waits = srcs
                 .iter_mut()
                 .enumerate()
-                .filter(|(_, s)| !s.done)
+                .filter(|(_, s)| !s.lane.done)
                 .map(|(i, s)| Box::pin(async move { (i, s.next().await) }));
             tokio::select! {
                 ((i, r), _, _) = select_all(waits) => Some((i, r)),
@@ -714,22 +722,18 @@ impl Drive<'_> {
                     self.take(s, &m);
                 }
             }
-            None => {
-                if self
-                    .req
-                    .until
-                    .is_some_and(|u| now_ns() > u.saturating_add(1_000_000_000))
-                {
-                    for s in srcs.iter_mut() {
-                        if s.caught_up && s.asm.out.is_empty() {
-                            s.done = true;
-                        }
-                    }
-                }
-            }
+            None => self.merge.end_of_range(srcs),
         }
         Ok(())
     }
+}
+
+/// The note a gap record is said with.
+fn gap_note(bytes: u64, files: u64, req: &Request, s: Stream) -> String {
+    format!(
+        "note: skipped {bytes} bytes ({files} files) of {}'s {s}: purged on the node before they were shipped (a gap record)",
+        req.task.as_str(),
+    )
 }
 
 async fn sleep_or_never(d: Option<Duration>) {

@@ -8,13 +8,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::super::round::CUT_HEADER;
+
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::{self, stream::Stream as JsStream};
 use futures_util::StreamExt;
 
 use super::times;
 use crate::readers::follow::{Chunk, Position};
-use crate::readers::timeline::{Assembler, Stamps, StreamCursor};
+use crate::readers::merge::Lane;
+use crate::readers::timeline::{Stamps, StreamCursor};
 use crate::shared::config::Stream;
 use crate::shared::index::Stamp;
 use crate::shared::time::parse_rfc3339;
@@ -59,6 +62,28 @@ pub enum Taken {
     Skipped,
 }
 
+/// What a message is for a source ([`Source::accept`]).
+enum Accepted {
+    Skipped,
+    Gap(u64, u64),
+    /// New bytes of file `file` from `offset + skip`.
+    Data {
+        file: u64,
+        offset: u64,
+        skip: u64,
+    },
+}
+
+/// A message for the raw copy ([`Source::take_plain`]).
+pub enum Plain {
+    /// The bytes to write.
+    Bytes(bytes::Bytes),
+    /// A gap record (as [`Taken::Gap`]).
+    Gap(u64, u64),
+    /// Nothing to write (as [`Taken::Skipped`]).
+    Skipped,
+}
+
 /// One task stream read back.
 pub struct Source {
     /// Which stream of the task.
@@ -69,22 +94,17 @@ pub struct Source {
     msgs: Option<pull::Stream>,
     /// The next stream sequence wanted (the consumer is recreated there).
     next_seq: u64,
-    /// The server said nothing more is pending after the last message.
-    pub caught_up: bool,
+    /// Its pieces, and where its reading is (`caught_up`: the server said
+    /// nothing more is pending after the last message).
+    pub lane: Lane,
     /// The end of the bytes read so far (copies before it are dropped).
     read_to: Option<Position>,
     /// Bytes still to drop from the front (`-c`).
     pub skip_bytes: u64,
-    /// Pieces ready.
-    pub asm: Assembler,
-    /// Past `--until`, or at the end without `-f`.
-    pub done: bool,
-    /// The current line is in the range.
-    pub in_range: bool,
-    /// After the last piece written.
-    pub pos: StreamCursor,
-    /// When the last bytes came.
-    pub last_data: Instant,
+    /// The last message was cut mid-line (`Logmon-Cut`): its line goes
+    /// on in the next one, so its partial line is not cut while
+    /// following.
+    pub continues: bool,
     /// Following: waits for new messages once caught up.
     follow: bool,
 }
@@ -102,7 +122,6 @@ impl Source {
         from: Option<StreamCursor>,
         follow: bool,
     ) -> Source {
-        let mid_line = from.is_some_and(|c| c.mid_line);
         Source {
             stream,
             js_stream,
@@ -110,15 +129,11 @@ impl Source {
             task_header,
             msgs: None,
             next_seq,
-            caught_up: false,
             follow,
             read_to: from.map(|c| c.position()),
             skip_bytes: 0,
-            asm: Assembler::new(stream, mid_line),
-            done: false,
-            in_range: true,
-            pos: from.unwrap_or_default(),
-            last_data: Instant::now(),
+            lane: Lane::new(stream, from.unwrap_or_default()),
+            continues: false,
         }
     }
 
@@ -140,7 +155,7 @@ impl Source {
                 })
                 .await
                 .map_err(|e| format!("cannot create a consumer on {}: {e}", self.filter))?;
-            self.caught_up = c.cached_info().num_pending == 0;
+            self.lane.caught_up = c.cached_info().num_pending == 0;
             let s = c
                 .stream()
                 .max_bytes_per_batch(BATCH_BYTES)
@@ -163,7 +178,7 @@ impl Source {
         loop {
             let made = self.consumer().await.map(|_| ());
             let got = match made {
-                Ok(()) if self.caught_up && !self.follow => return Ok(None),
+                Ok(()) if self.lane.caught_up && !self.follow => return Ok(None),
                 Ok(()) => match self.msgs.as_mut() {
                     Some(s) => s.next().await.map(|r| r.map_err(|e| e.to_string())),
                     None => None,
@@ -178,7 +193,7 @@ impl Source {
                         continue;
                     }
                     self.next_seq = seq + 1;
-                    self.caught_up = pending == 0;
+                    self.lane.caught_up = pending == 0;
                     return Ok(Some(m));
                 }
                 Some(Err(e)) => {
@@ -232,44 +247,76 @@ impl Source {
         })
     }
 
-    /// Takes in message `m`: its lines into the assembler, or what else
-    /// it is.
-    pub fn take(&mut self, m: &jetstream::Message) -> Taken {
-        let h = m.message.headers.as_ref();
-        let get = |k: &str| h.and_then(|h| h.get(k)).map(|v| v.as_str().to_owned());
-        if get("Logmon-Task").as_deref() != Some(self.task_header.as_str())
-            || get("Logmon-Stream").as_deref() != Some(self.stream.as_str())
+    /// What message `m` is for this source: another task's or stream's,
+    /// a copy of bytes already read, a gap record, or new bytes (from
+    /// `skip` on; `-c`'s bytes to drop already dropped).
+    fn accept(&mut self, m: &jetstream::Message) -> Accepted {
+        let Some(h) = m.message.headers.as_ref() else {
+            return Accepted::Skipped;
+        };
+        let get = |k: &str| h.get(k).map(|v| v.as_str());
+        if get("Logmon-Task") != Some(self.task_header.as_str())
+            || get("Logmon-Stream") != Some(self.stream.as_str())
         {
-            return Taken::Skipped;
+            return Accepted::Skipped;
         }
         let num = |k: &str| get(k).and_then(|v| v.parse::<u64>().ok());
         if let Some(b) = num("Logmon-Gap-Bytes") {
-            self.asm.reset();
             // The shipper goes on at the start of a later file.
             self.read_to = None;
-            return Taken::Gap(b, num("Logmon-Gap-Files").unwrap_or(0));
+            return Accepted::Gap(b, num("Logmon-Gap-Files").unwrap_or(0));
         }
         let (Some(file), Some(offset)) = (num("Logmon-File"), num("Logmon-Offset")) else {
-            return Taken::Skipped;
+            return Accepted::Skipped;
         };
-        let payload = &m.message.payload;
-        let end = offset + payload.len() as u64;
+        let len = m.message.payload.len() as u64;
+        let end = offset + len;
         let mut skip = match self.read_to {
-            Some(r) if (file, end) <= (r.index, r.offset) => return Taken::Skipped,
+            Some(r) if (file, end) <= (r.index, r.offset) => return Accepted::Skipped,
             Some(r) if file == r.index && offset < r.offset => r.offset - offset,
             _ => 0,
         };
-        let take_more = self.skip_bytes.min(payload.len() as u64 - skip);
+        let take_more = self.skip_bytes.min(len - skip);
         self.skip_bytes -= take_more;
         skip += take_more;
         self.read_to = Some(Position {
             index: file,
             offset: end,
         });
-        if skip >= payload.len() as u64 {
-            return Taken::Skipped;
+        if skip >= len {
+            return Accepted::Skipped;
         }
-        let steps = get(times::HEADER).and_then(|v| times::decode(&v));
+        Accepted::Data { file, offset, skip }
+    }
+
+    /// Takes in message `m` for the raw copy (no pieces, no stamps): the
+    /// bytes to write as they are, or what else it is.
+    pub fn take_plain(&mut self, m: &jetstream::Message) -> Plain {
+        match self.accept(m) {
+            Accepted::Skipped => Plain::Skipped,
+            Accepted::Gap(b, f) => Plain::Gap(b, f),
+            Accepted::Data { skip, .. } => {
+                let at = usize::try_from(skip).unwrap_or(0);
+                Plain::Bytes(m.message.payload.slice(at..))
+            }
+        }
+    }
+
+    /// Takes in message `m`: its lines into the assembler, or what else
+    /// it is.
+    pub fn take(&mut self, m: &jetstream::Message) -> Taken {
+        let (file, offset, skip) = match self.accept(m) {
+            Accepted::Skipped => return Taken::Skipped,
+            Accepted::Gap(b, f) => {
+                self.lane.asm.reset();
+                self.continues = false;
+                return Taken::Gap(b, f);
+            }
+            Accepted::Data { file, offset, skip } => (file, offset, skip),
+        };
+        let h = m.message.headers.as_ref();
+        let get = |k: &str| h.and_then(|h| h.get(k)).map(|v| v.as_str());
+        let steps = get(times::HEADER).and_then(times::decode);
         let published = m
             .info()
             .map(|i| i.published.unix_timestamp_nanos())
@@ -278,7 +325,7 @@ impl Source {
             .unwrap_or(0);
         let fallback = Stamp::Estimated(
             get("Logmon-Time")
-                .and_then(|t| parse_rfc3339(&t))
+                .and_then(parse_rfc3339)
                 .unwrap_or(published),
         );
         let mut stamps = MsgStamps {
@@ -291,34 +338,20 @@ impl Source {
         let chunk = Chunk {
             index: file,
             offset: offset + skip,
-            data: payload.slice(at..),
+            data: m.message.payload.slice(at..),
         };
-        self.asm.push(&mut stamps, &chunk);
-        self.last_data = Instant::now();
+        self.lane.asm.push(&mut stamps, &chunk);
+        self.continues = get(CUT_HEADER).is_some();
+        self.lane.last_data = Instant::now();
         Taken::Data {
             estimated: steps.is_none(),
         }
     }
+}
 
-    /// The time of the next piece to write, dropping those out of the
-    /// range (as the local reader does).
-    pub fn head(&mut self, since: Option<i64>, until: Option<i64>) -> Option<i64> {
-        while let Some(p) = self.asm.out.front() {
-            if p.starts_line {
-                let t = p.time.ns();
-                if until.is_some_and(|u| t > u) {
-                    self.done = true;
-                    self.asm.out.clear();
-                    return None;
-                }
-                self.in_range = since.is_none_or(|s| t >= s);
-            }
-            if self.in_range {
-                return Some(p.time.ns());
-            }
-            self.asm.out.pop_front();
-        }
-        None
+impl AsMut<Lane> for Source {
+    fn as_mut(&mut self) -> &mut Lane {
+        &mut self.lane
     }
 }
 

@@ -22,6 +22,12 @@
 //!   it: logmon starts anyway, replaces it, says so, and the planter gets
 //!   no line (`a_fifo_planted_in_a_shared_log_dir_is_replaced_and_steals_no_line`,
 //!   `exec_into_a_planted_fifo_captures_every_line_and_the_planter_reads_none`).
+//! - The task owns its log directory, shared with another task's logmon,
+//!   renames that task's metadata over its own and makes files of its
+//!   own: a root shipper with `--watch`/`--pattern` ships its lines under
+//!   the pattern's capture alone, with no metadata in a subject or header,
+//!   and nothing the task made
+//!   (`a_task_owned_log_dir_is_shipped_under_its_captures_and_never_its_metadata`).
 //!
 //! Needs root: each test is `#[ignore = "needs root"]`, run by CI (as root) with `--include-ignored`. Every
 //! wait is bounded; every process started is killed on drop.
@@ -452,4 +458,145 @@ fn an_impostor_logmon_in_a_task_owned_dir_is_never_the_tasks_row() {
         );
     }
     support::stop(real);
+}
+
+/// Runs `script` with `sh -c` as the task in `dir`, to completion.
+#[track_caller]
+fn task_in(dir: &Path, script: &str) {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script).current_dir(dir);
+    run_as(&mut cmd, TASK);
+    let out = support::finish(cmd);
+    assert!(
+        out.status.success(),
+        "the task could not run {script:?}: {}",
+        text(&out.stderr)
+    );
+}
+
+/// A root logmon for `task` in the task-owned `logs`, its owner accepted.
+fn accepted_run(logs: &Path, task: &str, job: &str) -> Daemon {
+    let mut run = logmon(&[
+        "run",
+        "--task",
+        task,
+        "--log-dir",
+        logs.to_str().unwrap(),
+        "--meta",
+        &format!("job={job}"),
+    ]);
+    run.env("LOGMON_ACCEPT_DIR_OWNER", TASK.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    Daemon::from_child(run.spawn().unwrap(), String::new)
+}
+
+/// A task owns its log directory (`<alloc>/alloc/logs`, made by the task,
+/// accepted by the operator for its logmons) and shares it with another
+/// task's logmon. Before the shipper starts, the owner renames the other
+/// task's (root-owned) metadata file over its own, and makes files of its
+/// own: another task's metadata and stream, and a file at its own
+/// stream's next name. A root shipper with `--watch` and `--pattern
+/// '*/alloc/logs'` ships the directory under its capture alone: the
+/// task's lines arrive, on `logs.<alloc>._.web.stdout` (`_`: no
+/// metadata), with no metadata header; nothing the task made is shipped,
+/// and no other job's name reaches a subject or a header.
+#[test]
+fn a_task_owned_log_dir_is_shipped_under_its_captures_and_never_its_metadata() {
+    use crate::nats::{have_nats, line_bytes, Reader, Server, Shipper};
+    if !nix::unistd::geteuid().is_root() || !have_nats() {
+        println!("SKIPPED: needs root and nats-server");
+        return;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("logmon-hostile-layout-")
+        .tempdir()
+        .unwrap();
+    let root = tmp.path().join("root");
+    let alloc = root.join("a1").join("alloc");
+    std::fs::create_dir_all(&alloc).unwrap();
+    for (d, mode) in [(tmp.path(), 0o755), (&root, 0o755), (&alloc, 0o777)] {
+        chmod(d, mode);
+    }
+    chmod(&root.join("a1"), 0o755);
+    // The task makes the log directory its own (sticky and writable by
+    // all, so that a root logmon without capabilities can write there).
+    task_in(&alloc, "mkdir logs && chmod 1777 logs");
+    let logs = alloc.join("logs");
+    let _web = accepted_run(&logs, "web", "web");
+    let _db = accepted_run(&logs, "db", "billing");
+    // The owner's forgeries: db's metadata renamed over its own, another
+    // task's metadata and stream of its own making, a file at its own
+    // stream's next name.
+    task_in(
+        &logs,
+        "mv .db.logmon.meta .web.logmon.meta \
+         && printf '{\"job\":\"payroll\"}' > .api.logmon.meta \
+         && printf 'FORGED api\\n' > api.stdout.0 \
+         && printf 'FORGED web\\n' > web.stdout.7",
+    );
+    support::write_numbered(&support::fifo(&logs, "web", Stream::Stdout), 0, 100);
+    let srv = Server::single(&tmp.path().join("js"));
+    let state = tmp.path().join("state");
+    let mut ship = Shipper::new(&[
+        "--nats",
+        &srv.url(),
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--watch",
+        root.to_str().unwrap(),
+        "--pattern",
+        "*/alloc/logs",
+        "--subject",
+        "logs.{1}.{job}.{task}.{stream}",
+    ]);
+    ship.log = Some(tmp.path().join("ship.log"));
+    // Its info line says how the directory is shipped.
+    ship.env.push(("LOGMON_LOG".into(), "info".into()));
+    ship.spawn();
+    let mut r = Reader::new(&srv.url(), "LOGS");
+    let want = line_bytes(0, 100);
+    assert!(
+        r.wait_for(&[("web", "stdout", want)], WAIT),
+        "the task's own lines were not shipped: {}",
+        ship.diagnostics()
+    );
+    // Long enough for anything forged to follow (the default --max-delay
+    // is well under this).
+    std::thread::sleep(Duration::from_secs(2));
+    r.poll();
+    support::assert_numbered(&r.bytes_of("web", "stdout"), 0, 100);
+    for m in &r.msgs {
+        let payload = String::from_utf8_lossy(&m.payload);
+        assert!(
+            !payload.contains("FORGED"),
+            "{} shipped {payload:?}",
+            m.subject
+        );
+        assert!(
+            m.subject.starts_with("logs.a1._."),
+            "a subject with metadata from a task-owned directory: {}",
+            m.subject
+        );
+        assert!(
+            !m.headers.keys().any(|k| k.starts_with("Logmon-Meta")),
+            "{}: {:?}",
+            m.subject,
+            m.headers
+        );
+        assert_ne!(
+            m.headers.get("Logmon-Task").map(String::as_str),
+            Some("api")
+        );
+    }
+    assert!(
+        ship.diagnostics()
+            .contains("shipping a task-owned log directory under its --pattern captures only"),
+        "{}",
+        ship.diagnostics()
+    );
 }

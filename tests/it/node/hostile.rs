@@ -2,7 +2,8 @@
 //! layouts (a task that owns its log directory, or shares one): a fake
 //! logmon that trickles its answer, a planted `--socket`, escapes in task
 //! names, an avalanche of empty names. Each runs the task's part as uid
-//! 65534 against a root `ls`.
+//! 65534 against a root `ls`. And the shipper's metrics endpoint against
+//! any local user: idle connections held and reopened, a header trickle.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -373,4 +374,105 @@ fn scrapes_succeed_while_sixteen_idle_connections_are_held_and_reopened() {
         h.join().unwrap();
     }
     assert_eq!(ok, 10, "scrapes answered while idle connections were held");
+}
+
+#[test]
+fn a_header_trickle_is_cut_at_the_head_timeout_while_scrapes_succeed() {
+    use crate::nats::*;
+    use std::io::Write;
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let _web = Daemon::start(&logs, "web", &[]);
+    let port = free_port();
+    let _ship = Shipper::start_env(
+        &[
+            "--nats",
+            &srv.url(),
+            "--stream",
+            "LOGS",
+            "--create-stream",
+            "--state-dir",
+            s(&tmp.path().join("state")),
+            "--log-dir",
+            s(&logs),
+        ],
+        &[("LOGMON_SHIP_METRICS_LISTEN", &format!(":{port}"))],
+    );
+    assert!(
+        wait_until(PATIENCE, || super::http_get(port, "/").is_some()),
+        "the endpoint never answered"
+    );
+    // Slowloris: eight connections, each sending a request line and then
+    // one header byte every 100 ms, which would take 30 s to finish the
+    // head; each thread says how long its connection was kept and what it
+    // was answered.
+    let trickle = Duration::from_secs(30);
+    let slow: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let start = Instant::now();
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+                c.set_read_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+                let mut answer = Vec::new();
+                let mut b = [0u8; 4096];
+                let cut = loop {
+                    match c.read(&mut b) {
+                        Ok(0) => break true,
+                        Ok(n) => answer.extend_from_slice(&b[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(_) => break true,
+                    }
+                    if start.elapsed() > trickle {
+                        break false;
+                    }
+                    // The next byte of a header that never ends.
+                    if c.write_all(b"a").is_err() {
+                        break true;
+                    }
+                };
+                (
+                    cut,
+                    start.elapsed(),
+                    String::from_utf8_lossy(&answer).into_owned(),
+                )
+            })
+        })
+        .collect();
+    // And one that sends nothing at all: the timeout runs from the accept.
+    let silent = std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let start = Instant::now();
+        c.set_read_timeout(Some(trickle)).unwrap();
+        let cut = matches!(c.read(&mut [0u8; 1]), Ok(0) | Err(_)) && start.elapsed() < trickle;
+        (cut, start.elapsed())
+    });
+    let mut ok = 0;
+    for _ in 0..10 {
+        if let Some((200, body)) = super::http_get(port, "/metrics") {
+            ok += usize::from(body.contains("logmon_state{task=\"web\""));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(ok, 10, "scrapes answered while the head trickled in");
+    let (cut, kept) = silent.join().unwrap();
+    assert!(
+        cut && kept < Duration::from_secs(15),
+        "a silent connection was kept {kept:?}"
+    );
+    for t in slow {
+        let (cut, kept, answer) = t.join().unwrap();
+        // Cut by the server at its head timeout (2 s; the bound leaves
+        // room for a loaded machine), never served.
+        assert!(cut, "a trickling connection was kept {kept:?}");
+        assert!(kept < Duration::from_secs(15), "kept {kept:?}");
+        assert!(!answer.contains("logmon_state"), "{answer}");
+    }
 }

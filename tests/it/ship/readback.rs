@@ -392,3 +392,174 @@ fn errors_are_one_line_with_their_exit_codes() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A writer busy while the shipper ships at once (`--max-delay 0`): each
+/// window ends where the index's records already cover its bytes, so
+/// every line is shipped with the time the index gives it in the end —
+/// never an estimate, never the previous batch's time for a batch whose
+/// record was still to come — and the round never waits for a record
+/// (the bytes wait for the next round instead).
+#[test]
+fn times_shipped_while_the_writer_is_busy_are_exact() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    let srv = Server::single(&tmp.path().join("js"));
+    let url = srv.url();
+    let _web = Daemon::start(
+        &logs,
+        "web",
+        &["--max-file-size", "256KiB", "--max-files", "1000"],
+    );
+    let _ship = Shipper::start(&[
+        "--nats",
+        &url,
+        "--stream",
+        "LOGS",
+        "--create-stream",
+        "--max-delay",
+        "0",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]);
+    // Many small capture batches, one every millisecond or so, while
+    // the shipper keeps up with them.
+    let f = fifo(&logs, "web", Stream::Stdout);
+    for i in 0..1500 {
+        write_numbered(&f, i * 3, i * 3 + 3);
+        std::thread::sleep(Duration::from_micros(700));
+    }
+    wait_shipped(&url, &logs, "web");
+    same(&url, &logs, "web", &["-t"]);
+    same(&url, &logs, "web", &["--format", "cri"]);
+    let t = remote(&url, "web", &["-t"]);
+    assert!(!text(&t.stdout).contains("~ "), "{}", text(&t.stderr));
+}
+
+/// A nats-server whose largest message is `max_payload` bytes.
+fn server_with_max_payload(dir: &Path, max_payload: usize) -> Server {
+    let port = free_port();
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\nmax_payload: {max_payload}\njetstream {{ store_dir: {:?} }}\n",
+            dir.join("js")
+        ),
+    )
+    .unwrap();
+    let args = vec!["-c".to_string(), conf.to_str().unwrap().to_string()];
+    let s = Server {
+        child: Some(Server::spawn(&args)),
+        port,
+        args,
+    };
+    s.wait_up();
+    s
+}
+
+/// A line longer than the largest message is cut into messages marked
+/// `Logmon-Cut: 1` (those whose last line goes on in the next), and read
+/// back as the local reader prints it: whole, cut into pieces at the
+/// same places with the same times, also by a follower that got its
+/// messages seconds apart (it does not cut the line at its partial-line
+/// deadline: the rest is coming).
+#[test]
+fn a_line_cut_at_the_largest_message_is_marked_and_read_back_whole() {
+    if !have_nats() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&logs).unwrap();
+    // The shipper keeps 64 KiB for headers: messages of 34464 bytes at
+    // most, not a multiple of the readers' 16 KiB pieces.
+    let srv = server_with_max_payload(tmp.path(), 100_000);
+    let url = srv.url();
+    let _web = Daemon::start(&logs, "web", &[]);
+    let _ship = start_shipper(&url, &state, &logs, true);
+    let f = fifo(&logs, "web", Stream::Stdout);
+    write_numbered(&f, 0, 3);
+    wait_shipped(&url, &logs, "web");
+    let mut follower = remote_cmd(&url, "web", &["-f", "--format", "cri"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Read as it comes (a full pipe would stop the follower).
+    let mut fout = follower.stdout.take().unwrap();
+    let reading = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = fout.read_to_end(&mut b);
+        b
+    });
+    {
+        use std::io::Write;
+        let mut w = logmon::open_task_end(&f).unwrap();
+        // Written in parts seconds apart: capture writes a partial line
+        // after a second, the shipper ships each whole message of it.
+        for part in 0..4u8 {
+            w.write_all(&vec![b'a' + part; 50_000]).unwrap();
+            w.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        w.write_all(b"\nbye\n").unwrap();
+    }
+    wait_shipped(&url, &logs, "web");
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let followed = reading.join().unwrap();
+    for view in [
+        &["--format", "cri"][..],
+        &["-t"][..],
+        &["--format", "json"][..],
+    ] {
+        same(&url, &logs, "web", view);
+    }
+    let local_cri = local(&logs, "web", &["--format", "cri"]).stdout;
+    assert_same_bytes(
+        &followed,
+        &local_cri,
+        "the follower printed the long line as the local reader does",
+    );
+    // The messages of the long line but its last are marked cut.
+    let mut r = Reader::new(&url, "LOGS");
+    r.poll();
+    let cut: Vec<(usize, bool)> = r
+        .of("web", "stdout")
+        .map(|m| (m.payload.len(), m.headers.contains_key("Logmon-Cut")))
+        .collect();
+    assert!(cut.iter().filter(|c| c.1).count() >= 5, "{cut:?}");
+    for (len, marked) in &cut {
+        assert_eq!(*marked, *len == 100_000 - 65_536, "{cut:?}");
+    }
+}
+
+/// `got == want`, or where they first differ (a little of each there).
+#[track_caller]
+fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    let around = |b: &[u8]| text(&b[at.saturating_sub(60)..(at + 60).min(b.len())]);
+    panic!(
+        "{what}: differs at byte {at} ({} vs {} bytes): got {:?}, want {:?}",
+        got.len(),
+        want.len(),
+        around(got),
+        around(want)
+    );
+}

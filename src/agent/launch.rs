@@ -122,6 +122,10 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
         a.push("--rate-burst".into());
         a.push(burst.to_string().into());
     }
+    if let Some(codec) = cfg.compress {
+        a.push("--compress".into());
+        a.push(codec.as_str().into());
+    }
     for (k, v) in cfg.meta.iter() {
         a.push("--meta".into());
         a.push(format!("{k}={v}").into());

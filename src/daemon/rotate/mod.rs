@@ -183,6 +183,9 @@ pub struct Rotator {
     /// stream's files go before the next one is created
     /// ([`Rotator::next_index`]).
     starting_over: bool,
+    /// `--compress`: told the new active index at each rotation
+    /// ([`crate::daemon::compress`]).
+    compress: Option<crate::daemon::compress::Kick>,
 }
 
 impl Rotator {
@@ -258,7 +261,11 @@ impl Rotator {
             watch_name,
             name_checked: false,
             starting_over: false,
+            compress: None,
         };
+        if let Err(e) = crate::daemon::compress::tidy(&r.dir, task, stream) {
+            tracing::warn!(%stream, error = %e, "cannot tidy what a killed compression left");
+        }
         r.resume(&indices)?;
         r.purge(false)?;
         Ok(r)
@@ -390,6 +397,19 @@ impl Rotator {
         self.size = 0;
         self.at_line_start = true;
         self.rotations += 1;
+        if let Some(k) = &self.compress {
+            k.rotated(self.stream, self.index);
+        }
+    }
+
+    /// `--compress`: from now on each rotation tells `kick` the new
+    /// active index, and what lies below the newest rotated file is
+    /// compressed off this thread.
+    /// The current active index is told right away, so what an earlier
+    /// logmon left uncompressed is done too.
+    pub fn set_compressor(&mut self, kick: crate::daemon::compress::Kick) {
+        kick.rotated(self.stream, self.index);
+        self.compress = Some(kick);
     }
 
     /// fsyncs the active file, if one is open. Errors are logged: there is

@@ -91,6 +91,9 @@ pub fn compress_file(
     };
     let written = (|| {
         let mut enc = zstd::stream::write::Encoder::new(out, LEVEL)?;
+        // The plain length in the frame header: listings read it
+        // (`crate::shared::logfile::zst_plain_len`) without decompressing.
+        enc.set_pledged_src_size(Some(plain.metadata()?.len()))?;
         let mut buf = vec![0u8; PIECE];
         let mut plain_bytes = 0u64;
         loop {
@@ -105,6 +108,9 @@ pub fn compress_file(
             plain_bytes += got as u64;
         }
         let out = enc.finish()?;
+        // The plain file's mtime, which readers take as the time of its
+        // last line when its index is gone.
+        out.set_modified(plain.metadata()?.modified()?)?;
         out.sync_all()?;
         Ok(Some((plain_bytes, out.metadata()?.len())))
     })();

@@ -44,17 +44,23 @@ pub const MAX_PLAIN: u64 = 4 << 30;
 pub enum LogFile {
     /// The plain file (which may still grow, if it is the active one).
     Plain(Arc<File>),
-    /// A compressed file's plain bytes, decompressed whole (it never
-    /// changes once it is there).
-    Zst(Arc<[u8]>),
+    /// A compressed file (still open: its links say whether it was
+    /// purged) and its plain bytes, decompressed whole (it never changes
+    /// once it is there).
+    Zst(Arc<File>, Arc<[u8]>),
 }
 
 impl LogFile {
     /// Reads at plain offset `offset` into `buf`; 0 at the end.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         match self {
-            LogFile::Plain(f) => f.read_at(buf, offset),
-            LogFile::Zst(bytes) => {
+            LogFile::Plain(f) => loop {
+                match f.read_at(buf, offset) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    r => return r,
+                }
+            },
+            LogFile::Zst(_, bytes) => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
                 let n = buf.len().min(bytes.len() - start);
                 buf[..n].copy_from_slice(&bytes[start..start + n]);
@@ -82,19 +88,17 @@ impl LogFile {
     pub fn len(&self) -> io::Result<u64> {
         match self {
             LogFile::Plain(f) => Ok(f.metadata()?.len()),
-            LogFile::Zst(bytes) => Ok(bytes.len() as u64),
+            LogFile::Zst(_, bytes) => Ok(bytes.len() as u64),
         }
     }
 
-    /// Whether there are no plain bytes (now).
-    pub fn is_empty(&self) -> io::Result<bool> {
-        self.len().map(|n| n == 0)
+    /// The file open under its name (plain or `.zst`), to `fstat`.
+    pub fn file(&self) -> &File {
+        match self {
+            LogFile::Plain(f) | LogFile::Zst(f, _) => f,
+        }
     }
 
-    /// Whether this is a compressed file.
-    pub fn is_compressed(&self) -> bool {
-        matches!(self, LogFile::Zst(_))
-    }
 }
 
 /// The outcome of [`open_log`].
@@ -126,15 +130,15 @@ pub fn open_log(
         Opened::Gone => {}
     }
     match dir.open_trusted(trust, zst_name(task, stream, n), Kind::Log)? {
-        Opened::File(f, st) => Ok(OpenedLog::File(
-            LogFile::Zst(decompress(&f).map_err(|e| {
+        Opened::File(f, st) => {
+            let bytes = decompress(&f).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("{}: {e}", dir.display(zst_name(task, stream, n)).display()),
                 )
-            })?),
-            st,
-        )),
+            })?;
+            Ok(OpenedLog::File(LogFile::Zst(Arc::new(f), bytes), st))
+        }
         Opened::Foreign(why) => Ok(OpenedLog::Foreign(why)),
         Opened::Gone => Ok(OpenedLog::Gone),
     }
@@ -155,22 +159,59 @@ pub fn decompress(f: &File) -> io::Result<Arc<[u8]>> {
     Ok(out.into())
 }
 
-/// The plain length and the disk size of file `n` (the name that holds
-/// it, plain first), for listings that count bytes (`ls`, the
-/// shipper's status); `None` when neither name is logmon's file. A
-/// compressed file's plain length needs reading it whole: callers that
-/// only want the disk used take the second.
-pub fn sizes(
+/// The plain length a `.zst` logmon wrote says it holds (its frame
+/// header carries it: [`crate::daemon`] pledges the size), read from its
+/// first bytes without decompressing; `None` when it does not say.
+pub fn zst_plain_len(f: &File) -> io::Result<Option<u64>> {
+    let mut head = [0u8; 18];
+    let mut got = 0;
+    while got < head.len() {
+        match f.read_at(&mut head[got..], got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(zstd::zstd_safe::get_frame_content_size(&head[..got])
+        .ok()
+        .flatten())
+}
+
+/// The plain length the `.zst` at `name` states (0 when it is not
+/// logmon's, or states none).
+pub fn zst_len_at(dir: &Dir, trust: &Trust, name: &str) -> u64 {
+    match dir.open_trusted(trust, name, Kind::Log) {
+        Ok(Opened::File(f, _)) => zst_plain_len(&f).ok().flatten().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What sits at file `n`'s names as a listing sees it, without reading
+/// the file: the plain name's `lstat`, or (none there) the `.zst`'s with
+/// the plain length its header states (size 0 when it states none).
+/// `None`: neither name is there.
+pub fn stat_any(
     dir: &Dir,
     trust: &Trust,
     task: &TaskName,
     stream: Stream,
     n: u64,
-) -> io::Result<Option<(u64, u64)>> {
-    Ok(match open_log(dir, trust, task, stream, n)? {
-        OpenedLog::File(f, st) => Some((f.len()?, u64::try_from(st.st_size).unwrap_or(0))),
-        OpenedLog::Gone | OpenedLog::Foreign(_) => None,
-    })
+) -> io::Result<Option<(FileStat, u64)>> {
+    if let Some(st) = dir.stat(file_name(task, stream, n))? {
+        return Ok(Some((st, u64::try_from(st.st_size).unwrap_or(0))));
+    }
+    let Some(st) = dir.stat(zst_name(task, stream, n))? else {
+        return Ok(None);
+    };
+    if trust.not_logmons(&st, Kind::Log).is_some() {
+        return Ok(Some((st, 0)));
+    }
+    Ok(Some((st, zst_len_at(dir, trust, &zst_name(task, stream, n)))))
+}
+
+/// Whether file `n` is there under either name and logmon's own (a
+/// look through the directory, nothing opened).
+pub fn present(dir: &Dir, trust: &Trust, task: &TaskName, stream: Stream, n: u64) -> bool {
+    disk_size(dir, trust, task, stream, n).is_some()
 }
 
 /// The disk size of file `n` under whichever name holds logmon's file,
@@ -212,7 +253,7 @@ mod tests {
             else {
                 panic!("file {n} not opened")
             };
-            assert_eq!(f.is_compressed(), n == 1);
+            assert_eq!(matches!(f, LogFile::Zst(..)), n == 1);
             assert_eq!(f.len().unwrap(), plain.len() as u64);
             let mut buf = vec![0; 100];
             f.read_exact_at(&mut buf, 1000).unwrap();

@@ -622,6 +622,7 @@ mod tests {
         cfg.no_sandbox = true;
         cfg.keep_unshipped = 1 << 30;
         cfg.max_delay = std::time::Duration::from_millis(1500);
+        cfg.compress = Some(crate::shared::config::Codec::Zstd);
         for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
             cfg.meta.insert_pair(p).unwrap();
         }

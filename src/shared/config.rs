@@ -626,6 +626,19 @@ mod tests {
         let mut partial = s.clone();
         partial.0.remove("--pipe-size");
         assert_eq!(partial.differences(&s)[0].running, None);
+        // --compress: a difference like any other, but a logmon from
+        // before it (which compresses nothing) is not asked to restart
+        // for a configuration without it.
+        let mut zstd = base.clone();
+        zstd.compress = Some(Codec::Zstd);
+        assert_eq!(
+            s.differences(&zstd.settings())[0].to_string(),
+            "--compress none, not zstd"
+        );
+        let mut older = s.clone();
+        older.0.remove("--compress");
+        assert!(older.differences(&s).is_empty());
+        assert_eq!(older.differences(&zstd.settings())[0].running, None);
     }
 
     #[test]

@@ -564,6 +564,8 @@ mod tests {
     use super::start::last_lines;
     use super::*;
     use nix::sys::stat::Mode;
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
     use proptest::prelude::*;
 
     fn task() -> TaskName {

@@ -172,9 +172,7 @@ pub fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
         }
     }
     for n in plain.into_iter().filter(|n| packed.contains(n)) {
-        let own = |name: &str| {
-            matches!(dir.stat(name), Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none())
-        };
+        let own = |name: &str| matches!(dir.stat(name), Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none());
         if own(&zst_name(task, stream, n)) && own(&file_name(task, stream, n)) {
             dir.remove(file_name(task, stream, n))?;
             removed += 1;
@@ -255,7 +253,9 @@ impl Compressor {
             .spawn(move || run(&dir, &task, &rx, &flag))
         {
             Ok(t) => self.thread = Some(t),
-            Err(e) => tracing::error!(error = %e, "cannot start the compression thread; rotated files stay plain"),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the compression thread; rotated files stay plain")
+            }
         }
     }
 
@@ -351,7 +351,8 @@ mod tests {
         let body = lines(20_000);
         std::fs::write(d.path().join("web.stdout.0"), &body).unwrap();
         let dir = Dir::open(d.path()).unwrap();
-        let done = compress_file(&dir, &task(), Stream::Stdout, 0, &AtomicBool::new(false)).unwrap();
+        let done =
+            compress_file(&dir, &task(), Stream::Stdout, 0, &AtomicBool::new(false)).unwrap();
         assert!(matches!(done, Done::Compressed { plain, .. } if plain == body.len() as u64));
         assert_eq!(names(d.path()), ["web.stdout.0.zst"]);
         let back = zstd::decode_all(&std::fs::read(d.path().join("web.stdout.0.zst")).unwrap()[..])
@@ -390,7 +391,12 @@ mod tests {
         assert_eq!(tidy(&dir, &task(), Stream::Stdout).unwrap(), 2);
         assert_eq!(
             names(d.path()),
-            [".web.stderr.1.zst.tmp", "web.stdout.1", "web.stdout.2.zst", "web.stdout.3.zst"]
+            [
+                ".web.stderr.1.zst.tmp",
+                "web.stdout.1",
+                "web.stdout.2.zst",
+                "web.stdout.3.zst"
+            ]
         );
     }
 
@@ -418,9 +424,16 @@ mod tests {
         for n in 0..5 {
             std::fs::write(d.path().join(format!("web.stdout.{n}")), b"l\n").unwrap();
         }
-        std::fs::rename(d.path().join("web.stdout.1"), d.path().join("web.stdout.1.zst")).unwrap();
+        std::fs::rename(
+            d.path().join("web.stdout.1"),
+            d.path().join("web.stdout.1.zst"),
+        )
+        .unwrap();
         let dir = Dir::open(d.path()).unwrap();
         assert_eq!(due(&dir, &task(), Stream::Stdout, 4).unwrap(), [0, 2]);
-        assert_eq!(due(&dir, &task(), Stream::Stdout, 1).unwrap(), Vec::<u64>::new());
+        assert_eq!(
+            due(&dir, &task(), Stream::Stdout, 1).unwrap(),
+            Vec::<u64>::new()
+        );
     }
 }

@@ -613,10 +613,11 @@ pub fn locate_since(dir: &Dir, stamper: &mut Stamper, since: i64) -> io::Result<
         Err(_) => 0,
     };
     stamper.files.insert(n, t);
-    let offset = match crate::shared::logfile::open_log(dir, &trust, &stamper.task, stamper.stream, n)? {
-        OpenedLog::File(f, _) => line_start_at_or_after(&f, offset)?,
-        OpenedLog::Gone | OpenedLog::Foreign(_) => 0,
-    };
+    let offset =
+        match crate::shared::logfile::open_log(dir, &trust, &stamper.task, stamper.stream, n)? {
+            OpenedLog::File(f, _) => line_start_at_or_after(&f, offset)?,
+            OpenedLog::Gone | OpenedLog::Foreign(_) => 0,
+        };
     Ok(Position { index: n, offset })
 }
 

@@ -61,7 +61,9 @@ impl LogFile {
                 }
             },
             LogFile::Zst(_, bytes) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
                 let n = buf.len().min(bytes.len() - start);
                 buf[..n].copy_from_slice(&bytes[start..start + n]);
                 Ok(n)
@@ -98,7 +100,6 @@ impl LogFile {
             LogFile::Plain(f) | LogFile::Zst(f, _) => f,
         }
     }
-
 }
 
 /// The outcome of [`open_log`].
@@ -205,7 +206,10 @@ pub fn stat_any(
     if trust.not_logmons(&st, Kind::Log).is_some() {
         return Ok(Some((st, 0)));
     }
-    Ok(Some((st, zst_len_at(dir, trust, &zst_name(task, stream, n)))))
+    Ok(Some((
+        st,
+        zst_len_at(dir, trust, &zst_name(task, stream, n)),
+    )))
 }
 
 /// Whether file `n` is there under either name and logmon's own (a
@@ -239,7 +243,9 @@ mod tests {
     #[test]
     fn a_compressed_file_reads_as_its_plain_bytes_at_plain_offsets() {
         let d = tempfile::tempdir().unwrap();
-        let plain: Vec<u8> = (0..5000).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+        let plain: Vec<u8> = (0..5000)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
         std::fs::write(d.path().join("web.stdout.0"), &plain).unwrap();
         let z = zstd::encode_all(&plain[..], LEVEL).unwrap();
         std::fs::File::create(d.path().join("web.stdout.1.zst"))

@@ -271,7 +271,12 @@ mod tests {
         assert_eq!(tmp, ".web.stdout.3.zst.tmp");
         assert_eq!(parse_zst_temp(&tmp, &t, s), Some(3));
         assert_eq!(parse_any(&tmp, &t, s), None);
-        for other in ["web.stdout.03.zst", "web.stdout.3.zst.tmp", "web.stdout.zst", "web.stdout.3.zstd"] {
+        for other in [
+            "web.stdout.03.zst",
+            "web.stdout.3.zst.tmp",
+            "web.stdout.zst",
+            "web.stdout.3.zstd",
+        ] {
             assert_eq!(parse_any(other, &t, s), None, "{other}");
         }
     }

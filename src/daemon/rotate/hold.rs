@@ -44,13 +44,16 @@ impl Rotator {
         let mut bytes = 0u64;
         for &n in excess.iter().rev().filter(|&&n| n >= from) {
             // The disk a file takes, plain or compressed.
-            let size = [file_name(&self.task, self.stream, n), zst_name(&self.task, self.stream, n)]
-                .iter()
-                .find_map(|name| match self.dir.stat(name) {
-                    Ok(Some(st)) => Some(u64::try_from(st.st_size).unwrap_or(u64::MAX)),
-                    _ => None,
-                })
-                .unwrap_or(0);
+            let size = [
+                file_name(&self.task, self.stream, n),
+                zst_name(&self.task, self.stream, n),
+            ]
+            .iter()
+            .find_map(|name| match self.dir.stat(name) {
+                Ok(Some(st)) => Some(u64::try_from(st.st_size).unwrap_or(u64::MAX)),
+                _ => None,
+            })
+            .unwrap_or(0);
             if bytes.saturating_add(size) > self.keep_unshipped {
                 break;
             }

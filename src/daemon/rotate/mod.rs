@@ -11,7 +11,9 @@
 //! - a file ends early only because the next line does not fit; a line longer
 //!   than the limit starts a new file and is cut into pieces of exactly the
 //!   limit ([`plan()`]);
-//! - at most `max_files` files per stream are kept, the lowest indices go
+//! - at most `max_files` files per stream are kept (a compressed
+//!   `<task>.<stream>.<N>.zst` is file N: `--compress`,
+//!   [`crate::daemon::compress`]), the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
 //!   `0..=`[`MAX_INDEX`](crate::shared::names::MAX_INDEX), are ever removed or counted ([`scan_indices`](crate::shared::names::scan_indices)),
 //!   by `unlinkat` on the directory's fd. A name logmon did not make never

@@ -1,6 +1,8 @@
 //! Purging (docs/design.md §1): at most `max_files` files per stream, the
-//! lowest first, only names of the exact form `<task>.<stream>.<N>`, each
-//! file's index before the file; and the start-over that removes them all.
+//! lowest first, only names of the exact form `<task>.<stream>.<N>` (or
+//! its compressed form `<task>.<stream>.<N>.zst`, the same file N:
+//! docs/design.md §16), each file's index before the file; and the
+//! start-over that removes them all.
 //! Tests: `super::tests` (`purge_removes_a_files_index_with_it_and_orphans_below_the_active_one`,
 //! `a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`).
 
@@ -118,7 +120,10 @@ impl Rotator {
     /// Removes file `n`'s compressed name and a compression's temporary
     /// name, if there (`--compress`): purged with the plain name.
     fn remove_compressed(&self, n: u64) {
-        for name in [zst_name(&self.task, self.stream, n), zst_temp_name(&self.task, self.stream, n)] {
+        for name in [
+            zst_name(&self.task, self.stream, n),
+            zst_temp_name(&self.task, self.stream, n),
+        ] {
             if let Err(e) = self.dir.remove(&name) {
                 tracing::warn!(path = %self.dir.display(&name).display(), error = %e, "cannot purge");
             }

@@ -564,9 +564,9 @@ mod tests {
     use super::start::last_lines;
     use super::*;
     use nix::sys::stat::Mode;
+    use proptest::prelude::*;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
-    use proptest::prelude::*;
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()

@@ -58,7 +58,12 @@ fn read_with_the_zstd_tool(dir: &Path, task: &str) -> Vec<u8> {
         if z {
             let f = dir.join(format!("{task}.stdout.{n}.zst"));
             let t = Command::new("zstd").arg("-tq").arg(&f).output().unwrap();
-            assert!(t.status.success(), "zstd -t {}: {}", f.display(), text(&t.stderr));
+            assert!(
+                t.status.success(),
+                "zstd -t {}: {}",
+                f.display(),
+                text(&t.stderr)
+            );
             let d = Command::new("zstd").arg("-dcq").arg(&f).output().unwrap();
             assert!(d.status.success(), "zstd -dc {}", f.display());
             out.extend(d.stdout);
@@ -110,13 +115,17 @@ fn every_view_reads_compressed_files_as_the_plain_input_and_the_zstd_tool_reads_
     args.extend(COMPRESS);
     let d = Daemon::start(&logs, "web", &args);
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 0, 3000);
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 3)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 3
+    )));
     // A second batch, captured later: what --since finds by the index.
     std::thread::sleep(Duration::from_millis(1100));
     let since = logmon::internals::time::format_rfc3339(logmon::internals::index::now_ns());
     std::thread::sleep(Duration::from_millis(50));
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 3000, 6000);
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 10)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 10
+    )));
     let all = numbered(0, 6000);
     // Nearly every file is compressed, and smaller.
     let (files, stray) = names(&logs, "web");
@@ -149,7 +158,11 @@ fn every_view_reads_compressed_files_as_the_plain_input_and_the_zstd_tool_reads_
     let ls = cli(&["ls", "--log-dir", s(&logs), "--json"]);
     let j: serde_json::Value = serde_json::from_slice(&ok(&ls)).unwrap();
     let out = &j["tasks"][0]["streams"]["stdout"];
-    assert_eq!(out["files"].as_u64().unwrap() as usize, files.len(), "{out}");
+    assert_eq!(
+        out["files"].as_u64().unwrap() as usize,
+        files.len(),
+        "{out}"
+    );
     stop(d);
 }
 
@@ -200,7 +213,9 @@ fn kill_9_during_compression_keeps_every_line_once_and_no_stray_name() {
         wait_until(PATIENCE, || ok(&logs_of(&logs, &[])).len() >= want),
         "not every line captured"
     );
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 5)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 5
+    )));
     stop(d);
     assert_numbered(&ok(&logs_of(&logs, &[])), 0, total);
     assert_numbered(&read_with_the_zstd_tool(&logs, "web"), 0, total);
@@ -216,7 +231,9 @@ fn purge_counts_a_compressed_file_as_its_n() {
     args.extend(COMPRESS);
     let d = Daemon::start(&logs, "web", &args);
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 0, 3000);
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 4)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 4
+    )));
     stop(d);
     let (files, _) = names(&logs, "web");
     assert_eq!(files.len(), 6, "{files:?}");
@@ -240,7 +257,9 @@ fn the_shipper_reads_across_compressed_files_after_an_outage() {
     let d = Daemon::start(&logs, "web", &args);
     // The node's shipper is down while the stream rotates and compresses.
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 0, 10_000);
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 5)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 5
+    )));
     let mut srv = Server::single(&tmp.path().join("js"));
     let ship_args: Vec<String> = [
         "--nats",
@@ -259,14 +278,22 @@ fn the_shipper_reads_across_compressed_files_after_an_outage() {
     let ship_args: Vec<&str> = ship_args.iter().map(String::as_str).collect();
     let mut ship = Shipper::start(&ship_args);
     let mut r = Reader::new(&srv.url(), "LOGS");
-    assert!(r.wait_for(&[("web", "stdout", line_bytes(0, 10_000))], Duration::from_secs(60)));
+    assert!(r.wait_for(
+        &[("web", "stdout", line_bytes(0, 10_000))],
+        Duration::from_secs(60)
+    ));
     // The server goes down; more files rotate and compress meanwhile.
     srv.kill();
     write_numbered(&fifo(&logs, "web", Stream::Stdout), 10_000, 20_000);
-    assert!(wait_until(PATIENCE, || compressed_all_but_two(&logs, "web", 12)));
+    assert!(wait_until(PATIENCE, || compressed_all_but_two(
+        &logs, "web", 12
+    )));
     srv.restart();
     let mut r = Reader::new(&srv.url(), "LOGS");
-    assert!(r.wait_for(&[("web", "stdout", line_bytes(0, 20_000))], Duration::from_secs(90)));
+    assert!(r.wait_for(
+        &[("web", "stdout", line_bytes(0, 20_000))],
+        Duration::from_secs(90)
+    ));
     assert_numbered(&r.bytes_of("web", "stdout"), 0, 20_000);
     assert_eq!(ship.sigterm(), Some(0));
     stop(d);
@@ -276,7 +303,15 @@ fn the_shipper_reads_across_compressed_files_after_an_outage() {
 fn an_unknown_codec_is_one_line_and_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = s(tmp.path());
-    let out = cli(&["run", "--task", "web", "--log-dir", dir, "--compress", "gzip"]);
+    let out = cli(&[
+        "run",
+        "--task",
+        "web",
+        "--log-dir",
+        dir,
+        "--compress",
+        "gzip",
+    ]);
     let err = assert_exit_naming(&out, 2, "gzip");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let out = finish({

@@ -125,7 +125,13 @@ pub fn compress_file(
             return Err(e);
         }
     };
-    publish(dir, task, stream, n)?;
+    match publish(dir, task, stream, n) {
+        Ok(true) => {}
+        // Purged meanwhile (the temporary name with it): nothing stays.
+        Ok(false) => return Ok(Done::Skipped),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Done::Skipped),
+        Err(e) => return Err(e),
+    }
     Ok(Done::Compressed {
         plain: plain_bytes,
         packed,

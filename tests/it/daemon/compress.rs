@@ -154,6 +154,18 @@ fn every_view_reads_compressed_files_as_the_plain_input_and_the_zstd_tool_reads_
     assert_numbered(logged.as_bytes(), 0, 6000);
     assert_numbered(&follow(&logs, all.len()), 0, 6000);
 
+    // The compression thread is confined like the capture thread.
+    let mut threads = 0;
+    for t in std::fs::read_dir(format!("/proc/{}/task", d.pid())).unwrap() {
+        let t = t.unwrap().path();
+        let status = std::fs::read_to_string(t.join("status")).unwrap();
+        for want in ["NoNewPrivs:\t1", "Seccomp:\t2", "CapEff:\t0000000000000000"] {
+            assert!(status.contains(want), "{}: no {want}", t.display());
+        }
+        threads += 1;
+    }
+    assert_eq!(threads, 2, "the capture thread and the compressor");
+
     // ls: one file per N, the disk the compressed files take.
     let ls = cli(&["ls", "--log-dir", s(&logs), "--json"]);
     let j: serde_json::Value = serde_json::from_slice(&ok(&ls)).unwrap();

@@ -12,7 +12,7 @@
 #     logmon-zstd) against the zstd tool at the same level (-3, one
 #     thread) on the same files (their plain bytes, decompressed here).
 #
-#   benches/compress.sh                 # 256 MiB, 3 runs of each
+#   benches/compress.sh                 # 256 MiB of lines written 4 times, 3 runs of each
 #   MIB=64 RUNS=2 benches/compress.sh   # smaller, on a busy machine
 #
 # Needs python3 and zstd; builds the release binaries if missing.
@@ -20,6 +20,9 @@ set -euo pipefail
 
 MIB=${MIB:-256}
 RUNS=${RUNS:-3}
+# Times the lines are written per run (1 GiB by default: long enough
+# that the capture time is not lost in start-up noise).
+REPEAT=${REPEAT:-4}
 FILE_SIZE=${FILE_SIZE:-10MiB}
 WORK=${WORK:-/var/tmp/logmon-compress}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,7 +68,7 @@ with open(out, "w") as f:
         f.write(line)
         n += len(line)
 EOF
-BYTES=$(stat -c %s "$INPUT")
+BYTES=$(( $(stat -c %s "$INPUT") * REPEAT ))
 
 # One capture of $INPUT into a fresh directory; prints
 # "secs=… cpu_zstd_s=… plain=… packed=…" (plain/packed: the compressed files'
@@ -84,7 +87,7 @@ capture() {
     pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir.ready")
     local start end
     start=$(date +%s%N)
-    cat "$INPUT" > "$dir/.web.stdout.fifo"
+    for _ in $(seq 1 "$REPEAT"); do cat "$INPUT"; done > "$dir/.web.stdout.fifo"
     # Every byte in the files (the daemon's own count) ends the clock.
     captured() {
         "$BIN" status --socket "$dir/.web.logmon.sock" | grep -o '"bytes_captured":[0-9]*' | head -1 | cut -d: -f2
@@ -95,8 +98,9 @@ capture() {
     if [ "$mode" = zstd ]; then
         # Wait for the compression thread to finish: all but the newest
         # two files compressed.
+        # Files by number (N and N.zst are one file).
         local files
-        files=$(find "$dir" -maxdepth 1 -name 'web.stdout.*' | wc -l)
+        files=$(find "$dir" -maxdepth 1 -name 'web.stdout.*' -printf '%f\n' | sed 's/\.zst$//' | sort -u | wc -l)
         until [ "$(find "$dir" -maxdepth 1 -name 'web.stdout.*.zst' | wc -l)" -ge $((files - 2)) ]; do sleep 0.05; done
         local tid
         for t in /proc/"$pid"/task/*; do
@@ -131,10 +135,13 @@ EOF
 }
 
 echo "input: $BYTES bytes of access-log lines, $FILE_SIZE files, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+secs_plain=() secs_zstd=()
 for i in $(seq 1 "$RUNS"); do
     for mode in plain zstd; do
         r=$(capture "$mode")
-        echo "run $i $mode: $r"
+        secs=$(echo "$r" | sed 's/^secs=\([0-9.]*\).*/\1/')
+        if [ "$mode" = plain ]; then secs_plain+=("$secs"); else secs_zstd+=("$secs"); fi
+        echo "run $i $mode: $r ($(awk -v b="$BYTES" -v s="$secs" 'BEGIN {printf "%.0f", b / s / 1e6}') MB/s)"
         if [ "$mode" = zstd ]; then
             cli=$(zstd_cli_cpu)
             eval "$r"
@@ -144,3 +151,7 @@ for i in $(seq 1 "$RUNS"); do
         fi
     done
 done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+mp=$(median "${secs_plain[@]}") mz=$(median "${secs_zstd[@]}")
+awk -v p="$mp" -v z="$mz" -v b="$BYTES" 'BEGIN {
+    printf "throughput (median of runs): plain %.0f MB/s, --compress zstd %.0f MB/s: %.2fx\n", b / p / 1e6, b / z / 1e6, p / z }'

@@ -214,6 +214,42 @@ pub struct Compressor {
     thread: Option<JoinHandle<()>>,
 }
 
+/// `--compress`: the compressor (its thread not started yet), with each
+/// rotator given its [`Kick`]; `None` without a codec.
+pub fn attach(
+    codec: Option<crate::shared::config::Codec>,
+    rotators: [&mut crate::daemon::rotate::Rotator; 2],
+) -> Option<Compressor> {
+    codec?;
+    let c = Compressor::new();
+    if let Some(k) = c.kick() {
+        for r in rotators {
+            r.set_compressor(k.clone());
+        }
+    }
+    Some(c)
+}
+
+/// Confines the daemon by `policy` (with the compressor's thread
+/// allowed when there is one), then starts that thread: started after
+/// confinement, it inherits every layer of it (docs/design.md §10).
+pub fn confine_then_start(
+    policy: crate::shared::sandbox::Policy<'_>,
+    compressor: Option<&mut Compressor>,
+    dir: &Arc<Dir>,
+    task: &TaskName,
+) {
+    match compressor {
+        Some(c) => {
+            crate::shared::sandbox::confine(&policy.compressing());
+            c.start(Arc::clone(dir), task.clone());
+        }
+        None => {
+            crate::shared::sandbox::confine(&policy);
+        }
+    }
+}
+
 /// What the capture thread holds to tell the compressor a stream rotated.
 #[derive(Debug, Clone)]
 pub struct Kick(Sender<(Stream, u64)>);

@@ -596,14 +596,7 @@ fn serve_until_stopped(
     let cfg = s.cfg;
     let (signals, poller) = watch_signals()?;
     let [mut r_out, mut r_err] = s.rotators;
-    let mut compressor = cfg.compress.map(|_| {
-        let c = crate::daemon::compress::Compressor::new();
-        c.kick().into_iter().for_each(|k| {
-            r_out.set_compressor(k.clone());
-            r_err.set_compressor(k);
-        });
-        c
-    });
+    let mut compressor = compress::attach(cfg.compress, [&mut r_out, &mut r_err]);
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
         Rc::new(RefCell::new(
             StreamCapture::new(stream, r, cfg.on_write_error).with_rate(cfg.rate()),
@@ -622,13 +615,7 @@ fn serve_until_stopped(
     // Confined before the ready line, on the only thread (docs/design.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
     let policy = crate::shared::sandbox::Policy::run(&s.log_dir, socket_dir.as_deref());
-    crate::shared::sandbox::confine(&match compressor {
-        Some(_) => policy.compressing(),
-        None => policy,
-    });
-    if let Some(c) = &mut compressor {
-        c.start(s.log_dir.clone(), cfg.task.clone());
-    }
+    compress::confine_then_start(policy, compressor.as_mut(), &s.log_dir, &cfg.task);
     let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir);
     let state = ServerState {
         welcome: s.welcome,

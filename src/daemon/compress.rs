@@ -19,7 +19,8 @@
 //!   fsynced, and only then is the plain file removed. A kill -9 at any
 //!   moment leaves the plain file, or the complete `.zst`, or both — and
 //!   both count as one file N everywhere
-//!   ([`crate::shared::names::scan_any_in`]); [`tidy`] at the next start
+//!   ([`crate::shared::names::scan_any_in`]); the rotator's `tidy` at the
+//!   next start (`daemon/rotate/tidy.rs`)
 //!   removes the temporary name and, of both, the plain one. A file
 //!   purged while it was being compressed takes its `.zst` with it.
 //!   (`tests::*` below; `tests/it/daemon/compress.rs::kill_9_during_compression_keeps_every_line_once_and_no_stray_name`.)
@@ -36,11 +37,10 @@ use std::thread::JoinHandle;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use crate::daemon::rotate::{Kick, Rotator};
 use crate::shared::dir::{Claim, Dir};
 use crate::shared::logfile::LEVEL;
-use crate::shared::names::{
-    file_name, parse_any, parse_zst_temp, zst_name, zst_temp_name, Stream, TaskName,
-};
+use crate::shared::names::{file_name, parse_any, zst_name, zst_temp_name, Stream, TaskName};
 
 /// How much of a plain file is read at a time; the stop flag is looked at
 /// between pieces.
@@ -159,34 +159,6 @@ fn publish(dir: &Dir, task: &TaskName, stream: Stream, n: u64) -> io::Result<boo
     }
 }
 
-/// At start, whatever a killed compression left of `stream`: its
-/// temporary names are removed, and where file N is there both plain and
-/// compressed (killed between rename and unlink) the plain name goes (the
-/// `.zst` is complete: it is renamed there only once synced). Returns how
-/// many names it removed. Done with or without `--compress`.
-pub fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
-    let names = dir.list()?;
-    let mut plain = Vec::new();
-    let mut packed = Vec::new();
-    let mut removed = 0;
-    for name in names.iter().filter_map(|n| n.to_str()) {
-        if parse_zst_temp(name, task, stream).is_some() {
-            dir.remove(name)?;
-            removed += 1;
-        } else if let Some((n, z)) = parse_any(name, task, stream) {
-            if z { &mut packed } else { &mut plain }.push(n);
-        }
-    }
-    for n in plain.into_iter().filter(|n| packed.contains(n)) {
-        let own = |name: &str| matches!(dir.stat(name), Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none());
-        if own(&zst_name(task, stream, n)) && own(&file_name(task, stream, n)) {
-            dir.remove(file_name(task, stream, n))?;
-            removed += 1;
-        }
-    }
-    Ok(removed)
-}
-
 /// The plain files of `stream` to compress when `active` is its active
 /// index: logmon's own plain files below the newest file under it.
 fn due(dir: &Dir, task: &TaskName, stream: Stream, active: u64) -> io::Result<Vec<u64>> {
@@ -218,7 +190,7 @@ pub struct Compressor {
 /// rotator given its [`Kick`]; `None` without a codec.
 pub fn attach(
     codec: Option<crate::shared::config::Codec>,
-    rotators: [&mut crate::daemon::rotate::Rotator; 2],
+    rotators: [&mut Rotator; 2],
 ) -> Option<Compressor> {
     codec?;
     let c = Compressor::new();
@@ -250,19 +222,6 @@ pub fn confine_then_start(
     }
 }
 
-/// What the capture thread holds to tell the compressor a stream rotated.
-#[derive(Debug, Clone)]
-pub struct Kick(Sender<(Stream, u64)>);
-
-impl Kick {
-    /// `stream`'s active index is now `active`: what lies two files below
-    /// is due. Never blocks.
-    pub fn rotated(&self, stream: Stream, active: u64) {
-        // A stopped compressor gone: nothing to tell.
-        let _ = self.0.send((stream, active));
-    }
-}
-
 impl Compressor {
     /// The channel, before the thread: the rotators take their
     /// [`Kick`]s (and queue their active index) while the daemon sets up;
@@ -280,7 +239,7 @@ impl Compressor {
 
     /// The handle the rotators take.
     pub fn kick(&self) -> Option<Kick> {
-        self.tx.clone().map(Kick)
+        self.tx.clone().map(Kick::new)
     }
 
     /// Starts the thread for `task` in `dir`: it compresses what each
@@ -410,36 +369,6 @@ mod tests {
         let done = compress_file(&dir, &task(), Stream::Stdout, 0, &AtomicBool::new(true)).unwrap();
         assert_eq!(done, Done::Stopped);
         assert_eq!(names(d.path()), ["web.stdout.0"]);
-    }
-
-    /// Every state a kill -9 can leave: tidy keeps exactly one name per
-    /// file N, the complete one, and no temporary name.
-    #[test]
-    fn tidy_after_a_kill_at_any_step_leaves_one_name_per_file() {
-        let d = tempfile::tempdir().unwrap();
-        let body = lines(1000);
-        let z = zstd::encode_all(&body[..], LEVEL).unwrap();
-        // Killed while writing the temporary name (a partial frame).
-        std::fs::write(d.path().join("web.stdout.1"), &body).unwrap();
-        std::fs::write(d.path().join(".web.stdout.1.zst.tmp"), &z[..z.len() / 2]).unwrap();
-        // Killed between the rename and the unlink.
-        std::fs::write(d.path().join("web.stdout.2"), &body).unwrap();
-        std::fs::write(d.path().join("web.stdout.2.zst"), &z).unwrap();
-        // Done.
-        std::fs::write(d.path().join("web.stdout.3.zst"), &z).unwrap();
-        // The other stream untouched.
-        std::fs::write(d.path().join(".web.stderr.1.zst.tmp"), b"x").unwrap();
-        let dir = Dir::open(d.path()).unwrap();
-        assert_eq!(tidy(&dir, &task(), Stream::Stdout).unwrap(), 2);
-        assert_eq!(
-            names(d.path()),
-            [
-                ".web.stderr.1.zst.tmp",
-                "web.stdout.1",
-                "web.stdout.2.zst",
-                "web.stdout.3.zst"
-            ]
-        );
     }
 
     #[test]

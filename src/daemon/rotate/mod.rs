@@ -100,6 +100,7 @@ mod indexing;
 mod plan;
 mod purge;
 mod resume;
+mod tidy;
 
 pub use plan::{plan, Step};
 
@@ -112,6 +113,25 @@ pub enum RotateError {
     /// Any other I/O failure on a log file or the directory.
     #[error(transparent)]
     Io(#[from] PathIo),
+}
+
+/// Where a rotator tells of each rotation, never waiting: the stream and
+/// its new active index (`--compress`: the compressor's channel,
+/// `crate::daemon::compress`).
+#[derive(Debug, Clone)]
+pub struct Kick(std::sync::mpsc::Sender<(Stream, u64)>);
+
+impl Kick {
+    /// A kick sending on `tx`.
+    pub fn new(tx: std::sync::mpsc::Sender<(Stream, u64)>) -> Kick {
+        Kick(tx)
+    }
+
+    /// `stream`'s active index is now `active`. Never blocks.
+    pub fn rotated(&self, stream: Stream, active: u64) {
+        // A stopped compressor gone: nothing to tell.
+        let _ = self.0.send((stream, active));
+    }
 }
 
 /// At most one warning about planted names per stream in this long; the
@@ -187,7 +207,7 @@ pub struct Rotator {
     starting_over: bool,
     /// `--compress`: told the new active index at each rotation
     /// ([`crate::daemon::compress`]).
-    compress: Option<crate::daemon::compress::Kick>,
+    compress: Option<Kick>,
 }
 
 impl Rotator {
@@ -265,7 +285,7 @@ impl Rotator {
             starting_over: false,
             compress: None,
         };
-        if let Err(e) = crate::daemon::compress::tidy(&r.dir, task, stream) {
+        if let Err(e) = tidy::tidy(&r.dir, task, stream) {
             tracing::warn!(%stream, error = %e, "cannot tidy what a killed compression left");
         }
         r.resume(&indices)?;
@@ -409,7 +429,7 @@ impl Rotator {
     /// compressed off this thread.
     /// The current active index is told right away, so what an earlier
     /// logmon left uncompressed is done too.
-    pub fn set_compressor(&mut self, kick: crate::daemon::compress::Kick) {
+    pub fn set_compressor(&mut self, kick: Kick) {
         kick.rotated(self.stream, self.index);
         self.compress = Some(kick);
     }

@@ -122,6 +122,10 @@ pub fn run_args(cfg: &CaptureConfig) -> Vec<OsString> {
         a.push("--rate-burst".into());
         a.push(burst.to_string().into());
     }
+    if let Some(codec) = cfg.compress {
+        a.push("--compress".into());
+        a.push(codec.as_str().into());
+    }
     for (k, v) in cfg.meta.iter() {
         a.push("--meta".into());
         a.push(format!("{k}={v}").into());
@@ -648,6 +652,7 @@ mod tests {
         cfg.no_sandbox = true;
         cfg.keep_unshipped = 1 << 30;
         cfg.max_delay = std::time::Duration::from_millis(1500);
+        cfg.compress = Some(crate::shared::config::Codec::Zstd);
         for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
             cfg.meta.insert_pair(p).unwrap();
         }

@@ -245,7 +245,7 @@ fn config_from(args: Vec<OsString>) -> Result<CaptureConfig, Failure> {
     super::run_config_or_message(argv).map_err(|m| {
         Failure::usage(format!(
             "{m} (the log URI's query gives {ME} logmon run's flags: --log-dir, --max-file-size, \
-             --max-files, --on-write-error, --keep-unshipped, --max-delay, …)"
+             --max-files, --on-write-error, --keep-unshipped, --max-delay, --compress, …)"
         ))
     })
 }

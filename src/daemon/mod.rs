@@ -54,6 +54,7 @@
 //! `memory` (start-up's heap handed back).
 
 pub mod capture;
+pub mod compress;
 #[allow(unsafe_code)] // malloc_trim and madvise of dead stack
 pub mod memory;
 #[allow(unsafe_code)] // owning the lifeline descriptor `logmon exec` hands over
@@ -607,7 +608,8 @@ fn serve_until_stopped(
         l.watch(&poller, LIFELINE)
             .map_err(io_err("cannot watch the lifeline of logmon exec"))?;
     }
-    let [r_out, r_err] = s.rotators;
+    let [mut r_out, mut r_err] = s.rotators;
+    let mut compressor = compress::attach(cfg.compress, [&mut r_out, &mut r_err]);
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
         Rc::new(RefCell::new(
             StreamCapture::new(stream, r, cfg.on_write_error).with_rate(cfg.rate()),
@@ -625,10 +627,8 @@ fn serve_until_stopped(
     }
     // Confined before the ready line, on the only thread (docs/design.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
-    crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::run(
-        &s.log_dir,
-        socket_dir.as_deref(),
-    ));
+    let policy = crate::shared::sandbox::Policy::run(&s.log_dir, socket_dir.as_deref());
+    compress::confine_then_start(policy, compressor.as_mut(), &s.log_dir, &cfg.task);
     let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir);
     let state = ServerState {
         welcome: s.welcome,

@@ -650,16 +650,19 @@ fn serve_until_stopped(
             .map_err(io_err("cannot serve the control socket"))?,
     );
 
-    // Start-up is over: its heap and stack peaks need not stay resident
-    // in each of thousands of waiting instances.
-    if let Err(e) = crate::daemon::memory::release_startup_memory() {
-        tracing::debug!(error = %e, "cannot release start-up memory");
-    }
     print_ready(&s.ready, s.ready_fd)?;
+    // What follows is not part of being ready, so whoever waits for the
+    // ready line does not wait for it; the event loop starts right after
+    // (bytes written meanwhile wait in the pipe).
     if let Some(f) = s.meta_unsynced {
         if let Err(e) = f.sync_data() {
             tracing::warn!(error = %e, "cannot sync the metadata file for readers");
         }
+    }
+    // Start-up is over: its heap and stack peaks need not stay resident
+    // in each of thousands of waiting instances.
+    if let Err(e) = crate::daemon::memory::release_startup_memory() {
+        tracing::debug!(error = %e, "cannot release start-up memory");
     }
     systemd::notify_ready(&state.stats());
     tracing::info!(task = %cfg.task, pid = s.ready.pid, socket = %s.socket.path.display(), "ready");

@@ -158,10 +158,24 @@ pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<V
     scan_indices_in(&Dir::open(dir)?, task, stream)
 }
 
+/// Whether `name` may be one of `task`'s `stream` files or their
+/// dotfiles (`<task>.<stream>.…`, `.<task>.<stream>.…`): what listing a
+/// shared directory for one stream keeps ([`Dir::list_matching`]).
+pub fn of_stream(name: &[u8], task: &TaskName, stream: Stream) -> bool {
+    let prefixed = |n: &[u8]| {
+        n.strip_prefix(task.as_str().as_bytes())
+            .and_then(|r| r.strip_prefix(b"."))
+            .and_then(|r| r.strip_prefix(stream.as_str().as_bytes()))
+            .is_some_and(|r| r.starts_with(b"."))
+    };
+    // A task's own name may start with a dot: both forms are tried.
+    prefixed(name) || name.strip_prefix(b".").is_some_and(prefixed)
+}
+
 /// [`scan_indices`] through a directory handle (no path walked).
 pub fn scan_indices_in(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
     let mut out: Vec<u64> = dir
-        .list()?
+        .list_matching(|n| of_stream(n, task, stream))?
         .iter()
         .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
         .collect();
@@ -239,6 +253,25 @@ pub fn parse_index_name(name: &str, task: &TaskName, stream: Stream) -> Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_stream_keeps_every_name_the_parsers_accept_and_not_other_tasks() {
+        for t in ["web", ".hidden", "a.b"] {
+            let task = TaskName::new(t).unwrap();
+            for s in [Stream::Stdout, Stream::Stderr] {
+                let file = file_name(&task, s, 7);
+                let idx = index_name(&task, s, 7);
+                assert_eq!(parse_index(&file, &task, s), Some(7));
+                assert_eq!(parse_index_name(&idx, &task, s), Some(7));
+                for n in [file, idx, hwm_name(&task, s)] {
+                    assert!(of_stream(n.as_bytes(), &task, s), "{n}");
+                }
+                let other = TaskName::new("api").unwrap();
+                assert!(!of_stream(file_name(&other, s, 7).as_bytes(), &task, s));
+                assert!(!of_stream(index_name(&other, s, 7).as_bytes(), &task, s));
+            }
+        }
+    }
 
     #[test]
     fn only_exact_names_are_ours() {

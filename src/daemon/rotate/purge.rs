@@ -23,6 +23,14 @@ impl Rotator {
         }
     }
 
+    /// The names in the directory that may be this stream's files or
+    /// their dotfiles (the others, other tasks' in a shared directory,
+    /// are never copied: `Dir::list_matching`).
+    fn list_own(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
+        self.dir
+            .list_matching(|n| crate::shared::names::of_stream(n, &self.task, self.stream))
+    }
+
     /// Removes the lowest indices until at most `max_files` remain, by
     /// name through the directory fd (a planted symlink's target is never
     /// touched; a planted directory is left alone).
@@ -47,7 +55,7 @@ impl Rotator {
     /// renamed to the new file's index and reused
     /// ([`Rotator::recycle_spare`]) a moment later.
     pub(super) fn purge(&mut self, keep_spare: bool) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
+        let names = self.list_own().map_err(|source| {
             RotateError::Io(PathIo {
                 what: "",
                 action: "list",
@@ -134,7 +142,7 @@ impl Rotator {
     /// starts over at 0 ([`Rotator::next_index`]), and forgets the mark
     /// so that 0 is stored.
     pub(super) fn start_over(&mut self) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
+        let names = self.list_own().map_err(|source| {
             RotateError::Io(PathIo {
                 what: "",
                 action: "list",

@@ -125,7 +125,10 @@ it captures the container as the task <container id>, with the namespace and id 
 metadata, into LOG_DIR/<id>.stdout.N and <id>.stderr.N. Each query key is one of the \
 run flags below and its value. A minimal holder keeps the container's pipes and \
 restarts the capturing logmon-run on them, so a kill -9 of that process loses no \
-byte and never gives the container EPIPE.",
+byte and never gives the container EPIPE. The capture ends with the container: \
+logmon stop on that process is refused (exit 1, one line saying to stop the \
+container, e.g. ctr task kill ID), because the holder would start another at once; \
+a signal sent to it directly is followed by a new capture process on the same pipes.",
         )
         .after_help(
             "Examples:\n  ctr run --rm --log-uri 'binary:///usr/bin/logmon-containerd?--log-dir=/var/log/containers&--max-files=5' \\\n      docker.io/library/busybox:latest web sh -c 'seq 1 3'\n  logmon logs --log-dir /var/log/containers --task web\n",

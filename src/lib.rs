@@ -16,6 +16,7 @@
 //!   and the daemon's: both O_RDWR, no EOF, no SIGPIPE); `index`, the
 //!   capture-time file format the daemon writes and the readers read;
 //!   `shipped`, the shipper's positions the daemon's purge respects;
+//!   `logfile`, the one opener of a stream's file N, plain or compressed;
 //!   [`process`] identity (pid, start time, instance id); `sandbox`
 //!   (no new privileges, no capabilities, Landlock, seccomp), `signals`
 //!   (a signalfd), `diag` (logmon's own diagnostics) and `error`.
@@ -29,7 +30,9 @@
 //!   `reactor` is the one epoll; `systemd` adds readiness, the fd store
 //!   and socket activation; `memory` hands start-up's heap back;
 //!   `source` is the one seam that knows where the pipes come from (FIFO
-//!   paths, the fd store, or pipes a runtime hands over).
+//!   paths, the fd store, or pipes a runtime hands over); `compress`
+//!   (`--compress zstd`) replaces older rotated files by `.zst` on a
+//!   thread of its own, the daemon's only other one.
 //! - **`agent/`** — the agent's side: `launch` starts a detached daemon;
 //!   [`client`] proves, before trusting it, that the process behind a
 //!   persisted [`protocol::ReattachConfig`] is the one launched; `state`

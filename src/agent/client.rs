@@ -589,6 +589,7 @@ impl Handle {
         let pidfd = start.and_then(|s| process::pidfd_checked(pid, s).ok().flatten());
         match self.request(&Request::Stop)? {
             Response::Stopping => {}
+            Response::Error { message } => return Err(ClientError::Declined(message)),
             other => return Err(ClientError::Unexpected(format!("{other:?}"))),
         }
         let Some(pidfd) = pidfd else {

@@ -242,6 +242,10 @@ pub enum ClientError {
     /// The daemon answered something unexpected.
     #[error("unexpected answer from logmon: {0}")]
     Unexpected(String),
+    /// The daemon declined the request and said why (a capture process
+    /// whose pipes a holder keeps declines `Stop`).
+    #[error("{0}")]
+    Declined(String),
     /// The daemon did not exit in time after `Stop`.
     #[error("logmon pid {pid} did not exit within {timeout:?} after Stop")]
     StopTimeout {

@@ -14,7 +14,12 @@
 //! two pipes handed over (the daemon's `source` seam). The capture process
 //! is an ordinary `logmon run` for the task `<container id>`: it holds the
 //! task lock, the control socket and the files, confines itself (the
-//! sandbox), and shows in `logmon ls`. The holder does nothing while the
+//! sandbox), and shows in `logmon ls`. The first one also gets fd 5 and
+//! writes containerd's ready byte itself, right after its ready line (so
+//! the shim does not wait for the holder to be scheduled again); the
+//! holder keeps no copy of fd 5. A capture process stopped over its
+//! socket (`logmon stop`) refuses: it would only be restarted here (the
+//! daemon's `source` module). The holder does nothing while the
 //! container writes: it waits in `poll` for a signal or for both pipes to
 //! have no writer left.
 //!
@@ -45,7 +50,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -145,14 +150,15 @@ fn serve() -> Result<i32, Failure> {
         .map_err(|e| Failure::other(format!("cannot handle signals: {e}")))?;
     // The bundle directory containerd starts us in is not ours to hold.
     let _ = std::env::set_current_dir("/");
-    let first = start_capture(&program, &cfg).map_err(|e| match e {
+    // The first capture process says ready to containerd itself, on fd 5,
+    // right after its ready line: the shim then waits for one process
+    // less to be scheduled (`daemon::source::READY_FD_ENV`). The holder
+    // keeps no copy, so a capture process that fails leaves the pipe to
+    // close with no byte once the holder exits non-zero, as before.
+    let first = start_capture(&program, &cfg, Some(ready)).map_err(|e| match e {
         StartError::Refused(f) => f,
         StartError::Other(m) => Failure::other(m),
     })?;
-    let mut ready = ready;
-    // A shim that stopped waiting is not our failure: the capture runs.
-    let _ = ready.write_all(b"R");
-    drop(ready);
     let mut holder = Holder {
         program,
         cfg,
@@ -245,7 +251,7 @@ fn config_from(args: Vec<OsString>) -> Result<CaptureConfig, Failure> {
     super::run_config_or_message(argv).map_err(|m| {
         Failure::usage(format!(
             "{m} (the log URI's query gives {ME} logmon run's flags: --log-dir, --max-file-size, \
-             --max-files, --on-write-error, --keep-unshipped, --max-delay, …)"
+             --max-files, --on-write-error, --keep-unshipped, --max-delay, --compress, …)"
         ))
     })
 }
@@ -304,8 +310,13 @@ enum StartError {
     Other(String),
 }
 
-/// Starts a capture process on the pipes and waits for its ready line.
-fn start_capture(program: &Path, cfg: &CaptureConfig) -> Result<Child, StartError> {
+/// Starts a capture process on the pipes and waits for its ready line;
+/// hands it `ready` (containerd's ready pipe) to write its ready byte on.
+fn start_capture(
+    program: &Path,
+    cfg: &CaptureConfig,
+    ready: Option<File>,
+) -> Result<Child, StartError> {
     let mut cmd = Command::new(program);
     cmd.args(launch::run_args(cfg).into_iter().skip(1))
         .env(launch::EXEC_VERSION_ENV, launch::BUILD)
@@ -324,8 +335,19 @@ fn start_capture(program: &Path, cfg: &CaptureConfig) -> Result<Child, StartErro
     for var in launch::SERVICE_MANAGER_ENV {
         cmd.env_remove(var);
     }
-    let mut child = cmd
-        .spawn()
+    if let Some(r) = &ready {
+        // Inherited across this one spawn only: the holder has one thread
+        // and starts nothing else meanwhile, and closes its copy below.
+        fcntl(r.as_fd(), FcntlArg::F_SETFD(FdFlag::empty()))
+            .map_err(|e| StartError::Other(format!("cannot hand over the ready pipe: {e}")))?;
+        cmd.env(
+            crate::daemon::source::READY_FD_ENV,
+            r.as_raw_fd().to_string(),
+        );
+    }
+    let spawned = cmd.spawn();
+    drop(ready);
+    let mut child = spawned
         .map_err(|e| StartError::Other(format!("cannot start {}: {e}", program.display())))?;
     match wait_ready(&mut child) {
         Ok(()) => Ok(child),
@@ -527,7 +549,7 @@ impl Holder {
     fn restart(&mut self) {
         self.started = Instant::now();
         self.term_sent = false;
-        match start_capture(&self.program, &self.cfg) {
+        match start_capture(&self.program, &self.cfg, None) {
             Ok(c) => {
                 self.child = Some(c);
                 self.restart_at = None;

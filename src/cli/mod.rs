@@ -368,6 +368,13 @@ pub struct RunArgs {
     /// quiet spell (at least 4KiB) [default: one second of the rate].
     #[arg(long, env = "LOGMON_RATE_BURST", value_name = "SIZE", value_parser = parse_size_arg, allow_negative_numbers = true)]
     pub rate_burst: Option<u64>,
+    /// Compress rotated files once a newer rotated file exists, into
+    /// TASK.STREAM.N.zst (zstd level 3, read by `zstd -d`); the active and
+    /// the newest rotated file stay plain. Every logmon reader and the
+    /// shipper read them as plain. Done on its own thread, never delaying
+    /// capture.
+    #[arg(long, env = "LOGMON_COMPRESS", value_name = "CODEC", value_enum)]
+    pub compress: Option<config::Codec>,
     /// Do not confine the daemon (Landlock, seccomp, capabilities): for debugging.
     #[arg(long, env = "LOGMON_NO_SANDBOX", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sandbox: bool,
@@ -401,6 +408,7 @@ impl RunArgs {
         c.keep_unshipped = self.keep_unshipped;
         c.rate_limit = self.rate_limit;
         c.rate_burst = self.rate_burst;
+        c.compress = self.compress;
         // Read by hand rather than by clap's `env`: its delimiter would
         // also split a `--meta` value at its commas.
         c.meta = crate::shared::meta::Meta::from_args(

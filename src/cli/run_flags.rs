@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use crate::shared::config::{self, CaptureConfig, TaskName, WriteErrorPolicy};
 
 /// Each flag that takes a value, with its variable.
-const VALUED: [(&str, &str); 13] = [
+const VALUED: [(&str, &str); 14] = [
     ("--task", "LOGMON_TASK"),
     ("--log-dir", "LOGMON_LOG_DIR"),
     ("--stdout-fifo", "LOGMON_STDOUT_FIFO"),
@@ -36,6 +36,7 @@ const VALUED: [(&str, &str); 13] = [
     ("--max-delay", "LOGMON_MAX_DELAY"),
     ("--rate-limit", "LOGMON_RATE_LIMIT"),
     ("--rate-burst", "LOGMON_RATE_BURST"),
+    ("--compress", "LOGMON_COMPRESS"),
 ];
 const NO_SANDBOX: (&str, &str) = ("--no-sandbox", "LOGMON_NO_SANDBOX");
 const META: &str = "--meta";
@@ -208,6 +209,11 @@ impl Given {
             Some("block") => WriteErrorPolicy::Block,
             Some(_) => return None,
         };
+        cfg.compress = match self.text("--compress", env)?.as_deref() {
+            None => None,
+            Some("zstd") => Some(config::Codec::Zstd),
+            Some(_) => return None,
+        };
         cfg.no_sandbox = self.no_sandbox(env)?;
         cfg.meta = crate::shared::meta::Meta::from_args(
             &self.meta,
@@ -250,6 +256,7 @@ mod tests {
         cfg.no_sandbox = true;
         cfg.rate_limit = Some(1 << 20);
         cfg.rate_burst = Some(8192);
+        cfg.compress = Some(config::Codec::Zstd);
         cfg.meta.insert_pair("job=web").expect("meta");
         let args = crate::agent::launch::run_args(&cfg);
         assert_eq!(args[0], "run");

@@ -5,7 +5,8 @@
 //! filters) peaks at about 100 KiB of heap and 70 KiB of stack, while a
 //! waiting daemon uses a fraction of either. Neither shrinks by itself:
 //! glibc keeps freed heap pages resident unless they are at the top, and
-//! stack pages stay resident once touched. So, right before the ready line:
+//! stack pages stay resident once touched. So, right after the ready line
+//! (not before: the agent waiting for it need not wait for this too):
 //!
 //! - `malloc_trim(0)` returns every whole free page of the heap to the
 //!   kernel (glibc `madvise`s the free chunks in the middle, too);

@@ -54,6 +54,7 @@
 //! `memory` (start-up's heap handed back).
 
 pub mod capture;
+pub mod compress;
 #[allow(unsafe_code)] // malloc_trim and madvise of dead stack
 pub mod memory;
 #[allow(unsafe_code)] // owning the lifeline descriptor `logmon exec` hands over
@@ -362,6 +363,7 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     // `logmon exec`'s lifeline, taken as early as the handed pipes.
     let lifeline = crate::daemon::reactor::Lifeline::from_env()
         .map_err(io_err("cannot take the lifeline of logmon exec"))?;
+    let ready_fd = source::take_ready_fd()?;
     // The one walk of the operator's paths: from here on every name is
     // resolved through these descriptors.
     let log_dir = Arc::new(Dir::open_log_dir(&cfg.log_dir).map_err(RotateError::from)?);
@@ -374,16 +376,23 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
     // fchmod away.
     make_log_dir_sticky(&log_dir);
     let (_lock, mut foreign) = lock_task(&log_dir, &cfg.lock_name(), cfg.task.as_str())?;
+    let stop_refusal = pipes.stop_refusal(cfg.task.as_str());
     let fifos = pipes.open(&cfg, &mut dirs, &mut inherited)?;
     foreign += fifos.iter().map(|f| f.replaced).sum::<u64>();
     let rotators = open_rotators(&cfg, &log_dir)?;
     // Under the task lock, so a refused second `run` never rewrites it.
-    match crate::shared::meta::publish(&log_dir, &cfg.task, &cfg.meta) {
-        Ok(n) => foreign += n,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot write the metadata file for readers; status still shows the metadata")
+    // Synced after the ready line, not before (`meta::publish_unsynced`).
+    let meta_unsynced = match crate::shared::meta::publish_unsynced(&log_dir, &cfg.task, &cfg.meta)
+    {
+        Ok((n, unsynced)) => {
+            foreign += n;
+            unsynced
         }
-    }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot write the metadata file for readers; status still shows the metadata");
+            None
+        }
+    };
     let socket = open_control_socket(&cfg, &mut dirs, &mut inherited)?;
     foreign += socket.foreign;
     let (ready, welcome) = identity(&cfg, &log_dir, &socket)?;
@@ -400,6 +409,9 @@ pub fn run(cfg: CaptureConfig) -> Result<(), DaemonError> {
             welcome,
             foreign,
             lifeline,
+            stop_refusal,
+            meta_unsynced,
+            ready_fd,
         },
         &mut held,
     );
@@ -583,12 +595,33 @@ struct Serving<'a> {
     welcome: Welcome,
     foreign: u64,
     lifeline: Option<crate::daemon::reactor::Lifeline>,
+    stop_refusal: Option<String>,
+    /// The metadata file, renamed into place but not yet synced.
+    meta_unsynced: Option<File>,
+    /// Where to write the ready byte as well (`source::take_ready_fd`).
+    ready_fd: Option<File>,
 }
 
 /// The poller token of the signalfd (stop signals and SIGIO).
 const SIGNALS: u64 = 0;
 /// The poller token of `logmon exec`'s lifeline (no server token is).
 const LIFELINE: u64 = u64::MAX;
+
+/// What follows the ready line and is not part of being ready, so whoever
+/// waits for the ready line does not wait for it; the event loop starts
+/// right after (bytes written meanwhile wait in the pipe).
+fn after_ready(meta_unsynced: Option<File>) {
+    if let Some(f) = meta_unsynced {
+        if let Err(e) = f.sync_data() {
+            tracing::warn!(error = %e, "cannot sync the metadata file for readers");
+        }
+    }
+    // Start-up is over: its heap and stack peaks need not stay resident
+    // in each of thousands of waiting instances.
+    if let Err(e) = crate::daemon::memory::release_startup_memory() {
+        tracing::debug!(error = %e, "cannot release start-up memory");
+    }
+}
 
 /// Starts the pumps, confines the process, serves the socket, prints the
 /// ready line, then runs the event loop until a stop and drains.
@@ -607,7 +640,8 @@ fn serve_until_stopped(
         l.watch(&poller, LIFELINE)
             .map_err(io_err("cannot watch the lifeline of logmon exec"))?;
     }
-    let [r_out, r_err] = s.rotators;
+    let [mut r_out, mut r_err] = s.rotators;
+    let mut compressor = compress::attach(cfg.compress, [&mut r_out, &mut r_err]);
     let captures = [(Stream::Stdout, r_out), (Stream::Stderr, r_err)].map(|(stream, r)| {
         Rc::new(RefCell::new(
             StreamCapture::new(stream, r, cfg.on_write_error).with_rate(cfg.rate()),
@@ -625,10 +659,8 @@ fn serve_until_stopped(
     }
     // Confined before the ready line, on the only thread (docs/design.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
-    crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::run(
-        &s.log_dir,
-        socket_dir.as_deref(),
-    ));
+    let policy = crate::shared::sandbox::Policy::run(&s.log_dir, socket_dir.as_deref());
+    compress::confine_then_start(policy, compressor.as_mut(), &s.log_dir, &cfg.task);
     let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir);
     let state = ServerState {
         welcome: s.welcome,
@@ -636,6 +668,7 @@ fn serve_until_stopped(
         started: Instant::now(),
         policy: cfg.on_write_error,
         stop: std::cell::Cell::new(false),
+        stop_refusal: s.stop_refusal,
         foreign_names: std::cell::Cell::new(s.foreign),
         meta: cfg.meta.clone(),
         log_dir: s.log_dir.clone(),
@@ -646,12 +679,8 @@ fn serve_until_stopped(
             .map_err(io_err("cannot serve the control socket"))?,
     );
 
-    // Start-up is over: its heap and stack peaks need not stay resident
-    // in each of thousands of waiting instances.
-    if let Err(e) = crate::daemon::memory::release_startup_memory() {
-        tracing::debug!(error = %e, "cannot release start-up memory");
-    }
-    print_ready(&s.ready)?;
+    print_ready(&s.ready, s.ready_fd)?;
+    after_ready(s.meta_unsynced);
     systemd::notify_ready(&state.stats());
     tracing::info!(task = %cfg.task, pid = s.ready.pid, socket = %s.socket.path.display(), "ready");
 
@@ -895,8 +924,9 @@ fn make_pumps(
 }
 
 /// Prints the ready line on stdout and closes stdout, so a launcher reading
-/// it sees EOF right after the line.
-fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
+/// it sees EOF right after the line; then writes one byte to `ready_fd`
+/// and closes it, when a runtime handed one over.
+fn print_ready(cfg: &ReattachConfig, ready_fd: Option<File>) -> Result<(), DaemonError> {
     let mut line = serde_json::to_string(cfg)
         .map_err(|e| io_err("cannot encode the ready line")(io::Error::other(e)))?;
     line.push('\n');
@@ -911,5 +941,9 @@ fn print_ready(cfg: &ReattachConfig) -> Result<(), DaemonError> {
     // std's stdout handle was flushed above and does not cache the
     // descriptor, so replacing fd 1 under it is sound.
     nix::unistd::dup2_stdout(&devnull).map_err(|e| io_err("cannot close stdout")(e.into()))?;
+    if let Some(mut f) = ready_fd {
+        // A runtime that stopped waiting is not our failure either.
+        let _ = f.write_all(b"R");
+    }
     Ok(())
 }

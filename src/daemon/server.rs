@@ -297,6 +297,9 @@ pub struct ServerState {
     pub policy: WriteErrorPolicy,
     /// Set by `Stop`.
     pub stop: Cell<bool>,
+    /// When set, `Stop` is answered with this error and the daemon goes
+    /// on (its pipes' holder would restart it: `source::PipeSource::stop_refusal`).
+    pub stop_refusal: Option<String>,
     /// Control-file names (lock, FIFOs, socket) found taken by something
     /// logmon did not create.
     pub foreign_names: Cell<u64>,
@@ -687,6 +690,11 @@ impl Conn {
                 }
                 tracing::info!("active files closed on request; reopening at the next write");
                 (Response::Reopened, After::Serve)
+            }
+            Request::Stop if state.stop_refusal.is_some() => {
+                let message = state.stop_refusal.clone().unwrap_or_default();
+                tracing::info!("stop requested over the control socket: refused");
+                (Response::Error { message }, After::Serve)
             }
             Request::Stop => {
                 tracing::info!("stop requested over the control socket");

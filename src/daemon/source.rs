@@ -21,7 +21,12 @@
 //!   was closed at exec can never be mistaken for a descriptor of its
 //!   own, and [`HANDED_FDS_ENV`] is removed so no child takes them again;
 //! - a pipe handed over keeps every byte across the death of the process
-//!   reading it (`tests/it/daemon/containerd.rs::kill_9_of_the_capture_process_twice_loses_no_line`).
+//!   reading it (`tests/it/daemon/containerd.rs::kill_9_of_the_capture_process_twice_loses_no_line`);
+//! - a daemon reading handed pipes refuses `Stop` over its socket
+//!   ([`PipeSource::stop_refusal`]): the holder that handed them starts a
+//!   new capture process on them at once, so a stop would undo itself; the
+//!   container's end is what ends the capture
+//!   (`tests/it/daemon/containerd.rs::stop_of_a_containers_capture_process_is_refused_and_it_goes_on`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -36,11 +41,52 @@ use crate::shared::config::CaptureConfig;
 /// pipes already open in this process, as `OUT:ERR` (e.g. `3:4`).
 pub const HANDED_FDS_ENV: &str = "LOGMON_INTERNAL_PIPE_FDS";
 
+/// The variable naming a descriptor open in this process on which the
+/// daemon writes one byte, then closes it, right after its ready line:
+/// the runtime's own readiness pipe (`logmon-containerd` hands containerd's
+/// fd 5 to its first capture process), so the runtime learns of readiness
+/// from the daemon itself, without waiting for the holder to be scheduled
+/// to read the ready line and pass it on.
+pub const READY_FD_ENV: &str = "LOGMON_INTERNAL_READY_FD";
+
+/// Takes the descriptor [`READY_FD_ENV`] names, if set: it must be open
+/// for writing; it becomes ours (close-on-exec) and the variable is
+/// removed. Call it before the process opens anything (as
+/// [`PipeSource::from_env`]).
+pub fn take_ready_fd() -> Result<Option<std::fs::File>, SourceError> {
+    let Some(value) = std::env::var_os(READY_FD_ENV) else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy().into_owned();
+    std::env::remove_var(READY_FD_ENV);
+    let Some(raw) = value.trim().parse::<RawFd>().ok().filter(|&n| n > 2) else {
+        return Err(SourceError::BadValue { value });
+    };
+    let bad = |why: String| SourceError::BadFd {
+        stream: "ready",
+        fd: raw,
+        why,
+    };
+    let flags = fcntl_raw(raw, FcntlArg::F_GETFL).map_err(|e| bad(format!("not open ({e})")))?;
+    if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_RDONLY {
+        return Err(bad("not open for writing".into()));
+    }
+    fcntl_raw(raw, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| bad(e.to_string()))?;
+    // SAFETY: the process that started us named `raw` in READY_FD_ENV as
+    // the pipe to say ready on; F_GETFL just showed it open, it is taken
+    // before this process opens anything (so it is not one of our own),
+    // and the variable is removed above, so nothing else wraps it.
+    Ok(Some(std::fs::File::from(unsafe {
+        OwnedFd::from_raw_fd(raw)
+    })))
+}
+
 /// A handed descriptor cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The variable is not two descriptor numbers.
-    #[error("invalid {HANDED_FDS_ENV}={value:?}: expected two descriptor numbers, OUT:ERR")]
+    /// The variable is not two descriptor numbers (or, for
+    /// [`READY_FD_ENV`], one).
+    #[error("invalid {HANDED_FDS_ENV} or {READY_FD_ENV} ({value:?}): expected descriptor numbers above 2 (OUT:ERR, or one)")]
     BadValue {
         /// The variable's value.
         value: String,
@@ -92,6 +138,22 @@ impl PipeSource {
         let out = take(out, "stdout")?;
         let err = take(err, "stderr")?;
         Ok(PipeSource::Handed([out, err]))
+    }
+
+    /// What `Stop` over the control socket answers instead of stopping,
+    /// when it must not stop: a holder handed these pipes over and keeps
+    /// them, restarting a capture process on them whenever one exits, so
+    /// a stop would only cost a restart (and the holder cannot tell it
+    /// from a crash). The capture ends with the container: its pipes' end,
+    /// or SIGTERM to the holder, which containerd sends on a stop.
+    pub fn stop_refusal(&self, task: &str) -> Option<String> {
+        matches!(self, PipeSource::Handed(_)).then(|| {
+            format!(
+                "not stopped: logmon-containerd holds the pipes of container {task} and would \
+                 start another capture process on them at once; stop the container instead \
+                 (ctr -n NAMESPACE task kill {task}), and its logger drains and exits"
+            )
+        })
     }
 
     /// The two pipes, opened (FIFOs), adopted from the fd store, or as

@@ -22,7 +22,7 @@ use nix::sys::stat::FileStat;
 
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, FileId, Kind, Trust};
-use crate::ship::scan::{glob_component, parse_log_name, Pattern};
+use crate::ship::scan::{glob_component, parse_log_name, parse_log_name_any, Pattern};
 
 /// A log directory found, and how to open it again.
 #[derive(Debug, Clone)]
@@ -266,7 +266,8 @@ enum Name {
 
 /// The task and kind of a name logmon gives its files, if it is one.
 fn parse_name(name: &str) -> Option<(TaskName, Name)> {
-    if let Some((task, stream, n)) = parse_log_name(name) {
+    // A compressed file (`--compress`) is its file N too.
+    if let Some((task, stream, n, _)) = parse_log_name_any(name) {
         return Some((task, Name::Log(stream, n)));
     }
     let hidden = name.strip_prefix('.')?;
@@ -350,7 +351,12 @@ pub fn list(dir: &Dir) -> io::Result<Listing> {
         match kind {
             Name::Log(stream, n) => {
                 let s = &mut t.streams[stream_index(stream)];
-                s.sizes.insert(n, u64::try_from(st.st_size).unwrap_or(0));
+                // Plain bytes: a compressed file's are in its header.
+                let size = match name.ends_with(".zst") {
+                    true => crate::shared::logfile::zst_len_at(dir, &trust, name),
+                    false => u64::try_from(st.st_size).unwrap_or(0),
+                };
+                s.sizes.insert(n, size);
                 s.inodes.insert(n, st.st_ino);
                 s.disk_bytes += blocks;
             }

@@ -408,8 +408,15 @@ enum Kind {
 fn kind(name: &str, task: &TaskName) -> Option<Kind> {
     let t = task.as_str();
     for s in Stream::ALL {
-        if let Some(n) = names::parse_index(name, task, s) {
+        // Plain or compressed (`--compress`), file N.
+        if let Some((n, _)) = names::parse_any(name, task, s) {
             return Some(Kind::Log(s, n));
+        }
+        if names::parse_zst_temp(name, task, s).is_some() {
+            return Some(Kind::Leftover(
+                "a compression's temporary file",
+                SFlag::S_IFREG,
+            ));
         }
         if let Some(n) = names::parse_index_name(name, task, s) {
             return Some(Kind::Index(s, n));

@@ -108,11 +108,12 @@ use nix::sys::stat::{Mode, SFlag};
 use serde::{Deserialize, Serialize};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::readers::follow::{not_logmons, open_log, pread, Chunk, Opened, Position};
+use crate::readers::follow::{not_logmons, open_log, Chunk, Opened, Position};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
 use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
-use crate::shared::names::{file_name, index_name, scan_indices_in};
+use crate::shared::logfile::{LogFile, OpenedLog};
+use crate::shared::names::{file_name, index_name, scan_any_in};
 use crate::shared::time::{format_rfc3339, now_ns, rfc3339, DurationFlag, Rfc3339Error, Why};
 
 /// A file not written for this long has every capture record it will
@@ -374,10 +375,20 @@ impl Stamper {
         }
     }
 
-    /// The log file's length and mtime (now, when it is gone).
+    /// The log file's (plain) length and mtime (now, when it is gone),
+    /// plain or compressed (`--compress` keeps the plain file's mtime).
     fn file_stat(&self, n: u64) -> (u64, i64) {
-        match self.dir.stat(file_name(&self.task, self.stream, n)) {
-            Ok(Some(st)) => (u64::try_from(st.st_size).unwrap_or(0), stat_ns(&st)),
+        let seen = match self.trust {
+            Some(trust) => {
+                crate::shared::logfile::stat_any(&self.dir, &trust, &self.task, self.stream, n)
+            }
+            None => self
+                .dir
+                .stat(file_name(&self.task, self.stream, n))
+                .map(|st| st.map(|st| (st, u64::try_from(st.st_size).unwrap_or(0)))),
+        };
+        match seen {
+            Ok(Some((st, len))) => (len, stat_ns(&st)),
             _ => (0, now_ns()),
         }
     }
@@ -617,7 +628,7 @@ impl Stamper {
 /// Only the file kept is held open.
 pub fn locate_since(dir: &Dir, stamper: &mut Stamper, since: i64) -> io::Result<Position> {
     let trust = dir.trust()?;
-    let files = scan_indices_in(dir, &stamper.task, stamper.stream)?;
+    let files = scan_any_in(dir, &stamper.task, stamper.stream)?;
     let mut start = None;
     for &n in files.iter().rev() {
         let t = stamper.read(n);
@@ -643,23 +654,23 @@ pub fn locate_since(dir: &Dir, stamper: &mut Stamper, since: i64) -> io::Result<
         Err(_) => 0,
     };
     stamper.files.insert(n, t);
-    let name = file_name(&stamper.task, stamper.stream, n);
-    let offset = match open_log(dir, &trust, &name)? {
-        Opened::File(f, _) => line_start_at_or_after(&f, offset)?,
-        Opened::Gone | Opened::Foreign(_) => 0,
-    };
+    let offset =
+        match crate::shared::logfile::open_log(dir, &trust, &stamper.task, stamper.stream, n)? {
+            OpenedLog::File(f, _) => line_start_at_or_after(&f, offset)?,
+            OpenedLog::Gone | OpenedLog::Foreign(_) => 0,
+        };
     Ok(Position { index: n, offset })
 }
 
 /// The first line start at or after `offset` in `f` (its length if none).
-fn line_start_at_or_after(f: &File, offset: u64) -> io::Result<u64> {
+fn line_start_at_or_after(f: &LogFile, offset: u64) -> io::Result<u64> {
     if offset == 0 {
         return Ok(0);
     }
     let mut pos = offset - 1;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = pread(f, &mut buf, pos)?;
+        let n = f.read_at(&mut buf, pos)?;
         if n == 0 {
             return Ok(pos);
         }

@@ -158,6 +158,23 @@ pub enum WriteErrorPolicy {
     Block,
 }
 
+/// How rotated files are compressed (`--compress`, docs/design.md §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// zstd frames (`<task>.<stream>.<N>.zst`) the `zstd` tool reads.
+    Zstd,
+}
+
+impl Codec {
+    /// The codec's name, as `--compress` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Codec::Zstd => "zstd",
+        }
+    }
+}
+
 /// The validated settings of one capture (`logmon run`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureConfig {
@@ -196,6 +213,9 @@ pub struct CaptureConfig {
     /// Depth of each stream's token bucket (`--rate-burst`); `None`: one
     /// second of the rate, at least [`MIN_RATE_BURST`].
     pub rate_burst: Option<u64>,
+    /// Compress rotated files but the newest (`--compress`, docs/design.md
+    /// §16); `None`: every file stays plain.
+    pub compress: Option<Codec>,
     /// The task's metadata (`--meta KEY=VALUE`, docs/design.md §11): shown in
     /// `status`, written for readers to `.<task>.logmon.meta`. Empty given
     /// to [`crate::agent::hook::Hook`] means "keep the metadata in the state".
@@ -222,7 +242,7 @@ pub fn printable_task(task: &TaskName) -> Result<(), ConfigError> {
 /// `ensure` compares before it trusts a running logmon. The paths (task,
 /// log directory, FIFOs, socket) are the task's identity, compared
 /// elsewhere. A flag added to `run` that changes behaviour is added here.
-pub const SETTINGS: [&str; 8] = [
+pub const SETTINGS: [&str; 9] = [
     "--max-files",
     "--max-file-size",
     "--on-write-error",
@@ -231,6 +251,7 @@ pub const SETTINGS: [&str; 8] = [
     "--keep-unshipped",
     "--no-sandbox",
     "--meta",
+    "--compress",
 ];
 
 /// A logmon's effective settings: each flag of [`SETTINGS`] with its
@@ -243,6 +264,9 @@ pub struct Settings(pub std::collections::BTreeMap<String, String>);
 
 /// `--meta`'s value in [`Settings`] when there is none.
 const NO_META: &str = "none";
+
+/// `--compress`'s value in [`Settings`] without it.
+const NO_CODEC: &str = "none";
 
 /// One setting that differs between a running logmon and a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,6 +301,10 @@ impl Settings {
                     return None;
                 }
                 let running = self.0.get(flag);
+                // A logmon from before `--compress` compresses nothing.
+                if flag == "--compress" && want == NO_CODEC && running.is_none() {
+                    return None;
+                }
                 (running != Some(want)).then(|| Difference {
                     flag: flag.to_owned(),
                     running: running.cloned(),
@@ -307,6 +335,7 @@ impl CaptureConfig {
             keep_unshipped: 0,
             rate_limit: None,
             rate_burst: None,
+            compress: None,
             meta: Meta::new(),
         }
     }
@@ -326,6 +355,7 @@ impl CaptureConfig {
             self.no_sandbox.to_string(),
             // Meta's Display says "none" when empty: NO_META.
             self.meta.to_string(),
+            self.compress.map_or(NO_CODEC, Codec::as_str).to_owned(),
         ];
         Settings(
             SETTINGS
@@ -596,6 +626,19 @@ mod tests {
         let mut partial = s.clone();
         partial.0.remove("--pipe-size");
         assert_eq!(partial.differences(&s)[0].running, None);
+        // --compress: a difference like any other, but a logmon from
+        // before it (which compresses nothing) is not asked to restart
+        // for a configuration without it.
+        let mut zstd = base.clone();
+        zstd.compress = Some(Codec::Zstd);
+        assert_eq!(
+            s.differences(&zstd.settings())[0].to_string(),
+            "--compress none, not zstd"
+        );
+        let mut older = s.clone();
+        older.0.remove("--compress");
+        assert!(older.differences(&s).is_empty());
+        assert_eq!(older.differences(&zstd.settings())[0].running, None);
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! the task's name and its two streams, the log files
 //! `<task>.<stream>.<N>`, their capture-time indexes
 //! `.<task>.<stream>.<N>.idx` and the stream's high-water mark
-//! `.<task>.<stream>.hwm`. The daemon writes under these names, the
+//! `.<task>.<stream>.hwm`; with `run --compress zstd`, an older rotated
+//! file's compressed form `<task>.<stream>.<N>.zst` and the temporary
+//! name it is written under, `.<task>.<stream>.<N>.zst.tmp` (docs/design.md
+//! §16). The daemon writes under these names, the
 //! readers, the shipper and `ls` look for them: one place says what they
 //! are, and which names a task may plant that are none of them (a
 //! non-canonical number such as `007`, a number past [`MAX_INDEX`]).
@@ -155,14 +158,78 @@ pub fn scan_indices(dir: &Path, task: &TaskName, stream: Stream) -> io::Result<V
     scan_indices_in(&Dir::open(dir)?, task, stream)
 }
 
+/// Whether `name` may be one of `task`'s `stream` files or their
+/// dotfiles (`<task>.<stream>.…`, `.<task>.<stream>.…`): what listing a
+/// shared directory for one stream keeps ([`Dir::list_matching`]).
+pub fn of_stream(name: &[u8], task: &TaskName, stream: Stream) -> bool {
+    let prefixed = |n: &[u8]| {
+        n.strip_prefix(task.as_str().as_bytes())
+            .and_then(|r| r.strip_prefix(b"."))
+            .and_then(|r| r.strip_prefix(stream.as_str().as_bytes()))
+            .is_some_and(|r| r.starts_with(b"."))
+    };
+    // A task's own name may start with a dot: both forms are tried.
+    prefixed(name) || name.strip_prefix(b".").is_some_and(prefixed)
+}
+
 /// [`scan_indices`] through a directory handle (no path walked).
 pub fn scan_indices_in(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
     let mut out: Vec<u64> = dir
-        .list()?
+        .list_matching(|n| of_stream(n, task, stream))?
         .iter()
         .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
         .collect();
     out.sort_unstable();
+    Ok(out)
+}
+
+/// `<task>.<stream>.<N>.zst`: file N compressed (`run --compress zstd`).
+/// It holds the same bytes as the plain file it replaced, and counts as
+/// file N wherever files are counted: a stream's file N is either name,
+/// and where both are there (a compression killed between its rename and
+/// its unlink), one file.
+pub fn zst_name(task: &TaskName, stream: Stream, index: u64) -> String {
+    format!("{}.zst", file_name(task, stream, index))
+}
+
+/// `.<task>.<stream>.<N>.zst.tmp`: where file N's compressed form is
+/// written before it is complete. Hidden, and no log file's name, so no
+/// reader ever opens a partial one; removed at the daemon's next start.
+pub fn zst_temp_name(task: &TaskName, stream: Stream, index: u64) -> String {
+    format!(".{}.tmp", zst_name(task, stream, index))
+}
+
+/// Parses `name` as `<task>.<stream>.<N>.zst` and returns N (canonical,
+/// at most [`MAX_INDEX`]).
+pub fn parse_zst(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
+    parse_index(name.strip_suffix(".zst")?, task, stream)
+}
+
+/// Parses `name` as `.<task>.<stream>.<N>.zst.tmp` and returns N.
+pub fn parse_zst_temp(name: &str, task: &TaskName, stream: Stream) -> Option<u64> {
+    parse_zst(name.strip_prefix('.')?.strip_suffix(".tmp")?, task, stream)
+}
+
+/// Parses `name` as file N of the stream under either of its names,
+/// `<task>.<stream>.<N>` or `<task>.<stream>.<N>.zst`, and says which
+/// (`true`: compressed).
+pub fn parse_any(name: &str, task: &TaskName, stream: Stream) -> Option<(u64, bool)> {
+    parse_index(name, task, stream)
+        .map(|n| (n, false))
+        .or_else(|| parse_zst(name, task, stream).map(|n| (n, true)))
+}
+
+/// The indices of `task`'s `stream` files in `dir` under either name
+/// (plain or `.zst`), ascending, each once.
+pub fn scan_any_in(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<Vec<u64>> {
+    let mut out: Vec<u64> = dir
+        .list()?
+        .iter()
+        .filter_map(|n| n.to_str().and_then(|s| parse_any(s, task, stream)))
+        .map(|(n, _)| n)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
     Ok(out)
 }
 
@@ -188,6 +255,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn of_stream_keeps_every_name_the_parsers_accept_and_not_other_tasks() {
+        for t in ["web", ".hidden", "a.b"] {
+            let task = TaskName::new(t).unwrap();
+            for s in [Stream::Stdout, Stream::Stderr] {
+                let file = file_name(&task, s, 7);
+                let idx = index_name(&task, s, 7);
+                assert_eq!(parse_index(&file, &task, s), Some(7));
+                assert_eq!(parse_index_name(&idx, &task, s), Some(7));
+                for n in [file, idx, hwm_name(&task, s)] {
+                    assert!(of_stream(n.as_bytes(), &task, s), "{n}");
+                }
+                let other = TaskName::new("api").unwrap();
+                assert!(!of_stream(file_name(&other, s, 7).as_bytes(), &task, s));
+                assert!(!of_stream(index_name(&other, s, 7).as_bytes(), &task, s));
+            }
+        }
+    }
+
+    #[test]
     fn only_exact_names_are_ours() {
         let t = TaskName::new("web").unwrap();
         assert_eq!(parse_index("web.stdout.0", &t, Stream::Stdout), Some(0));
@@ -203,6 +289,28 @@ mod tests {
             "web.stdout.-1",
         ] {
             assert_eq!(parse_index(other, &t, Stream::Stdout), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn compressed_names_are_file_n_and_the_temp_name_is_no_log_file() {
+        let t = TaskName::new("web").unwrap();
+        let s = Stream::Stdout;
+        assert_eq!(zst_name(&t, s, 3), "web.stdout.3.zst");
+        assert_eq!(parse_zst("web.stdout.3.zst", &t, s), Some(3));
+        assert_eq!(parse_any("web.stdout.3.zst", &t, s), Some((3, true)));
+        assert_eq!(parse_any("web.stdout.3", &t, s), Some((3, false)));
+        let tmp = zst_temp_name(&t, s, 3);
+        assert_eq!(tmp, ".web.stdout.3.zst.tmp");
+        assert_eq!(parse_zst_temp(&tmp, &t, s), Some(3));
+        assert_eq!(parse_any(&tmp, &t, s), None);
+        for other in [
+            "web.stdout.03.zst",
+            "web.stdout.3.zst.tmp",
+            "web.stdout.zst",
+            "web.stdout.3.zstd",
+        ] {
+            assert_eq!(parse_any(other, &t, s), None, "{other}");
         }
     }
 }

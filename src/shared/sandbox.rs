@@ -83,7 +83,8 @@
 //!    requests logmon and its runtime make (no `TIOCSTI` into an operator's
 //!    terminal from `logs`), `tgkill` only to itself (`abort`); `logs` may
 //!    start threads (`clone` with `CLONE_THREAD`; the `notify` watcher)
-//!    but `run` may not start anything. No `execve`, `ptrace`, `mount`,
+//!    but `run` may not start anything (under `--compress`, one thread:
+//!    the compressor, started once confined, [`Profile::RunCompress`]). No `execve`, `ptrace`, `mount`,
 //!    `bind`, `listen`, `kill`, `setuid`… (the full list is [`syscalls`]).
 //!
 //! Seccomp: `seccompiler` (rust-vmm, Firecracker's and Cloud
@@ -215,6 +216,9 @@ pub fn confined() -> bool {
 pub enum Profile {
     /// The capture daemon: no new threads or processes.
     Run,
+    /// The capture daemon with `--compress`: [`Profile::Run`] and one
+    /// thread (the compressor, started after confinement).
+    RunCompress,
     /// The reader: threads (the inotify watcher), inotify.
     Logs,
     /// The reader saving a cursor: [`Profile::Logs`] and renames.
@@ -312,6 +316,13 @@ impl<'a> Policy<'a> {
             p = p.fd(dir.fd(), Grant::RemoveFiles);
         }
         p
+    }
+
+    /// `run --compress`: [`Policy::run`], and the compression thread may
+    /// be started (`clone` of a thread only, and what a new thread calls).
+    pub fn compressing(mut self) -> Self {
+        self.profile = Profile::RunCompress;
+        self
     }
 
     /// `logs`' policy: read the log directory (the one open as `log_dir`,
@@ -621,7 +632,10 @@ fn rules(profile: Profile) -> BTreeMap<i64, Option<ArgIn>> {
         ),
     );
     rules.insert(libc::SYS_tgkill, one_of(0, &[std::process::id()]));
-    if matches!(profile, Profile::Logs | Profile::LogsCursor) {
+    if matches!(
+        profile,
+        Profile::Logs | Profile::LogsCursor | Profile::RunCompress
+    ) {
         let thread = libc::CLONE_THREAD as u32;
         rules.insert(
             libc::SYS_clone,
@@ -753,10 +767,16 @@ pub fn syscalls(profile: Profile) -> Vec<i64> {
     if matches!(profile, Profile::Logs | Profile::LogsCursor) {
         v.extend_from_slice(WATCHER_CALLS);
     }
+    if profile == Profile::RunCompress {
+        v.extend_from_slice(THREAD_CALLS);
+    }
     // `run`: a purged file's index renamed to the next file's, within
     // the log directory (Landlock allows no other rename, see above).
     // `logs --cursor`: the temporary file renamed over the cursor.
-    if matches!(profile, Profile::Run | Profile::LogsCursor) {
+    if matches!(
+        profile,
+        Profile::Run | Profile::RunCompress | Profile::LogsCursor
+    ) {
         v.extend([libc::SYS_renameat, libc::SYS_renameat2]);
         #[cfg(target_arch = "x86_64")]
         v.push(libc::SYS_rename);
@@ -882,6 +902,9 @@ const LEGACY_CALLS: &[i64] = &[
     libc::SYS_accept,
     libc::SYS_arch_prctl,
 ];
+
+/// What a new thread calls as it starts (`run --compress`'s compressor).
+const THREAD_CALLS: &[i64] = &[libc::SYS_set_robust_list, libc::SYS_rseq, libc::SYS_prctl];
 
 /// The `notify` watcher of `logs`: its thread and inotify.
 const WATCHER_CALLS: &[i64] = &[
@@ -1009,7 +1032,12 @@ mod tests {
         let high: Vec<u64> = values.iter().map(|v| v | 1 << 40).collect();
         values.extend(high);
         let numbers = (0..1024u32).chain([0x4000_0000, 0x4000_0001, u32::MAX - 1, u32::MAX]);
-        for p in [Profile::Run, Profile::Logs, Profile::LogsCursor] {
+        for p in [
+            Profile::Run,
+            Profile::RunCompress,
+            Profile::Logs,
+            Profile::LogsCursor,
+        ] {
             let compact = build_filter(p, arch).unwrap();
             let linear = linear_filter(p, arch);
             assert!(

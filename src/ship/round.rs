@@ -452,7 +452,8 @@ pub fn streams_in(dir: &Dir) -> std::io::Result<Listing> {
     let mut out = Listing::default();
     for name in dir.list()? {
         let Some(name) = name.to_str() else { continue };
-        let Some((task, stream, n)) = scan::parse_log_name(name) else {
+        // Plain or compressed (`run --compress`): file N either way.
+        let Some((task, stream, n, packed)) = scan::parse_log_name_any(name) else {
             continue;
         };
         // lstat through the handle: never followed.
@@ -463,10 +464,14 @@ pub fn streams_in(dir: &Dir) -> std::io::Result<Listing> {
             out.foreign.push((task, stream, name.to_owned(), why));
             continue;
         }
+        let size = match packed {
+            true => crate::shared::logfile::zst_len_at(dir, &trust, name),
+            false => u64::try_from(st.st_size).unwrap_or(0),
+        };
         out.streams
             .entry((task, stream))
             .or_default()
-            .insert(n, u64::try_from(st.st_size).unwrap_or(0));
+            .insert(n, size);
     }
     Ok(out)
 }

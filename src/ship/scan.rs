@@ -509,6 +509,16 @@ pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     Some((task, stream, n))
 }
 
+/// [`parse_log_name`] of a log file under either of its names, plain or
+/// compressed (`<task>.<stream>.<N>.zst`, `run --compress`); the last
+/// value says which (`true`: compressed).
+pub fn parse_log_name_any(name: &str) -> Option<(TaskName, Stream, u64, bool)> {
+    match name.strip_suffix(".zst") {
+        Some(plain) => parse_log_name(plain).map(|(t, s, n)| (t, s, n, true)),
+        None => parse_log_name(name).map(|(t, s, n)| (t, s, n, false)),
+    }
+}
+
 /// The task whose metadata file `name` is (`.<task>.logmon.meta`).
 pub fn parse_meta_name(name: &str) -> Option<TaskName> {
     let task = name.strip_prefix('.')?.strip_suffix(".logmon.meta")?;
@@ -580,6 +590,10 @@ mod tests {
         assert!(parse_log_name(".web.stdout.0.idx").is_none());
         assert!(parse_log_name("web.stdout.01").is_none());
         assert!(parse_log_name("web.stdlog.1").is_none());
+        assert!(parse_log_name("web.stdout.1.zst").is_none());
+        let (t, s, n, z) = parse_log_name_any("web.stdout.1.zst").unwrap();
+        assert_eq!((t.as_str(), s, n, z), ("web", Stream::Stdout, 1, true));
+        assert!(parse_log_name_any(".web.stdout.1.zst.tmp").is_none());
         assert!(parse_log_name("web.stdout.9223372036854775808").is_none());
         assert_eq!(
             parse_meta_name(".web.v2.logmon.meta").unwrap().as_str(),

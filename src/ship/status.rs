@@ -161,18 +161,19 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     };
     let (Ok(trust), Ok(files)) = (
         dir.trust(),
-        crate::shared::names::scan_indices_in(dir, &task, stream),
+        crate::shared::names::scan_any_in(dir, &task, stream),
     ) else {
         return (None, None);
     };
     let mut sizes = BTreeMap::new();
     for n in files.into_iter().filter(|&n| n >= s.file) {
-        let name = crate::shared::names::file_name(&task, stream, n);
-        let Ok(Some(st)) = dir.stat(&name) else {
+        // Plain or compressed (`run --compress`): its plain bytes.
+        let Ok(Some((st, len))) = crate::shared::logfile::stat_any(dir, &trust, &task, stream, n)
+        else {
             continue;
         };
         if trust.foreign_file(&st).is_none() {
-            sizes.insert(n, u64::try_from(st.st_size).unwrap_or(0));
+            sizes.insert(n, len);
         }
     }
     let (bytes, secs) = lag_of(dir, &task, stream, s, &sizes);

@@ -40,14 +40,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::state::{Gap, Pending, StreamState};
 use crate::readers::timeline::{Stamper, QUIET};
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{Dir, FileId, Kind, Opened, Trust};
+use crate::shared::dir::{Dir, FileId, Trust};
+use crate::shared::logfile::{open_log, LogFile, OpenedLog};
 
 /// Bytes read per window (one persisted plan, many messages).
 pub const WINDOW: u64 = 8 * 1024 * 1024;
@@ -91,7 +91,7 @@ pub enum Planned {
 /// The descriptors of a stream in use.
 struct Open {
     dir: Arc<Dir>,
-    file: Option<(u64, File)>,
+    file: Option<(u64, LogFile)>,
     stamper: Stamper,
     shipped: crate::shared::shipped::Writer,
 }
@@ -232,23 +232,24 @@ impl Tracked {
         trust: &Trust,
         n: u64,
         foreign: &mut u64,
-    ) -> Result<Option<File>, WindowError> {
+    ) -> Result<Option<LogFile>, WindowError> {
         let name = self.name(n);
         let read = |source| WindowError::Read {
             name: dir.display(&name).display().to_string(),
             source,
         };
         // The one trust rule (a look first: a FIFO or device at the name
-        // is never opened).
-        match dir.open_trusted(trust, &name, Kind::Log).map_err(read)? {
+        // is never opened); plain or compressed (`--compress`), read at
+        // plain offsets.
+        match open_log(dir, trust, &self.task, self.stream, n).map_err(read)? {
             // A hole is never shipped as zeros: logmon never makes one.
-            Opened::File(f, st) if has_hole(&f, &st) => {
+            OpenedLog::File(LogFile::Plain(f), st) if has_hole(&f, &st) => {
                 *foreign += 1;
                 Ok(None)
             }
-            Opened::File(f, _) => Ok(Some(f)),
-            Opened::Gone => Ok(None),
-            Opened::Foreign(_) => {
+            OpenedLog::File(f, _) => Ok(Some(f)),
+            OpenedLog::Gone => Ok(None),
+            OpenedLog::Foreign(_) => {
                 *foreign += 1;
                 Ok(None)
             }
@@ -257,7 +258,7 @@ impl Tracked {
 
     /// Whether file `n` is there and logmon's own (a look, no open).
     fn present(&self, dir: &Dir, trust: &Trust, n: u64) -> bool {
-        matches!(dir.stat(self.name(n)), Ok(Some(st)) if trust.not_logmons(&st, Kind::Log).is_none())
+        crate::shared::logfile::present(dir, trust, &self.task, self.stream, n)
     }
 
     /// The capture time (ns) of byte `offset` of file `n`.
@@ -453,8 +454,15 @@ impl Tracked {
     }
 
     fn cursor_len(&self, n: u64) -> Result<u64, WindowError> {
-        self.cursor_stat(n)
-            .map(|st| u64::try_from(st.st_size).unwrap_or(0))
+        match &self.open {
+            Some(Open {
+                file: Some((_, f)), ..
+            }) => f.len().map_err(|source| WindowError::Read {
+                name: self.name(n),
+                source,
+            }),
+            _ => self.cursor_stat(n).map(|_| 0),
+        }
     }
 
     /// Links of the cursor's file (0: it was deleted).
@@ -472,7 +480,7 @@ impl Tracked {
                 source: std::io::Error::other("file not open"),
             });
         };
-        nix::sys::stat::fstat(f).map_err(|e| WindowError::Read {
+        nix::sys::stat::fstat(f.file()).map_err(|e| WindowError::Read {
             name: self.name(n),
             source: e.into(),
         })
@@ -492,7 +500,7 @@ impl Tracked {
         if !list {
             return None;
         }
-        let listed = crate::shared::names::scan_indices_in(dir, &self.task, self.stream).ok()?;
+        let listed = crate::shared::names::scan_any_in(dir, &self.task, self.stream).ok()?;
         listed
             .into_iter()
             .filter(|&n| n >= from)
@@ -632,9 +640,7 @@ impl Tracked {
         let open = match &self.open {
             Some(Open {
                 file: Some((k, f)), ..
-            }) if *k == st.file => nix::sys::stat::fstat(f)
-                .ok()
-                .map(|s| u64::try_from(s.st_size).unwrap_or(0)),
+            }) if *k == st.file => f.len().ok(),
             _ => None,
         };
         let files: std::collections::BTreeSet<_> = files

@@ -5,7 +5,7 @@
 //! in `super::tests`.
 
 use super::Rotator;
-use crate::shared::names::file_name;
+use crate::shared::names::{file_name, zst_name};
 
 impl Rotator {
     /// Holds purge for the node's shipper (`run --keep-unshipped SIZE`):
@@ -43,10 +43,17 @@ impl Rotator {
         let mut held = Vec::new();
         let mut bytes = 0u64;
         for &n in excess.iter().rev().filter(|&&n| n >= from) {
-            let size = match self.dir.stat(file_name(&self.task, self.stream, n)) {
-                Ok(Some(st)) => u64::try_from(st.st_size).unwrap_or(u64::MAX),
-                _ => 0,
-            };
+            // The disk a file takes, plain or compressed.
+            let size = [
+                file_name(&self.task, self.stream, n),
+                zst_name(&self.task, self.stream, n),
+            ]
+            .iter()
+            .find_map(|name| match self.dir.stat(name) {
+                Ok(Some(st)) => Some(u64::try_from(st.st_size).unwrap_or(u64::MAX)),
+                _ => None,
+            })
+            .unwrap_or(0);
             if bytes.saturating_add(size) > self.keep_unshipped {
                 break;
             }

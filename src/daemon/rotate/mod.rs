@@ -11,7 +11,9 @@
 //! - a file ends early only because the next line does not fit; a line longer
 //!   than the limit starts a new file and is cut into pieces of exactly the
 //!   limit ([`plan()`]);
-//! - at most `max_files` files per stream are kept, the lowest indices go
+//! - at most `max_files` files per stream are kept (a compressed
+//!   `<task>.<stream>.<N>.zst` is file N: `--compress`,
+//!   [`crate::daemon::compress`]), the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
 //!   `0..=`[`MAX_INDEX`](crate::shared::names::MAX_INDEX), are ever removed or counted ([`scan_indices`](crate::shared::names::scan_indices)),
 //!   by `unlinkat` on the directory's fd. A name logmon did not make never
@@ -98,6 +100,7 @@ mod indexing;
 mod plan;
 mod purge;
 mod resume;
+mod tidy;
 
 pub use plan::{plan, Step};
 
@@ -110,6 +113,25 @@ pub enum RotateError {
     /// Any other I/O failure on a log file or the directory.
     #[error(transparent)]
     Io(#[from] PathIo),
+}
+
+/// Where a rotator tells of each rotation, never waiting: the stream and
+/// its new active index (`--compress`: the compressor's channel,
+/// `crate::daemon::compress`).
+#[derive(Debug, Clone)]
+pub struct Kick(std::sync::mpsc::Sender<(Stream, u64)>);
+
+impl Kick {
+    /// A kick sending on `tx`.
+    pub fn new(tx: std::sync::mpsc::Sender<(Stream, u64)>) -> Kick {
+        Kick(tx)
+    }
+
+    /// `stream`'s active index is now `active`. Never blocks.
+    pub fn rotated(&self, stream: Stream, active: u64) {
+        // A stopped compressor gone: nothing to tell.
+        let _ = self.0.send((stream, active));
+    }
 }
 
 /// At most one warning about planted names per stream in this long; the
@@ -183,6 +205,9 @@ pub struct Rotator {
     /// stream's files go before the next one is created
     /// ([`Rotator::next_index`]).
     starting_over: bool,
+    /// `--compress`: told the new active index at each rotation
+    /// ([`crate::daemon::compress`]).
+    compress: Option<Kick>,
 }
 
 impl Rotator {
@@ -258,7 +283,11 @@ impl Rotator {
             watch_name,
             name_checked: false,
             starting_over: false,
+            compress: None,
         };
+        if let Err(e) = tidy::tidy(&r.dir, task, stream) {
+            tracing::warn!(%stream, error = %e, "cannot tidy what a killed compression left");
+        }
         r.resume(&indices)?;
         r.purge(false)?;
         Ok(r)
@@ -390,6 +419,19 @@ impl Rotator {
         self.size = 0;
         self.at_line_start = true;
         self.rotations += 1;
+        if let Some(k) = &self.compress {
+            k.rotated(self.stream, self.index);
+        }
+    }
+
+    /// `--compress`: from now on each rotation tells `kick` the new
+    /// active index, and what lies below the newest rotated file is
+    /// compressed off this thread.
+    /// The current active index is told right away, so what an earlier
+    /// logmon left uncompressed is done too.
+    pub fn set_compressor(&mut self, kick: Kick) {
+        kick.rotated(self.stream, self.index);
+        self.compress = Some(kick);
     }
 
     /// fsyncs the active file, if one is open. Errors are logged: there is

@@ -1,6 +1,8 @@
 //! Purging (docs/design.md §1): at most `max_files` files per stream, the
-//! lowest first, only names of the exact form `<task>.<stream>.<N>`, each
-//! file's index before the file; and the start-over that removes them all.
+//! lowest first, only names of the exact form `<task>.<stream>.<N>` (or
+//! its compressed form `<task>.<stream>.<N>.zst`, the same file N:
+//! docs/design.md §16), each file's index before the file; and the
+//! start-over that removes them all.
 //! Tests: `super::tests` (`purge_removes_a_files_index_with_it_and_orphans_below_the_active_one`,
 //! `a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`).
 
@@ -8,7 +10,7 @@ use nix::errno::Errno;
 
 use super::{RotateError, Rotator};
 use crate::shared::error::PathIo;
-use crate::shared::names::{file_name, parse_index, parse_index_name};
+use crate::shared::names::{file_name, parse_any, parse_index_name, zst_name, zst_temp_name};
 
 impl Rotator {
     /// Purges now, not only when a new file is made: called while writes
@@ -19,6 +21,14 @@ impl Rotator {
         if let Err(e) = self.purge(false) {
             tracing::debug!(stream = %self.stream, error = %e, "cannot purge");
         }
+    }
+
+    /// The names in the directory that may be this stream's files or
+    /// their dotfiles (the others, other tasks' in a shared directory,
+    /// are never copied: `Dir::list_matching`).
+    fn list_own(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
+        self.dir
+            .list_matching(|n| crate::shared::names::of_stream(n, &self.task, self.stream))
     }
 
     /// Removes the lowest indices until at most `max_files` remain, by
@@ -45,7 +55,7 @@ impl Rotator {
     /// renamed to the new file's index and reused
     /// ([`Rotator::recycle_spare`]) a moment later.
     pub(super) fn purge(&mut self, keep_spare: bool) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
+        let names = self.list_own().map_err(|source| {
             RotateError::Io(PathIo {
                 what: "",
                 action: "list",
@@ -56,13 +66,15 @@ impl Rotator {
         let mut indices = Vec::new();
         let mut indexed = Vec::new();
         for n in names.iter().filter_map(|n| n.to_str()) {
-            if let Some(i) = parse_index(n, &self.task, self.stream) {
+            // File N under either name (plain or `.zst`) is one file.
+            if let Some((i, _)) = parse_any(n, &self.task, self.stream) {
                 indices.push(i);
             } else if let Some(i) = parse_index_name(n, &self.task, self.stream) {
                 indexed.push(i);
             }
         }
         indices.sort_unstable();
+        indices.dedup();
         for i in indexed {
             if i < self.index && indices.binary_search(&i).is_err() && self.spare != Some(i) {
                 self.remove_index(i);
@@ -98,6 +110,7 @@ impl Rotator {
             } else {
                 self.remove_index(old);
             }
+            self.remove_compressed(old);
             let name = file_name(&self.task, self.stream, old);
             match self.dir.remove(&name) {
                 Ok(()) => tracing::debug!(path = %self.dir.display(&name).display(), "purged"),
@@ -112,11 +125,24 @@ impl Rotator {
         Ok(())
     }
 
+    /// Removes file `n`'s compressed name and a compression's temporary
+    /// name, if there (`--compress`): purged with the plain name.
+    fn remove_compressed(&self, n: u64) {
+        for name in [
+            zst_name(&self.task, self.stream, n),
+            zst_temp_name(&self.task, self.stream, n),
+        ] {
+            if let Err(e) = self.dir.remove(&name) {
+                tracing::warn!(path = %self.dir.display(&name).display(), error = %e, "cannot purge");
+            }
+        }
+    }
+
     /// Removes every file of the stream (and its index) before numbering
     /// starts over at 0 ([`Rotator::next_index`]), and forgets the mark
     /// so that 0 is stored.
     pub(super) fn start_over(&mut self) -> Result<(), RotateError> {
-        let names = self.dir.list().map_err(|source| {
+        let names = self.list_own().map_err(|source| {
             RotateError::Io(PathIo {
                 what: "",
                 action: "list",
@@ -128,9 +154,11 @@ impl Rotator {
         let mut n = 0;
         for i in names.iter().filter_map(|n| {
             n.to_str()
-                .and_then(|s| parse_index(s, &self.task, self.stream))
+                .and_then(|s| parse_any(s, &self.task, self.stream))
+                .map(|(i, _)| i)
         }) {
             self.remove_index(i);
+            self.remove_compressed(i);
             let name = file_name(&self.task, self.stream, i);
             match self.dir.remove(&name) {
                 Ok(()) => n += 1,

@@ -16,7 +16,7 @@ use super::Position;
 use crate::shared::config::{Stream, TaskName};
 pub(crate) use crate::shared::dir::Opened;
 use crate::shared::dir::{Dir, Kind, Trust};
-use crate::shared::names::parse_index;
+use crate::shared::names::{parse_any, parse_index};
 
 /// What is known about a file of the stream that may be purged before the
 /// reader gets to it.
@@ -159,22 +159,26 @@ pub(super) fn scan(
     stream: Stream,
 ) -> io::Result<Listing> {
     let mut l = Listing::default();
-    for name in dir.list()? {
-        let Some(index) = name.to_str().and_then(|n| parse_index(n, task, stream)) else {
-            continue;
-        };
-        match dir.stat(&name)? {
+    // File N under either name (`--compress`: plain, or `.zst`) is one
+    // file, of its plain size (`crate::shared::logfile::stat_any`); a
+    // plain name gone to compression is not a purge.
+    let mut indices: Vec<u64> = dir
+        .list()?
+        .iter()
+        .filter_map(|n| n.to_str().and_then(|n| parse_any(n, task, stream)))
+        .map(|(i, _)| i)
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    for index in indices {
+        match crate::shared::logfile::stat_any(dir, trust, task, stream, index)? {
             None => l.vanished.push(index),
-            Some(st) => match not_logmons(trust, &st) {
-                None => l
-                    .files
-                    .push((index, u64::try_from(st.st_size).unwrap_or(0))),
+            Some((st, len)) => match not_logmons(trust, &st) {
+                None => l.files.push((index, len)),
                 Some(what) => l.foreign.push((index, what)),
             },
         }
     }
-    l.files.sort_unstable();
-    l.foreign.sort_unstable();
     Ok(l)
 }
 

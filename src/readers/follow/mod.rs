@@ -109,9 +109,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -561,27 +559,14 @@ impl Follower {
     }
 }
 
-/// `pread` that retries when interrupted (see [`read_at`]).
-pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    read_at(file, buf, offset)
-}
-
-/// `pread` that retries when interrupted.
-fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    loop {
-        match file.read_at(buf, offset) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            r => return r,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::start::last_lines;
     use super::*;
     use nix::sys::stat::Mode;
     use proptest::prelude::*;
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()

@@ -5,20 +5,21 @@
 //! `a_replaced_active_file_is_read_from_the_start`,
 //! `resuming_in_a_vanished_file_is_reported`).
 
-use std::fs::File;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::listing::{not_logmons, open_log, Opened};
-use super::{read_at, Chunk, Event, FollowError, Follower, Position};
+use super::listing::not_logmons;
+use super::{Chunk, Event, FollowError, Follower, Position};
 use crate::shared::dir::FileId;
+use crate::shared::logfile::{open_log, LogFile, OpenedLog};
 
 /// The file being read.
 #[derive(Debug)]
 pub(super) struct Current {
     pub(super) index: u64,
-    pub(super) file: File,
+    /// Plain, or a compressed file's plain bytes (`--compress`).
+    pub(super) file: LogFile,
     pub(super) offset: u64,
     pub(super) id: FileId,
     /// A higher index exists: at end-of-file, move on.
@@ -76,7 +77,7 @@ impl Follower {
     /// decides what next. On an error `cur` goes back in place: the caller
     /// may retry.
     pub(super) fn read_current(&mut self, mut cur: Current) -> Result<Flow, FollowError> {
-        let n = match read_at(&cur.file, &mut self.buf, cur.offset) {
+        let n = match cur.file.read_at(&mut self.buf, cur.offset) {
             Ok(n) => n,
             Err(e) => {
                 let err = self.io_err("read", self.path(cur.index))(e);
@@ -108,8 +109,8 @@ impl Follower {
     /// truncated, is there a later file (then it is finished: read it once
     /// more to its end), or was it replaced at its name? Else wait in it.
     pub(super) fn at_end(&mut self, mut cur: Current) -> Result<Flow, FollowError> {
-        let size = match cur.file.metadata() {
-            Ok(m) => m.len(),
+        let size = match cur.file.len() {
+            Ok(n) => n,
             Err(e) => {
                 let err = self.io_err("stat", self.path(cur.index))(e);
                 self.cur = Some(cur);
@@ -161,8 +162,8 @@ impl Follower {
             Ok(Some(st))
                 if not_logmons(&self.trust, &st).is_none() && FileId::of(&st) != cur.id =>
             {
-                let size = match cur.file.metadata() {
-                    Ok(m) => m.len(),
+                let size = match cur.file.len() {
+                    Ok(n) => n,
                     Err(e) => {
                         self.mark_unseen();
                         self.cur = Some(cur);
@@ -212,14 +213,14 @@ impl Follower {
         let listing = self.list(want.index)?;
         let top = listing.top();
         for &(index, _) in listing.files.iter().filter(|&&(i, _)| i >= want.index) {
-            let (file, st) = match open_log(&self.dir, &self.trust, &self.name(index))
+            let (file, st) = match open_log(&self.dir, &self.trust, &self.task, self.stream, index)
                 .map_err(self.io_err("open", self.path(index)))?
             {
-                Opened::File(f, st) => (f, st),
+                OpenedLog::File(f, st) => (f, st),
                 // Purged between the listing and the open: list again.
-                Opened::Gone => return Ok(Some(None)),
+                OpenedLog::Gone => return Ok(Some(None)),
                 // Swapped since the listing: not read; try the next one.
-                Opened::Foreign(what) => {
+                OpenedLog::Foreign(what) => {
                     self.note(index, what);
                     continue;
                 }
@@ -236,7 +237,7 @@ impl Follower {
             {
                 return Ok(None);
             }
-            let len = u64::try_from(st.st_size).unwrap_or(0);
+            let len = file.len().map_err(self.io_err("stat", self.path(index)))?;
             let mut notice = None;
             let mut offset = 0;
             if index == want.index {

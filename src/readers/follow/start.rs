@@ -4,13 +4,13 @@
 //! `last_bytes_span_files`).
 
 use std::io;
-use std::os::unix::fs::FileExt;
 
-use super::listing::{open_log, scan, Opened};
+use super::listing::scan;
 use super::{FollowError, Position, Start, BACK_BLOCK};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, Trust};
 use crate::shared::error::PathIo;
+use crate::shared::logfile::{open_log, OpenedLog};
 use crate::shared::names::file_name;
 
 pub(super) fn resolve_start(
@@ -99,19 +99,19 @@ pub(super) fn last_lines(
                 })
             }
         };
-        let (file, st) = match open_log(dir, trust, &name).map_err(io_err("open"))? {
-            Opened::File(f, st) => (f, st),
+        let file = match open_log(dir, trust, task, stream, index).map_err(io_err("open"))? {
+            OpenedLog::File(f, _) => f,
             // Purged: the lines before are gone; start after it.
-            Opened::Gone => {
+            OpenedLog::Gone => {
                 return Ok(Position {
                     index: index + 1,
                     offset: 0,
                 })
             }
             // Swapped since the listing: not part of the stream.
-            Opened::Foreign(_) => continue,
+            OpenedLog::Foreign(_) => continue,
         };
-        let mut end = u64::try_from(st.st_size).unwrap_or(0);
+        let mut end = file.len().map_err(io_err("stat"))?;
         while end > 0 {
             let start = end.saturating_sub(buf.len() as u64);
             let len = (end - start) as usize;

@@ -576,3 +576,59 @@ fn logs_ls_and_ship_work_on_a_containers_files() {
     let _ = run.wait();
     cd.assert_nothing_left();
 }
+
+#[test]
+fn stop_of_a_containers_capture_process_is_refused_and_it_goes_on() {
+    let cd = Containerd::start();
+    let mut run = cd
+        .run(
+            "held",
+            "",
+            "seq 1 2000; echo up >&2; while [ ! -e /tmp/go-held ]; do sleep 0.05; done; \
+             seq 2001 4000; sleep 1000",
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            stream(&cd.logs(), "held", Stream::Stderr) == "up\n"
+        }),
+        "the container did not start writing"
+    );
+    let pid = cd
+        .capture_pid("held")
+        .expect("a capture process in logmon ls");
+    // Its holder would start another capture at once: a stop would only
+    // cost a restart, so it is refused, in one line that says what to do.
+    let sock = cd.logs().join(".held.logmon.sock");
+    let out = logmon(&["stop", "--socket", sock.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("task kill held"), "{err}");
+    assert_eq!(
+        cd.capture_pid("held"),
+        Some(pid),
+        "the same process goes on"
+    );
+    // And it still captures: the container's next lines arrive.
+    std::fs::write(cd.dir().join("rootfs/tmp/go-held"), "").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            stream(&cd.logs(), "held", Stream::Stdout) == seq(1, 4000)
+        }),
+        "the lines after the refused stop were not captured"
+    );
+    assert_eq!(cd.capture_pid("held"), Some(pid));
+    let out = cd
+        .ctr(&["task", "kill", "-s", "SIGKILL", "held"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ctr task kill: {}", text(&out.stderr));
+    let _ = run.wait();
+    cd.assert_nothing_left();
+}

@@ -3,6 +3,7 @@
 //! hostile task against it and its files, rotation's properties, systemd.
 
 mod capture;
+mod compress;
 mod containerd;
 mod control;
 mod daemon_binary;

@@ -14,7 +14,7 @@
 //! a directory the task can write, so logmon never takes metadata *from*
 //! it; the agent's copy lives in its state file.
 //!
-//! `run` publishes the file when it holds the task lock ([`publish`]): it
+//! `run` publishes the file when it holds the task lock ([`publish_unsynced`]): it
 //! always describes the running logmon (removed when it runs without
 //! metadata). `ensure` keeps the metadata across relaunches through the
 //! state file (`ReattachConfig::meta`): a relaunch without `--meta` gets
@@ -263,15 +263,8 @@ fn write_and_rename(
 /// that is not logmon's own regular file (a symlink, a hard link, another
 /// owner's file, an empty directory) is removed first, never followed or
 /// written through; returns how many such names were removed.
-pub fn publish(dir: &Dir, task: &TaskName, meta: &Meta) -> std::io::Result<u64> {
-    let (foreign, unsynced) = publish_unsynced(dir, task, meta)?;
-    if let Some(f) = unsynced {
-        f.sync_data()?;
-    }
-    Ok(foreign)
-}
-
-/// [`publish`] without waiting for the disk: the file is renamed into
+///
+/// It does not wait for the disk: the file is renamed into
 /// place unsynced and returned, for the caller to `sync_data` once it
 /// has something more urgent done (`run` does it right after its ready
 /// line, as the sync cost a start 0.5 ms at the median and up to 15 ms
@@ -415,12 +408,12 @@ mod tests {
         let task = TaskName::new("web").unwrap();
         let mut m = Meta::new();
         m.insert("job", "web").unwrap();
-        assert_eq!(publish(&dir, &task, &m).unwrap(), 0);
+        assert_eq!(publish_unsynced(&dir, &task, &m).unwrap().0, 0);
         assert_eq!(load(&dir, &task), Some(m));
-        assert_eq!(publish(&dir, &task, &Meta::new()).unwrap(), 0);
+        assert_eq!(publish_unsynced(&dir, &task, &Meta::new()).unwrap().0, 0);
         assert!(!d.path().join(file_name(&task)).exists());
         std::fs::create_dir(d.path().join(file_name(&task))).unwrap();
-        assert_eq!(publish(&dir, &task, &Meta::new()).unwrap(), 1);
+        assert_eq!(publish_unsynced(&dir, &task, &Meta::new()).unwrap().0, 1);
         assert!(!d.path().join(file_name(&task)).exists());
     }
 

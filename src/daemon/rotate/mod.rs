@@ -91,7 +91,7 @@ use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 use crate::shared::error::PathIo;
 use crate::shared::index::IndexWriter;
-use crate::shared::names::{file_name, scan_indices_in};
+use crate::shared::names::{file_name, parse_index};
 
 // The rotator's responsibilities, one file each (`impl Rotator` blocks).
 mod active;
@@ -243,14 +243,24 @@ impl Rotator {
         limit: u64,
         keep_unshipped: u64,
     ) -> Result<Self, RotateError> {
-        let indices = scan_indices_in(&dir, task, stream).map_err(|source| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "list",
-                path: dir.path().to_owned(),
-                source,
-            })
-        })?;
+        // One listing of the stream's names serves the scan, the tidy and
+        // the first purge: in a directory many tasks share, each start
+        // pays for every name in it once per stream, not three times.
+        let mut listed = dir
+            .list_matching(|n| crate::shared::names::of_stream(n, task, stream))
+            .map_err(|source| {
+                RotateError::Io(PathIo {
+                    what: "",
+                    action: "list",
+                    path: dir.path().to_owned(),
+                    source,
+                })
+            })?;
+        let mut indices: Vec<u64> = listed
+            .iter()
+            .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
+            .collect();
+        indices.sort_unstable();
         let preallocate = preallocation_pays(&dir);
         let watch_name = names_can_move(&dir);
         let mut r = Rotator {
@@ -285,11 +295,15 @@ impl Rotator {
             starting_over: false,
             compress: None,
         };
-        if let Err(e) = tidy::tidy(&r.dir, task, stream) {
+        if let Err(e) = tidy::tidy_listed(&r.dir, task, stream, &mut listed) {
             tracing::warn!(%stream, error = %e, "cannot tidy what a killed compression left");
+            // What it did remove is unknown: list again.
+            r.resume(&indices)?;
+            r.purge(false)?;
+            return Ok(r);
         }
         r.resume(&indices)?;
-        r.purge(false)?;
+        r.purge_listed(false, &listed)?;
         Ok(r)
     }
 

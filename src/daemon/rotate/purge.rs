@@ -26,7 +26,7 @@ impl Rotator {
     /// The names in the directory that may be this stream's files or
     /// their dotfiles (the others, other tasks' in a shared directory,
     /// are never copied: `Dir::list_matching`).
-    fn list_own(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
+    pub(super) fn list_own(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
         self.dir
             .list_matching(|n| crate::shared::names::of_stream(n, &self.task, self.stream))
     }
@@ -63,6 +63,19 @@ impl Rotator {
                 source,
             })
         })?;
+        self.purge_listed(keep_spare, &names)
+    }
+
+    /// [`purge`](Self::purge) on `names`, the stream's names as just
+    /// listed ([`list_own`](Self::list_own)): at start, the one listing
+    /// the rotator's opening makes serves the scan, the tidy and this
+    /// first purge, so a start in a directory shared by many tasks reads
+    /// it once per stream, not three times.
+    pub(super) fn purge_listed(
+        &mut self,
+        keep_spare: bool,
+        names: &[std::ffi::OsString],
+    ) -> Result<(), RotateError> {
         let mut indices = Vec::new();
         let mut indexed = Vec::new();
         for n in names.iter().filter_map(|n| n.to_str()) {

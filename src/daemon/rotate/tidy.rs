@@ -14,15 +14,24 @@ use crate::shared::names::{file_name, parse_any, parse_zst_temp, zst_name, Strea
 /// compressed (killed between rename and unlink) the plain name goes (the
 /// `.zst` is complete: it is renamed there only once synced). Returns how
 /// many names it removed. Done with or without `--compress`.
-pub fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
-    let names = dir.list()?;
+///
+/// `names` are the stream's names as just listed (`Dir::list_matching`
+/// with `names::of_stream`); the names it removes are taken out of
+/// `names` too, so the caller's later steps (the first purge) go on from
+/// the same listing.
+pub fn tidy_listed(
+    dir: &Dir,
+    task: &TaskName,
+    stream: Stream,
+    names: &mut Vec<std::ffi::OsString>,
+) -> io::Result<u64> {
     let mut plain = Vec::new();
     let mut packed = Vec::new();
-    let mut removed = 0;
+    let mut gone: Vec<String> = Vec::new();
     for name in names.iter().filter_map(|n| n.to_str()) {
         if parse_zst_temp(name, task, stream).is_some() {
             dir.remove(name)?;
-            removed += 1;
+            gone.push(name.to_owned());
         } else if let Some((n, z)) = parse_any(name, task, stream) {
             if z { &mut packed } else { &mut plain }.push(n);
         }
@@ -31,15 +40,21 @@ pub fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
         let own = |name: &str| matches!(dir.stat(name), Ok(Some(st)) if crate::shared::dir::foreign_reason(&st).is_none());
         if own(&zst_name(task, stream, n)) && own(&file_name(task, stream, n)) {
             dir.remove(file_name(task, stream, n))?;
-            removed += 1;
+            gone.push(file_name(task, stream, n));
         }
     }
-    Ok(removed)
+    names.retain(|n| !n.to_str().is_some_and(|s| gone.iter().any(|g| g == s)));
+    Ok(gone.len() as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
+        let mut names = dir.list_matching(|n| crate::shared::names::of_stream(n, task, stream))?;
+        tidy_listed(dir, task, stream, &mut names)
+    }
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()

@@ -6,7 +6,8 @@
  *
  *   floor DIR <FIFO
  *
- * Exit 0 at EOF, 1 on an error (printed on stderr).
+ * Exit 0 at EOF, 1 on an error (printed on stderr).  (Not O_APPEND: splice
+ * refuses a file opened so.)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,7 +27,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "floor: path too long\n");
         return 2;
     }
-    int out = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) {
         fprintf(stderr, "floor: %s: %s\n", path, strerror(errno));
         return 1;

@@ -720,6 +720,8 @@ mod tests {
         cfg.keep_unshipped = 1 << 30;
         cfg.max_delay = std::time::Duration::from_millis(1500);
         cfg.compress = Some(crate::shared::config::Codec::Zstd);
+        cfg.rate_limit = Some(1 << 20);
+        cfg.rate_burst = Some(256 << 10);
         for p in ["job=web", "ns=prod", "note=a, b=c", "empty="] {
             cfg.meta.insert_pair(p).unwrap();
         }

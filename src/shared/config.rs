@@ -242,7 +242,7 @@ pub fn printable_task(task: &TaskName) -> Result<(), ConfigError> {
 /// `ensure` compares before it trusts a running logmon. The paths (task,
 /// log directory, FIFOs, socket) are the task's identity, compared
 /// elsewhere. A flag added to `run` that changes behaviour is added here.
-pub const SETTINGS: [&str; 9] = [
+pub const SETTINGS: [&str; 11] = [
     "--max-files",
     "--max-file-size",
     "--on-write-error",
@@ -252,7 +252,13 @@ pub const SETTINGS: [&str; 9] = [
     "--no-sandbox",
     "--meta",
     "--compress",
+    "--rate-limit",
+    "--rate-burst",
 ];
+
+/// The flags a logmon from before them does not report, whose "none"
+/// (off) is what such a logmon does: not a difference.
+const ADDED_OFF: [&str; 3] = ["--compress", "--rate-limit", "--rate-burst"];
 
 /// A logmon's effective settings: each flag of [`SETTINGS`] with its
 /// value in one canonical text (sizes in bytes, delays in milliseconds),
@@ -265,7 +271,7 @@ pub struct Settings(pub std::collections::BTreeMap<String, String>);
 /// `--meta`'s value in [`Settings`] when there is none.
 const NO_META: &str = "none";
 
-/// `--compress`'s value in [`Settings`] without it.
+/// `--compress`'s (and the rate limit's) value in [`Settings`] without it.
 const NO_CODEC: &str = "none";
 
 /// One setting that differs between a running logmon and a configuration.
@@ -301,8 +307,9 @@ impl Settings {
                     return None;
                 }
                 let running = self.0.get(flag);
-                // A logmon from before `--compress` compresses nothing.
-                if flag == "--compress" && want == NO_CODEC && running.is_none() {
+                // A logmon from before `--compress` (or the rate limit)
+                // compresses (or limits) nothing.
+                if ADDED_OFF.contains(&flag) && want == NO_CODEC && running.is_none() {
                     return None;
                 }
                 (running != Some(want)).then(|| Difference {
@@ -356,6 +363,12 @@ impl CaptureConfig {
             // Meta's Display says "none" when empty: NO_META.
             self.meta.to_string(),
             self.compress.map_or(NO_CODEC, Codec::as_str).to_owned(),
+            // Bytes per second, and the burst in effect (its default
+            // follows the rate).
+            self.rate()
+                .map_or_else(|| NO_CODEC.to_owned(), |(r, _)| r.to_string()),
+            self.rate()
+                .map_or_else(|| NO_CODEC.to_owned(), |(_, b)| b.to_string()),
         ];
         Settings(
             SETTINGS
@@ -639,6 +652,24 @@ mod tests {
         older.0.remove("--compress");
         assert!(older.differences(&s).is_empty());
         assert_eq!(older.differences(&zstd.settings())[0].running, None);
+        // --rate-limit and --rate-burst: compared like any other setting
+        // (the burst in effect, its default following the rate); a logmon
+        // from before them limits nothing.
+        let mut limited = base.clone();
+        limited.rate_limit = Some(1 << 20);
+        let d = s.differences(&limited.settings());
+        assert_eq!(
+            d.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "--rate-limit none, not 1048576",
+                format!("--rate-burst none, not {}", limited.rate().unwrap().1).as_str()
+            ]
+        );
+        let mut older = s.clone();
+        older.0.remove("--rate-limit");
+        older.0.remove("--rate-burst");
+        assert!(older.differences(&s).is_empty());
+        assert_eq!(older.differences(&limited.settings())[0].running, None);
     }
 
     #[test]

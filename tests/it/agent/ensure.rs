@@ -1172,6 +1172,19 @@ fn ensure_with_other_settings_relaunches_naming_them_and_loses_no_line() {
             ][..],
             "--no-sandbox false, not true",
         ),
+        (
+            // A limit far above what the task writes: nothing dropped.
+            &[
+                "--keep-unshipped",
+                "256MiB",
+                "--max-delay",
+                "5s",
+                "--no-sandbox",
+                "--rate-limit",
+                "1GiB/s",
+            ][..],
+            "--rate-limit none, not 1073741824",
+        ),
     ] {
         let before = a.saved();
         let out = a.ensure(flags);
@@ -1200,6 +1213,8 @@ fn ensure_with_other_settings_relaunches_naming_them_and_loses_no_line() {
         "--max-delay",
         "5s",
         "--no-sandbox",
+        "--rate-limit",
+        "1GiB/s",
     ]);
     let err = assert_exit(&out, 0);
     assert!(err.is_empty(), "{err}");

@@ -14,10 +14,9 @@
 //! - `capture_pump` — the daemon's own pump, [`Pump`] driven by the
 //!   daemon's event loop (`reactor::Poller`, SIGIO from a signalfd, with
 //!   whatever batching it does, `--max-delay` at its default), stopped once
-//!   the writer is done (it then drains the rest);
-//! - `capture_drain_noindex`, `capture_pump_noindex` — the same without the
-//!   capture-time index ([`Rotator::set_indexing`]), to measure its cost in
-//!   the same run.
+//!   the writer is done (it then drains the rest).
+//!
+//! Both keep the capture-time index, as the daemon always does.
 //!
 //! Every iteration gets a fresh log directory (rotation on: 4 MiB files, 4
 //! kept); the FIFO is opened with [`fifo::open_reader`] (1 MiB pipe) for all
@@ -45,6 +44,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
 use logmon::internals::capture::{Drained, PipeSource, Pump, StreamCapture};
+use logmon::internals::dir::Dir;
 use logmon::internals::fifo;
 use logmon::internals::reactor::{Interest, Poller};
 use logmon::internals::rotate::Rotator;
@@ -198,10 +198,11 @@ impl Epoll {
     }
 }
 
-fn new_capture(dir: &std::path::Path, index: bool) -> StreamCapture {
+fn new_capture(dir: &std::path::Path) -> StreamCapture {
     let task = TaskName::new("bench").expect("task name");
-    let mut rotator = Rotator::open(dir, &task, Stream::Stdout, KEEP, FILE_SIZE).expect("rotator");
-    rotator.set_indexing(index);
+    let dir = Arc::new(Dir::open_log_dir(dir).expect("log dir"));
+    let rotator =
+        Rotator::open_in(dir, &task, Stream::Stdout, KEEP, FILE_SIZE, 0, false).expect("rotator");
     StreamCapture::new(Stream::Stdout, rotator, WriteErrorPolicy::Drop)
 }
 
@@ -239,9 +240,9 @@ fn run_copy(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, buf: &mut [u8]) 
 }
 
 /// StreamCapture::drain through PipeSource, woken by edge-triggered epoll.
-fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
+fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
-    let mut capture = new_capture(dir.path(), index);
+    let mut capture = new_capture(dir.path());
     let mut peeker = logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("peeker");
     let devnull = File::options()
         .write(true)
@@ -289,13 +290,13 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) ->
 /// The daemon's pump in the daemon's event loop: SIGIO blocked and read
 /// from a signalfd, the pump advanced on it or at its deadline, and
 /// finished once the writer is done (a socket pair says so).
-fn run_pump(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern, index: bool) -> Sample {
+fn run_pump(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
     use nix::sys::signal::{SigSet, Signal};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     const SIGIO: u64 = 0;
     const DONE: u64 = 1;
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
-    let capture = Rc::new(RefCell::new(new_capture(dir.path(), index)));
+    let capture = Rc::new(RefCell::new(new_capture(dir.path())));
     let reader = fifo.reader.try_clone().expect("dup the reader");
     let total = data.len() as u64;
     logmon::internals::capture::sigio::install_handler().expect("SIGIO handler");
@@ -422,27 +423,18 @@ fn fifo_to_files(c: &mut Criterion) {
         drop(fifo);
 
         let fifo = open_fifo();
-        // With the capture-time index (as the daemon runs) and without it
-        // (`_noindex`), in the same run: its cost (docs/design.md §11).
-        for (suffix, index) in [("", true), ("_noindex", false)] {
-            let id = format!("capture_drain{suffix}");
+        for (id, run) in [
+            (
+                "capture_drain",
+                run_drain as fn(&Fifo, &Arc<Vec<u8>>, Pattern) -> Sample,
+            ),
+            ("capture_pump", run_pump),
+        ] {
             let mut cpu = Cpu::default();
-            g.bench_function(&id, |b| {
+            g.bench_function(id, |b| {
                 b.iter_custom(|iters| {
                     (0..iters)
-                        .map(|_| cpu.add(&run_drain(&fifo, &data, pattern, index), data.len()))
-                        .sum()
-                })
-            });
-            cpu.report(&format!("fifo_to_files/{}/{id}", pattern.name()));
-        }
-        for (suffix, index) in [("", true), ("_noindex", false)] {
-            let id = format!("capture_pump{suffix}");
-            let mut cpu = Cpu::default();
-            g.bench_function(&id, |b| {
-                b.iter_custom(|iters| {
-                    (0..iters)
-                        .map(|_| cpu.add(&run_pump(&fifo, &data, pattern, index), data.len()))
+                        .map(|_| cpu.add(&run(&fifo, &data, pattern), data.len()))
                         .sum()
                 })
             });

@@ -210,15 +210,14 @@ pub fn confine_then_start(
     compressor: Option<&mut Compressor>,
     dir: &Arc<Dir>,
     task: &TaskName,
-) {
+) -> crate::shared::sandbox::Status {
     match compressor {
         Some(c) => {
-            crate::shared::sandbox::confine(&policy.compressing());
+            let status = crate::shared::sandbox::confine(&policy.compressing());
             c.start(Arc::clone(dir), task.clone());
+            status
         }
-        None => {
-            crate::shared::sandbox::confine(&policy);
-        }
+        None => crate::shared::sandbox::confine(&policy),
     }
 }
 

@@ -465,6 +465,7 @@ fn open_rotators(cfg: &CaptureConfig, log_dir: &Arc<Dir>) -> Result<[Rotator; 2]
             cfg.max_files,
             cfg.max_file_size,
             cfg.keep_unshipped,
+            !cfg.no_sandbox,
         )
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
@@ -660,8 +661,8 @@ fn serve_until_stopped(
     // Confined before the ready line, on the only thread (docs/design.md §10).
     let socket_dir = s.socket.bound.as_ref().map(|b| b.dir.clone());
     let policy = crate::shared::sandbox::Policy::run(&s.log_dir, socket_dir.as_deref());
-    compress::confine_then_start(policy, compressor.as_mut(), &s.log_dir, &cfg.task);
-    let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir);
+    let sandbox = compress::confine_then_start(policy, compressor.as_mut(), &s.log_dir, &cfg.task);
+    let mut lost_dir = RestartForLostDir::new(stored, &s.log_dir, !cfg.no_sandbox);
     let state = ServerState {
         welcome: s.welcome,
         captures,
@@ -673,6 +674,7 @@ fn serve_until_stopped(
         meta: cfg.meta.clone(),
         log_dir: s.log_dir.clone(),
         settings: cfg.settings(),
+        sandbox,
     };
     let server = held.insert(
         server::Server::new(s.socket.listener, &poller)
@@ -881,9 +883,9 @@ struct RestartForLostDir {
 }
 
 impl RestartForLostDir {
-    fn new(fifos_stored: bool, log_dir: &Dir) -> Self {
+    fn new(fifos_stored: bool, log_dir: &Dir, confined: bool) -> Self {
         let armed = fifos_stored
-            && crate::shared::sandbox::confined()
+            && confined
             && !crate::shared::diag::launched()
             && systemd::creates_at_start(log_dir.path());
         if armed {

@@ -310,6 +310,8 @@ pub struct ServerState {
     pub log_dir: std::sync::Arc<Dir>,
     /// The effective settings, answering `Settings`.
     pub settings: crate::shared::config::Settings,
+    /// What the sandbox put in force (`crate::shared::sandbox::confine`).
+    pub sandbox: crate::shared::sandbox::Status,
 }
 
 impl ServerState {
@@ -326,21 +328,29 @@ impl ServerState {
             stdout: self.captures[0].borrow().stats(),
             stderr: self.captures[1].borrow().stats(),
             foreign_names: self.foreign_names.get(),
-            sandbox: crate::shared::sandbox::current(),
+            sandbox: self.sandbox.clone(),
             meta: self.meta.clone(),
-            log_dir_sticky: log_dir_sticky(&self.log_dir),
-            log_dir_gone: log_dir_gone(&self.log_dir),
+            log_dir_sticky: log_dir_sticky(&self.log_dir, self.confined()),
+            log_dir_gone: log_dir_gone(&self.log_dir, self.confined()),
         }
+    }
+}
+
+impl ServerState {
+    /// Whether this logmon confined itself (not `--no-sandbox`): its
+    /// filesystem perimeter is the directories it opened at start.
+    fn confined(&self) -> bool {
+        self.sandbox != crate::shared::sandbox::Status::off()
     }
 }
 
 /// Whether the log directory logmon writes into has the sticky bit: the
 /// one opened at start, or (without the sandbox) the one recreated at its
 /// name after it was deleted.
-fn log_dir_sticky(dir: &Dir) -> bool {
+fn log_dir_sticky(dir: &Dir, confined: bool) -> bool {
     let mode = if dir.is_deleted() {
         dir.stat_at_name()
-            .filter(|_| !log_dir_gone(dir))
+            .filter(|_| !log_dir_gone(dir, confined))
             .map(|st| st.st_mode)
     } else {
         nix::sys::stat::fstat(dir.fd()).ok().map(|st| st.st_mode)
@@ -353,11 +363,11 @@ fn log_dir_sticky(dir: &Dir) -> bool {
 /// it, docs/design.md §10) or nothing it would write into sits at its name (a
 /// directory of its own uid, which it recreates or adopts at the next
 /// write).
-fn log_dir_gone(dir: &Dir) -> bool {
+fn log_dir_gone(dir: &Dir, confined: bool) -> bool {
     if !dir.is_deleted() {
         return false;
     }
-    if crate::shared::sandbox::confined() {
+    if confined {
         return true;
     }
     let euid = nix::unistd::geteuid().as_raw();

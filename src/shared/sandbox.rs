@@ -44,8 +44,9 @@
 //!      rename and remove files beside the log directory
 //!      (`tests/sandbox.rs::injected_syscalls_cannot_leave_the_log_directory`
 //!      makes the running daemon try, through ptrace). The trade-off: a
-//!      confined logmon does not recreate a deleted log directory
-//!      ([`confined`]). Its bytes wait per the write-error policy (`drop`
+//!      confined logmon does not recreate a deleted log directory (the
+//!      daemon tells its rotators whether it confines itself when it opens
+//!      them). Its bytes wait per the write-error policy (`drop`
 //!      counts them as dropped, `block` leaves them in the pipe and the
 //!      task blocks), `status` says `log_dir_gone`, its log says so once,
 //!      and the next logmon (`ensure`, or the unit's restart, once the
@@ -125,7 +126,6 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, PathBeneath,
@@ -183,8 +183,8 @@ impl Default for Status {
     }
 }
 
+/// `--no-sandbox`, set once by the command line before anything confines.
 static DISABLED: AtomicBool = AtomicBool::new(false);
-static CURRENT: OnceLock<Status> = OnceLock::new();
 
 /// Turns confinement off for this process (`--no-sandbox`).
 pub fn set_disabled(disabled: bool) {
@@ -194,21 +194,6 @@ pub fn set_disabled(disabled: bool) {
 /// Whether confinement was turned off for this process (`--no-sandbox`).
 pub fn disabled() -> bool {
     DISABLED.load(Ordering::Relaxed)
-}
-
-/// What [`confine`] put in force in this process ([`Status::default`] before
-/// it ran).
-pub fn current() -> Status {
-    CURRENT.get().cloned().unwrap_or_default()
-}
-
-/// Whether this process confined itself ([`confine`] ran without
-/// `--no-sandbox`): its filesystem perimeter is then fixed to the
-/// directories it opened at start, so a deleted log directory is not
-/// recreated (module docs), whatever the kernel enforces (one behaviour
-/// on every kernel).
-pub fn confined() -> bool {
-    CURRENT.get().is_some_and(|s| *s != Status::off())
 }
 
 /// Which system calls the process keeps.
@@ -342,8 +327,10 @@ impl<'a> Policy<'a> {
 
 /// Confines the calling process by `policy` (module docs), unless
 /// `set_disabled` turned it off; logs what is in force once and returns
-/// it (also kept for `current`). A layer the kernel refuses is reported
-/// in the status and a warning, never a failure: capture must go on.
+/// it (the daemon keeps it for `status`, and passes whether it confined
+/// itself to what depends on it: no process-wide state). A layer the
+/// kernel refuses is reported in the status and a warning, never a
+/// failure: capture must go on.
 pub fn confine(policy: &Policy<'_>) -> Status {
     let status = if DISABLED.load(Ordering::Relaxed) {
         Status::off()
@@ -383,7 +370,6 @@ pub fn confine(policy: &Policy<'_>) -> Status {
             "sandbox only partly in force"
         );
     }
-    let _ = CURRENT.set(status.clone());
     status
 }
 

@@ -707,7 +707,8 @@ mod tests {
 
     fn capture(dir: &std::path::Path) -> StreamCapture {
         let task = TaskName::new("t").unwrap();
-        let r = Rotator::open(dir, &task, Stream::Stdout, 10, 1000).unwrap();
+        let d = std::sync::Arc::new(crate::shared::dir::Dir::open_log_dir(dir).unwrap());
+        let r = Rotator::open_in(d, &task, Stream::Stdout, 10, 1000, 0, false).unwrap();
         StreamCapture::new(Stream::Stdout, r, WriteErrorPolicy::Drop)
     }
 

@@ -1,33 +1,38 @@
-//! The active file (docs/design.md §1, §9): created at its first byte through
-//! the directory handle (`O_EXCL|O_NOFOLLOW`, planted names removed and
-//! counted, or skipped), preallocated ahead of large writes, followed
-//! through a deletion, a truncation or a rename by others, and the
-//! numbering that starts over past [`MAX_INDEX`]. Tests: `super::tests`
-//! (`planted_names_at_future_indices_are_never_written_through`,
+//! The active file (docs/design.md §1, §9, §11): the one type that opens
+//! and closes a stream's active log file and its capture-time index, and
+//! owns what goes with them — where the next byte goes (its size, tracked,
+//! never asked of the kernel per write), whether it ends a line, the batch
+//! not yet recorded, the space preallocated past its end. Every way the
+//! file is left (rotation, `Reopen`, deleted or renamed away underneath,
+//! removed empty after a failed write) goes through [`ActiveFile::close`],
+//! so none leaves part of that state behind.
+//!
+//! The file is looked at (one `fstat`) once per drain pass, before the
+//! pass's first write: that is what notices a deletion, a truncation, or
+//! (where names can move) a rename by others, before a byte is written
+//! where no reader would find it. Every other write of the pass goes at
+//! the tracked size. Tests: `super::tests`
+//! (`a_deleted_active_file_is_recreated`,
+//! `the_index_follows_its_file_through_resume_reopen_deletion_and_truncation`,
 //! `an_active_file_renamed_away_is_not_appended_to_where_names_can_move`,
-//! `numbering_that_would_pass_max_index_starts_over_at_zero`).
+//! `a_large_write_preallocates_and_rotation_gives_the_space_back`;
+//! through the binary, `tests/it/daemon/faults.rs::deleted_active_file_is_recreated_at_the_next_write`).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{fallocate, FallocateFlags, OFlag};
 use nix::sys::stat::Mode;
 
-use super::{names_can_move, preallocation_pays, RotateError, Rotator};
-use crate::shared::dir::Claim;
-use crate::shared::error::PathIo;
+use super::indexing::IndexErrors;
+use crate::shared::config::Stream;
+use crate::shared::dir::{Claim, Dir};
 use crate::shared::index::IndexWriter;
-use crate::shared::names::MAX_INDEX;
 
-/// How many indices one file creation may skip (names that cannot be
-/// freed) before it gives up and reports a write error (retried later).
-const MAX_SKIPPED_INDICES: u32 = 64;
-
-/// A write at least this large preallocates ([`Rotator::active_file`]):
+/// A write at least this large preallocates ([`ActiveFile::reserve`]):
 /// the task is writing fast enough for the saving to matter.
 pub(super) const RESERVE_MIN_WRITE: usize = 64 * 1024;
 
@@ -36,63 +41,224 @@ pub(super) const RESERVE_MIN_WRITE: usize = 64 * 1024;
 /// past EOF, until its successor rotates or stops.
 pub(super) const RESERVE_AHEAD: u64 = 4 * 1024 * 1024;
 
-impl Rotator {
-    /// The active file and the offset to write at, for a write of `len`
-    /// bytes. Creates the file (and purges older ones) if this is its first
-    /// byte. Reopens the file if it was deleted underneath (link count 0),
-    /// and follows a truncation, so capture goes on.
+/// A stream's active file, its index, and where the next byte goes.
+/// Before the file is opened (at its first byte, or after a close) it
+/// still knows the position a resumed or reopened file continues at.
+#[derive(Debug)]
+pub(super) struct ActiveFile {
+    stream: Stream,
+    file: Option<File>,
+    /// The file's index, open beside it; `None` when there is no file or
+    /// its index could not be opened.
+    ix: Option<IndexWriter>,
+    /// Bytes in the file, as logmon wrote them (learnt from the kernel
+    /// only when the file is opened or looked at, [`ActiveFile::check`]).
+    size: u64,
+    at_line_start: bool,
+    /// End of the space preallocated past EOF.
+    reserved: u64,
+    /// Whether large writes preallocate (off on tmpfs, or where fallocate
+    /// is not supported).
+    pub(super) preallocate: bool,
+    /// The file was resumed from an earlier logmon, which may have been
+    /// killed with space preallocated past EOF: trim it when done.
+    inherited: bool,
+    /// Offset of the first byte not yet recorded in the index: the batch
+    /// of the current drain pass.
+    batch: Option<u64>,
+    /// The file was looked at in this drain pass (reset by
+    /// [`ActiveFile::record_batch`], which ends every pass).
+    checked: bool,
+}
+
+/// How the active file is left by [`ActiveFile::close`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Close {
+    /// Done with it (rotation, `Reopen`): its last batch is recorded, its
+    /// index flushed and the space preallocated past its end given back.
+    Finish,
+    /// No longer logmon's to touch (deleted, renamed away by others, or
+    /// removed empty): dropped as it is.
+    Abandon,
+}
+
+/// What opening the active file at a name found ([`ActiveFile::open`]).
+#[derive(Debug)]
+pub(super) enum Opened {
+    /// logmon's own file of this many bytes, appended to.
+    Existing(u64),
+    /// A new, empty file; the planted names removed to create it.
+    Created(Vec<String>),
+    /// The name is taken by something that cannot be removed.
+    Occupied { by: String, removed: usize },
+}
+
+/// What the once-per-pass look at the open file found
+/// ([`ActiveFile::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Found {
+    /// Nothing changed, or it was truncated (followed: capture goes on at
+    /// its new end) when `truncated`.
+    Fine { truncated: bool },
+    /// Deleted underneath (no link left, or it cannot be looked at).
+    Deleted,
+    /// Renamed away by someone else: its name names another file.
+    MovedAway,
+}
+
+impl ActiveFile {
+    /// No file yet; the next one starts empty, at a line start.
+    pub(super) fn new(stream: Stream, preallocate: bool) -> ActiveFile {
+        ActiveFile {
+            stream,
+            file: None,
+            ix: None,
+            size: 0,
+            at_line_start: true,
+            reserved: 0,
+            preallocate,
+            inherited: false,
+            batch: None,
+            checked: false,
+        }
+    }
+
+    /// Bytes in the file (or in the one the next write opens).
+    pub(super) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the file ends at a line boundary (or is empty).
+    pub(super) fn at_line_start(&self) -> bool {
+        self.at_line_start
+    }
+
+    /// Whether the file is open.
+    pub(super) fn is_open(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Where the file that is not open yet continues: `size` bytes, the
+    /// last a newline or not (a resumed file, or one reopened by name).
+    pub(super) fn continue_at(&mut self, size: u64, at_line_start: bool) {
+        self.size = size;
+        self.at_line_start = at_line_start || size == 0;
+    }
+
+    /// Opens `name` in `dir` as the active file: logmon's own file there
+    /// is appended to, else a new one is created `O_EXCL|O_NOFOLLOW` (what
+    /// was planted at the name removed, and reported). The index is opened
+    /// by the caller ([`ActiveFile::open_index`]), after its purge.
+    pub(super) fn open(
+        &mut self,
+        dir: &Dir,
+        name: &str,
+    ) -> Result<Opened, (&'static str, io::Error)> {
+        match dir.open_own(name, OFlag::O_WRONLY) {
+            Ok(Ok(Some(file))) => {
+                let len = file.metadata().map_err(|e| ("stat", e))?.len();
+                self.install(file, len);
+                self.inherited = len > 0;
+                return Ok(Opened::Existing(len));
+            }
+            // Nothing there, or something planted: create_own removes it
+            // (and says what it was).
+            Ok(Ok(None)) | Ok(Err(_)) => {}
+            Err(e) => return Err(("open", e)),
+        }
+        match dir
+            .create_own(name, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))
+            .map_err(|e| ("create", e))?
+        {
+            Claim::Created { file, removed } => {
+                self.install(file, 0);
+                Ok(Opened::Created(removed))
+            }
+            Claim::Occupied { by, removed } => Ok(Opened::Occupied {
+                by,
+                removed: removed.len(),
+            }),
+        }
+    }
+
+    /// Starts on `file`, holding `len` bytes, just opened (so looked at).
+    fn install(&mut self, file: File, len: u64) {
+        self.file = Some(file);
+        self.ix = None;
+        self.size = len;
+        if len == 0 {
+            self.at_line_start = true;
+        }
+        self.inherited = false;
+        self.reserved = 0;
+        self.batch = None;
+        self.checked = true;
+    }
+
+    /// Whether the file is open and was not looked at in this drain pass
+    /// ([`ActiveFile::check`]).
+    pub(super) fn due_for_a_look(&self) -> bool {
+        self.file.is_some() && !self.checked
+    }
+
+    /// Looks at the open file, once per drain pass (later calls in the
+    /// pass return [`Found::Fine`] without a system call): one `fstat`,
+    /// and where names can move (`watch_name`) one `fstatat` of `name` in
+    /// `dir`. A truncation underneath (e.g. copytruncate) is followed:
+    /// capture goes on at the new end instead of leaving a hole of zeros,
+    /// and the index starts over (a failure to reset it is counted in
+    /// `errs`). The caller closes a deleted or moved file.
+    pub(super) fn check(
+        &mut self,
+        dir: &Dir,
+        name: &str,
+        watch_name: bool,
+        errs: &mut IndexErrors,
+    ) -> Found {
+        let Some(f) = &self.file else {
+            return Found::Fine { truncated: false };
+        };
+        if std::mem::replace(&mut self.checked, true) {
+            return Found::Fine { truncated: false };
+        }
+        let m = match f.metadata() {
+            Ok(m) if m.nlink() > 0 => m,
+            _ => return Found::Deleted,
+        };
+        if watch_name && !still_named(dir, name, &m) {
+            return Found::MovedAway;
+        }
+        if m.len() >= self.size {
+            return Found::Fine { truncated: false };
+        }
+        self.size = m.len();
+        // The truncation freed the blocks past its end.
+        self.reserved = 0;
+        // Old offsets no longer name the same bytes.
+        self.batch = None;
+        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::reset) {
+            self.ix = None;
+            errs.failed("cannot reset the index", &e);
+        }
+        Found::Fine { truncated: true }
+    }
+
+    /// The open file and the offset to write at, for a write of `len`
+    /// bytes, at most up to `limit` in all.
     ///
     /// A large write preallocates the file ahead of it (fallocate with
-    /// KEEP_SIZE: readers see no change). capture writes by splice(2), which
-    /// holds the FIFO's lock for the whole file write, so the task cannot
-    /// write meanwhile; into preallocated blocks ext4 skips the per-block
-    /// delayed-allocation work, which cut that time by about a quarter here
-    /// (and a task writing one line per write(2) runs correspondingly
-    /// faster). The space past EOF is given back when the file is rotated
-    /// or logmon stops.
-    pub fn active_file(&mut self, len: usize) -> Result<(&File, u64), RotateError> {
-        if let Some(f) = &self.file {
-            let check_name = self.watch_name && !self.name_checked;
-            match f.metadata() {
-                Ok(m) if m.nlink() > 0 && check_name && !self.still_named(&m) => {
-                    self.moved_away();
-                }
-                Ok(m) if m.nlink() > 0 => {
-                    if m.len() < self.size {
-                        // Truncated underneath (e.g. copytruncate): write at
-                        // the new end instead of leaving a hole of zeros.
-                        tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was truncated; continuing at its new end");
-                        self.size = m.len();
-                        // The truncation freed the blocks past its end.
-                        self.reserved = 0;
-                        // Old offsets no longer name the same bytes.
-                        self.batch = None;
-                        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::reset) {
-                            self.ix = None;
-                            self.index_failed("cannot reset the index", &e);
-                        }
-                    }
-                }
-                _ => {
-                    tracing::warn!(stream = %self.stream, path = %self.active_path().display(), "active file was deleted; recreating it");
-                    self.recreated += 1;
-                    self.file = None;
-                    self.ix = None;
-                    self.batch = None;
-                    self.reserved = 0;
-                    self.size = 0;
-                    self.at_line_start = true;
-                }
-            }
-        }
-        self.name_checked = true;
-        let file = match self.file.take() {
-            Some(f) => f,
-            None => self.create_active()?,
-        };
+    /// KEEP_SIZE: readers see no change). capture writes by splice(2),
+    /// which holds the FIFO's lock for the whole file write, so the task
+    /// cannot write meanwhile; into preallocated blocks ext4 skips the
+    /// per-block delayed-allocation work, which cut that time by about a
+    /// quarter here (and a task writing one line per write(2) runs
+    /// correspondingly faster). The space past EOF is given back when the
+    /// file is closed or logmon stops.
+    pub(super) fn write_at(&mut self, len: usize, limit: u64) -> Option<(&File, u64)> {
         let size = self.size;
+        let file = self.file.as_ref()?;
         if self.preallocate && len >= RESERVE_MIN_WRITE && size + len as u64 > self.reserved {
-            let end = self.limit.min(size + RESERVE_AHEAD).max(size + len as u64);
+            let end = limit.min(size + RESERVE_AHEAD).max(size + len as u64);
             match fallocate(
                 file.as_fd(),
                 FallocateFlags::FALLOC_FL_KEEP_SIZE,
@@ -114,89 +280,197 @@ impl Rotator {
                 }
             }
         }
-        Ok((self.file.insert(file), size))
+        Some((file, size))
     }
 
-    /// Whether the active file's name still names the open file `m` (an
-    /// `fstatat` through the directory against the file's `fstat`).
-    pub(super) fn still_named(&self, m: &std::fs::Metadata) -> bool {
-        matches!(self.dir.stat(self.active_name()),
-            Ok(Some(st)) if st.st_dev == m.dev() && st.st_ino == m.ino())
+    /// `n` bytes were written at the end of the file; `ends_line` says
+    /// whether the last of them was a newline. They join the current batch.
+    pub(super) fn advance(&mut self, n: usize, ends_line: bool) {
+        if n > 0 {
+            self.batch.get_or_insert(self.size);
+            self.size += n as u64;
+            self.at_line_start = ends_line;
+        }
     }
 
-    /// The active file was renamed away — out of the directory, or to
-    /// another name in it — by someone who may rename logmon's files
-    /// it is closed untouched (no trim, no more records in
-    /// its index) and capture goes on in a new file at the next index.
-    /// Counted as a foreign name.
-    pub(super) fn moved_away(&mut self) {
-        let name = self.active_name();
-        self.note_foreign(
-            1,
-            &name,
-            "the active file renamed away by someone else; continuing in a new file",
-        );
+    /// Whether the open file holds no byte, by the kernel's count too, and
+    /// its name still names it: a write into it found no room
+    /// (`Rotator::write_failed`).
+    pub(super) fn empty_and_named(&self, dir: &Dir, name: &str) -> bool {
+        let Some(f) = &self.file else { return false };
+        matches!(f.metadata(),
+            Ok(m) if self.size == 0 && m.len() == 0 && still_named(dir, name, &m))
+    }
+
+    /// Ends the drain pass: writes the record of its batch into the index
+    /// (stamped with the wall clock now, after the bytes, so a record never
+    /// names bytes that are not in the file), and the gathered records
+    /// when due. The next pass looks at the file again.
+    pub(super) fn record_batch(&mut self, errs: &mut IndexErrors) {
+        self.checked = false;
+        let Some(offset) = self.batch.take() else {
+            return;
+        };
+        let Some(ix) = self.ix.as_mut() else {
+            return;
+        };
+        if let Err(e) = ix.append(offset, crate::shared::index::now_ns()) {
+            errs.failed("cannot write the index", &e);
+        }
+        if ix.pending_for(crate::shared::index::FLUSH_AGE) {
+            self.flush_index(errs);
+        }
+    }
+
+    /// Writes the records gathered in memory into the index (one `pwrite`).
+    pub(super) fn flush_index(&mut self, errs: &mut IndexErrors) {
+        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::flush) {
+            errs.failed("cannot write the index", &e);
+        }
+    }
+
+    /// Records the batch, gives back the space preallocated past EOF, and
+    /// fsyncs the file and its index. Errors are logged: there is nothing
+    /// left to do about them and the data is still in the page cache.
+    pub(super) fn sync(&mut self, errs: &mut IndexErrors) {
+        self.record_batch(errs);
+        self.release_reserve();
+        if let Some(f) = &self.file {
+            if let Err(e) = f.sync_data() {
+                tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
+            }
+        }
+        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::sync) {
+            tracing::debug!(stream = %self.stream, error = %e, "fsync of the index failed");
+        }
+    }
+
+    /// Closes the file and its index, `how` says with what care; the next
+    /// file starts empty, at a line start ([`ActiveFile::continue_at`]
+    /// says otherwise for one reopened by name). No fsync here: it would
+    /// stall capture for the disk's write latency at every rotation
+    /// (measured: ~2 ms each, halving bulk throughput on ext4), and a
+    /// closed file is no more at risk than the active one; both are
+    /// fsynced at stop.
+    pub(super) fn close(&mut self, how: Close, errs: &mut IndexErrors) {
+        if how == Close::Finish {
+            self.record_batch(errs);
+            self.flush_index(errs);
+            self.release_reserve();
+        }
         self.file = None;
         self.ix = None;
         self.batch = None;
         self.reserved = 0;
         self.inherited = false;
-        self.next_index();
+        self.checked = false;
         self.size = 0;
         self.at_line_start = true;
     }
 
-    /// A write into the active file failed. If the file holds no byte —
-    /// on a full disk its name was created (that takes an inode, not a
-    /// block) for a write that then found no room — its name and its
-    /// index are removed through the directory handle, and the next write
-    /// creates the same index again: a full disk never leaves an empty
-    /// file behind, while logmon runs or after it stops
-    /// (`tests/it/daemon/faults.rs::a_disk_full_between_two_files_leaves_no_empty_file`).
-    /// The name is removed only while it still names the open file.
-    pub fn write_failed(&mut self) {
-        let Some(f) = &self.file else { return };
-        match f.metadata() {
-            Ok(m) if self.size == 0 && m.len() == 0 && self.still_named(&m) => {}
-            _ => return,
-        }
-        let name = self.active_name();
-        if let Err(e) = self.dir.remove(&name) {
-            tracing::debug!(stream = %self.stream, error = %e, "cannot remove an empty log file");
-            return;
-        }
-        self.file = None;
+    /// Opens the file's index, named `name` in `dir`, for file number
+    /// `n`: resumes it for a resumed file of `resumed` bytes (see
+    /// [`IndexWriter::resume`]), or starts one for a new file (`None`) —
+    /// by renaming `spare` (a purged file's index, [`ActiveFile::recycle`])
+    /// when there is one, else anew; an index left at the name by a
+    /// deleted file of the same number is replaced. Returns the planted
+    /// names removed (how many, and what the first was), counted like
+    /// those at log file names. On failure the file goes without an index
+    /// (readers estimate its times), counted in `errs`.
+    pub(super) fn open_index(
+        &mut self,
+        dir: &Dir,
+        (name, n): (&str, u64),
+        resumed: Option<u64>,
+        spare: Option<String>,
+        errs: &mut IndexErrors,
+    ) -> (u64, String) {
         self.ix = None;
-        self.remove_index(self.index);
         self.batch = None;
-        self.reserved = 0;
-        self.inherited = false;
-    }
-
-    /// Moves to the next file number. Rotation never gets near
-    /// [`MAX_INDEX`] (2^63 files); only a forged start can (a file of
-    /// logmon's own renamed to a huge index, or over the high-water mark,
-    /// in a directory without the sticky bit). Past it, numbering starts
-    /// over at 0 rather than leave the names purge and readers know: the
-    /// stream's files are removed before file 0 is created (they would
-    /// otherwise sort after every new one, and purge would take the new
-    /// ones first), and the mark goes back to 0. Capture goes on; what the
-    /// forgery costs is those files
-    /// (`numbering_that_would_pass_max_index_starts_over_at_zero`).
-    pub(super) fn next_index(&mut self) {
-        if self.index >= MAX_INDEX {
-            self.index = 0;
-            self.starting_over = true;
+        if let Some(len) = resumed {
+            match dir.open_own(name, OFlag::O_RDWR) {
+                Ok(Ok(Some(f))) => {
+                    match IndexWriter::resume(f, n, len) {
+                        Ok(w) => self.ix = Some(w),
+                        Err(e) => errs.failed("cannot resume the index", &e),
+                    }
+                    return (0, String::new());
+                }
+                // Nothing there, or planted (create_own removes it).
+                Ok(Ok(None)) | Ok(Err(_)) => {}
+                Err(e) => {
+                    errs.failed("cannot open the index", &e);
+                    return (0, String::new());
+                }
+            }
         } else {
-            self.index += 1;
+            if let Some(from) = spare {
+                if self.recycle(dir, &from, (name, n), errs) {
+                    return (0, String::new());
+                }
+            }
+            crate::shared::index::remove_stale_own(dir, name);
+        }
+        match dir.create_own(name, OFlag::O_RDWR, Mode::from_bits_truncate(0o644)) {
+            Ok(Claim::Created { file, removed }) => {
+                match IndexWriter::fresh(file, n) {
+                    Ok(w) => self.ix = Some(w),
+                    Err(e) => errs.failed("cannot write the index", &e),
+                }
+                let what = removed.first().cloned().unwrap_or_default();
+                (removed.len() as u64, what)
+            }
+            Ok(Claim::Occupied { by, removed }) => {
+                errs.failed(
+                    "cannot create the index",
+                    &io::Error::new(io::ErrorKind::AlreadyExists, by.clone()),
+                );
+                (removed.len() as u64 + 1, by)
+            }
+            Err(e) => {
+                errs.failed("cannot create the index", &e);
+                (0, String::new())
+            }
         }
     }
 
-    /// Gives back the space preallocated past the end of the active file
+    /// Renames the index `from` (a purged file's) to `name`, the new
+    /// file's, and starts it there for file `n`; `true` when that worked.
+    /// Never replaces a name (`RENAME_NOREPLACE`), and opens what it
+    /// renamed only if it is logmon's own file
+    /// ([`Dir::open_own`]): if the task swapped the spare for something
+    /// else in between, that thing is left at `name` for
+    /// [`Dir::create_own`] to remove and count. So a rotation allocates
+    /// and frees no index inode.
+    fn recycle(
+        &mut self,
+        dir: &Dir,
+        from: &str,
+        (name, n): (&str, u64),
+        errs: &mut IndexErrors,
+    ) -> bool {
+        if dir.rename_noreplace(from, name).is_err() {
+            // A stale index at `name` (EEXIST), or the spare is gone.
+            super::indexing::remove_index_named(dir, from);
+            return false;
+        }
+        match dir.open_own(name, OFlag::O_RDWR) {
+            Ok(Ok(Some(f))) => {
+                match IndexWriter::recycle(f, n) {
+                    Ok(w) => self.ix = Some(w),
+                    Err(e) => errs.failed("cannot write the index", &e),
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives back the space preallocated past the end of the file
     /// (truncating a file to its own length frees its blocks past EOF). The
     /// truncation would stamp the file's mtime; it is put back, so the
     /// mtime stays the time of the last byte written.
-    pub(super) fn release_reserve(&mut self) {
+    fn release_reserve(&mut self) {
         let past_eof = std::mem::take(&mut self.reserved) > self.size;
         let inherited = std::mem::take(&mut self.inherited);
         if let (true, Some(f)) = (past_eof || inherited, &self.file) {
@@ -209,132 +483,11 @@ impl Rotator {
             }
         }
     }
+}
 
-    /// A deleted log directory is recreated through the parent fd held
-    /// since start, never by walking its path (which the task may have
-    /// replaced with a symlink); a failure is a write error like any other.
-    /// A confined logmon does not recreate it ([`crate::shared::sandbox::confined`]:
-    /// its Landlock perimeter is the directory it opened, never the
-    /// parent): that is a write error too, handled by the write-error
-    /// policy, said once in the log and by `status` (`log_dir_gone`), until
-    /// the next logmon takes over.
-    pub(super) fn ensure_dir(&mut self) -> Result<(), RotateError> {
-        if !self.dir.is_deleted() {
-            return Ok(());
-        }
-        let gone = |why: &str| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "write into log directory",
-                path: self.dir.path().to_owned(),
-                source: io::Error::new(io::ErrorKind::NotFound, why.to_owned()),
-            })
-        };
-        if crate::shared::sandbox::confined() {
-            if self.dir.first_notice_of_deletion() {
-                tracing::warn!(dir = %self.dir.path().display(),
-                    "log directory was deleted; confined to the directories it opened, logmon \
-                     does not recreate it: bytes are dropped or wait in the pipe (--on-write-error) \
-                     until the next logmon (ensure, or the unit's restart) captures into it again");
-            }
-            return Err(gone(
-                "it was deleted, and a confined logmon does not recreate it (the next logmon does)",
-            ));
-        }
-        tracing::warn!(dir = %self.dir.path().display(), "log directory vanished; recreating it through its parent");
-        let again = self.dir.recreate().map_err(|source| {
-            RotateError::Io(PathIo {
-                what: "",
-                action: "recreate log directory",
-                path: self.dir.path().to_owned(),
-                source,
-            })
-        })?;
-        self.dir = Arc::new(again);
-        self.preallocate = preallocation_pays(&self.dir);
-        self.watch_name = names_can_move(&self.dir);
-        // The mark and the spare index went with the old directory.
-        self.hwm = None;
-        self.hwm_file = None;
-        self.spare = None;
-        Ok(())
-    }
-
-    /// Opens the active file — logmon's own existing one (after `Reopen`,
-    /// or resumed), else a new one created `O_EXCL` — and purges old ones.
-    /// A planted name is removed and counted; one that cannot be freed is
-    /// skipped for the next index.
-    pub(super) fn create_active(&mut self) -> Result<File, RotateError> {
-        self.ensure_dir()?;
-        if self.starting_over {
-            self.start_over()?;
-        }
-        // The directory's mode may have changed since the last file (an
-        // operator's chmod +t): learnt once per file, never per write.
-        self.watch_name = names_can_move(&self.dir);
-        let mut skipped = 0;
-        loop {
-            self.store_hwm();
-            let name = self.active_name();
-            let path = self.active_path();
-            let io_err = |action, source| {
-                RotateError::Io(PathIo {
-                    what: "",
-                    action,
-                    path: path.clone(),
-                    source,
-                })
-            };
-            let mut found = None;
-            match self.dir.open_own(&name, OFlag::O_WRONLY) {
-                Ok(Ok(Some(file))) => {
-                    let len = file.metadata().map_err(|e| io_err("stat", e))?.len();
-                    self.size = len;
-                    if len == 0 {
-                        self.at_line_start = true;
-                    }
-                    self.inherited = len > 0;
-                    self.purge(false)?;
-                    self.open_index(Some(len));
-                    return Ok(file);
-                }
-                Ok(Ok(None)) => {}
-                // Removed (and counted) by create_own below.
-                Ok(Err(why)) => found = Some(why),
-                Err(e) => return Err(io_err("open", e)),
-            }
-            let claim = self
-                .dir
-                .create_own(&name, OFlag::O_WRONLY, Mode::from_bits_truncate(0o644))
-                .map_err(|e| io_err("create", e))?;
-            match claim {
-                Claim::Created { file, removed } => {
-                    let what = removed.first().cloned().or(found).unwrap_or_default();
-                    self.note_foreign(removed.len() as u64, &name, &what);
-                    self.size = 0;
-                    self.at_line_start = true;
-                    self.inherited = false;
-                    self.purge(true)?;
-                    self.open_index(None);
-                    return Ok(file);
-                }
-                Claim::Occupied { by, removed } => {
-                    self.note_foreign(removed.len() as u64 + 1, &name, &by);
-                    skipped += 1;
-                    if skipped >= MAX_SKIPPED_INDICES {
-                        return Err(io_err(
-                            "create",
-                            io::Error::new(
-                                io::ErrorKind::AlreadyExists,
-                                format!("{skipped} names in a row taken by something else ({by})"),
-                            ),
-                        ));
-                    }
-                    self.next_index();
-                    self.size = 0;
-                    self.at_line_start = true;
-                }
-            }
-        }
-    }
+/// Whether `name` in `dir` still names the open file `m` (an `fstatat`
+/// through the directory against the file's `fstat`).
+pub(super) fn still_named(dir: &Dir, name: &str, m: &std::fs::Metadata) -> bool {
+    matches!(dir.stat(name),
+        Ok(Some(st)) if st.st_dev == m.dev() && st.st_ino == m.ino())
 }

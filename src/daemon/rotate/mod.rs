@@ -83,17 +83,20 @@
 //! (`hold.rs`), each an `impl Rotator` of its own.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 use crate::shared::error::PathIo;
-use crate::shared::index::IndexWriter;
 use crate::shared::names::{file_name, parse_index};
 
-// The rotator's responsibilities, one file each (`impl Rotator` blocks).
+use active::{ActiveFile, Close};
+use indexing::IndexErrors;
+
+// The active file is a type of its own; the rotator's other
+// responsibilities are one file each (`impl Rotator` blocks).
 mod active;
 mod hold;
 mod indexing;
@@ -101,6 +104,7 @@ mod plan;
 mod purge;
 mod resume;
 mod tidy;
+mod writing;
 
 pub use plan::{plan, Step};
 
@@ -138,7 +142,9 @@ impl Kick {
 /// ones in between are counted and reported with the next.
 const FOREIGN_WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// The set of rotated files of one stream, and its active file.
+/// The set of rotated files of one stream: the policy around its
+/// [`ActiveFile`] (numbering, purge, the shipper's hold, the high-water
+/// mark, planted names).
 #[derive(Debug)]
 pub struct Rotator {
     /// The log directory, opened once; replaced only by
@@ -148,18 +154,10 @@ pub struct Rotator {
     stream: Stream,
     max_files: u32,
     limit: u64,
+    /// The active file's number.
     index: u64,
-    size: u64,
-    file: Option<File>,
-    /// End of the space preallocated past EOF in the active file.
-    reserved: u64,
-    /// Whether large writes preallocate (off on tmpfs, or where fallocate
-    /// is not supported).
-    preallocate: bool,
-    /// The active file was resumed from an earlier logmon, which may have
-    /// been killed with space preallocated past EOF: trim it when done.
-    inherited: bool,
-    at_line_start: bool,
+    /// The active file, its index, and where the next byte goes.
+    active: ActiveFile,
     rotations: u64,
     recreated: u64,
     /// Names found taken by something logmon did not create.
@@ -168,29 +166,19 @@ pub struct Rotator {
     /// were not warned about since.
     foreign_warned: Option<Instant>,
     foreign_unwarned: u64,
-    /// Whether the capture-time index is kept (always, but for
-    /// benchmarks comparing the cost).
-    indexing: bool,
-    /// The active file's index, open beside it; `None` when there is no
-    /// active file or its index could not be opened.
-    ix: Option<IndexWriter>,
-    /// Offset in the active file of the first byte not yet recorded in
-    /// its index: the batch of the current drain pass.
-    batch: Option<u64>,
     /// The high-water mark known to be stored (`None`: not known).
     hwm: Option<u64>,
     /// The mark's file, kept open so that storing it at each new file is
     /// one `fstat` and one `pwrite` ([`crate::shared::index::rewrite_hwm`]).
     hwm_file: Option<File>,
     /// A purged file whose index was kept to be renamed to the next new
-    /// file's and reused ([`IndexWriter::recycle`]).
+    /// file's and reused ([`crate::shared::index::IndexWriter::recycle`]).
     spare: Option<u64>,
     /// Bytes past `max_files` held for the shipper
     /// ([`Rotator::set_keep_unshipped`]); 0: none.
     keep_unshipped: u64,
-    /// Failed index or high-water-mark writes, and when the last was logged.
-    index_errors: u64,
-    index_warned: Option<Instant>,
+    /// Failed index or high-water-mark writes.
+    index_errors: IndexErrors,
     /// Whether someone other than logmon may rename the active file out
     /// from under it (the directory is not sticky, or not logmon's or
     /// root's): then once per drain pass the active file's name is checked
@@ -198,33 +186,19 @@ pub struct Rotator {
     /// the directory's mode when a file is opened, so a sticky directory
     /// costs the hot path nothing.
     watch_name: bool,
-    /// The name was checked in this drain pass (reset by
-    /// [`Rotator::record_batch`], which ends every pass).
-    name_checked: bool,
     /// Numbering went past [`MAX_INDEX`](crate::shared::names::MAX_INDEX) and starts over at 0: the
     /// stream's files go before the next one is created
     /// ([`Rotator::next_index`]).
     starting_over: bool,
+    /// The daemon confines itself (docs/design.md §10): a deleted log
+    /// directory is then not recreated (`Rotator::ensure_dir`).
+    confined: bool,
     /// `--compress`: told the new active index at each rotation
     /// ([`crate::daemon::compress`]).
     compress: Option<Kick>,
 }
 
 impl Rotator {
-    /// [`Rotator::open_in`] on the directory at `dir`, opened here, with
-    /// nothing held for a shipper (for tools and tests; the daemon shares
-    /// one [`Dir`] between its streams).
-    pub fn open(
-        dir: &Path,
-        task: &TaskName,
-        stream: Stream,
-        max_files: u32,
-        limit: u64,
-    ) -> Result<Self, RotateError> {
-        let d = Dir::open_log_dir(dir)?;
-        Rotator::open_in(Arc::new(d), task, stream, max_files, limit, 0)
-    }
-
     /// Resumes `stream` of `task` in `dir`: the highest of logmon's own
     /// files (regular, one link, logmon's uid) is appended to, byte-exact
     /// (a full one is rotated away at the first write). A name logmon did
@@ -234,7 +208,9 @@ impl Rotator {
     /// own, capture starts past the high-water mark, or at index 0. Purges
     /// down to `max_files` right away, holding up to `keep_unshipped`
     /// bytes for the shipper ([`Rotator::set_keep_unshipped`]) from this
-    /// first purge on. Creates no file.
+    /// first purge on. `confined`: the daemon confines itself to the
+    /// directories it opened (so never recreates a deleted log directory).
+    /// Creates no file.
     pub fn open_in(
         dir: Arc<Dir>,
         task: &TaskName,
@@ -242,6 +218,7 @@ impl Rotator {
         max_files: u32,
         limit: u64,
         keep_unshipped: u64,
+        confined: bool,
     ) -> Result<Self, RotateError> {
         // One listing of the stream's names serves the scan, the tidy and
         // the first purge: in a directory many tasks share, each start
@@ -261,8 +238,9 @@ impl Rotator {
             .filter_map(|n| n.to_str().and_then(|s| parse_index(s, task, stream)))
             .collect();
         indices.sort_unstable();
-        let preallocate = preallocation_pays(&dir);
+        let active = ActiveFile::new(stream, preallocation_pays(&dir));
         let watch_name = names_can_move(&dir);
+        let index_errors = IndexErrors::new(stream, dir.path().to_owned());
         let mut r = Rotator {
             dir,
             task: task.clone(),
@@ -270,29 +248,20 @@ impl Rotator {
             max_files: max_files.max(1),
             limit,
             index: 0,
-            size: 0,
-            file: None,
-            reserved: 0,
-            preallocate,
-            inherited: false,
-            at_line_start: true,
+            active,
             rotations: 0,
             recreated: 0,
             foreign: 0,
             foreign_warned: None,
             foreign_unwarned: 0,
-            indexing: true,
-            ix: None,
-            batch: None,
             hwm: None,
             hwm_file: None,
             spare: None,
             keep_unshipped,
-            index_errors: 0,
-            index_warned: None,
+            index_errors,
             watch_name,
-            name_checked: false,
             starting_over: false,
+            confined,
             compress: None,
         };
         if let Err(e) = tidy::tidy_listed(&r.dir, task, stream, &mut listed) {
@@ -314,7 +283,7 @@ impl Rotator {
 
     /// Bytes in the active file.
     pub fn size(&self) -> u64 {
-        self.size
+        self.active.size()
     }
 
     /// The size limit of one file.
@@ -341,21 +310,12 @@ impl Rotator {
     /// Failed writes of the capture-time index or the high-water mark
     /// (the log files were written all the same).
     pub fn index_errors(&self) -> u64 {
-        self.index_errors
-    }
-
-    /// Turns the capture-time index off (or on again from the next file).
-    /// For benchmarks measuring its cost; the daemon always keeps it.
-    pub fn set_indexing(&mut self, on: bool) {
-        self.indexing = on;
-        if !on {
-            self.ix = None;
-        }
+        self.index_errors.count()
     }
 
     /// Whether the active file ends at a line boundary (or is empty).
     pub fn at_line_start(&self) -> bool {
-        self.at_line_start
+        self.active.at_line_start()
     }
 
     /// The task.
@@ -411,27 +371,15 @@ impl Rotator {
     /// The bytes join the current batch, recorded in the file's index by
     /// [`Rotator::record_batch`] (or at rotation).
     pub fn advance(&mut self, n: usize, ends_line: bool) {
-        if n > 0 {
-            self.batch.get_or_insert(self.size);
-            self.size += n as u64;
-            self.at_line_start = ends_line;
-        }
+        self.active.advance(n, ends_line);
     }
 
-    /// Closes the active file and makes index N+1 the next one; it is
-    /// created at its first byte. No fsync here: it would stall capture for
-    /// the disk's write latency at every rotation (measured: ~2 ms each,
-    /// halving bulk throughput on ext4), and a rotated file is no more at
-    /// risk than the active one; both are fsynced at stop.
+    /// Closes the active file ([`ActiveFile::close`]: its last batch
+    /// recorded, its preallocated space given back; no fsync) and makes
+    /// index N+1 the next one; it is created at its first byte.
     pub fn rotate(&mut self) {
-        self.record_batch();
-        self.flush_index();
-        self.release_reserve();
-        self.file = None;
-        self.ix = None;
+        self.active.close(Close::Finish, &mut self.index_errors);
         self.next_index();
-        self.size = 0;
-        self.at_line_start = true;
         self.rotations += 1;
         if let Some(k) = &self.compress {
             k.rotated(self.stream, self.index);
@@ -448,33 +396,25 @@ impl Rotator {
         self.compress = Some(kick);
     }
 
-    /// fsyncs the active file, if one is open. Errors are logged: there is
-    /// nothing left to do about them and the data is still in the page cache.
+    /// fsyncs the active file and its index, if open. Errors are logged:
+    /// there is nothing left to do about them and the data is still in the
+    /// page cache.
     pub fn sync(&mut self) {
-        self.record_batch();
-        self.release_reserve();
-        if let Some(f) = &self.file {
-            if let Err(e) = f.sync_data() {
-                tracing::warn!(stream = %self.stream, error = %e, "fsync failed");
-            }
-        }
-        if let Some(Err(e)) = self.ix.as_mut().map(IndexWriter::sync) {
-            tracing::debug!(stream = %self.stream, error = %e, "fsync of the index failed");
-        }
+        self.active.sync(&mut self.index_errors);
     }
 
     /// Closes the active file so that the next write opens it again by
     /// name in the log directory (the `Reopen` request, e.g. after the file
-    /// was moved away).
+    /// was moved away): synced and closed; if logmon's own file is still at
+    /// the name, capture continues at its end.
     pub fn reopen(&mut self) {
         self.sync();
-        self.file = None;
-        self.ix = None;
+        let (size, at_line_start) = (self.active.size(), self.active.at_line_start());
+        self.active.close(Close::Finish, &mut self.index_errors);
         let ours = matches!(self.dir.stat(self.active_name()), Ok(Some(st))
             if crate::shared::dir::foreign_reason(&st).is_none());
-        if !ours {
-            self.size = 0;
-            self.at_line_start = true;
+        if ours {
+            self.active.continue_at(size, at_line_start);
         }
     }
 }
@@ -510,9 +450,23 @@ mod tests {
     use nix::fcntl::{fallocate, FallocateFlags};
     use nix::sys::stat::Mode;
     use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
 
     fn task() -> TaskName {
         TaskName::new("web").unwrap()
+    }
+
+    /// `stream` of `task()` in the directory at `dir`, opened here, with
+    /// nothing held for a shipper and no sandbox: the daemon's
+    /// [`Rotator::open_in`].
+    fn open(
+        dir: &Path,
+        stream: Stream,
+        max_files: u32,
+        limit: u64,
+    ) -> Result<Rotator, RotateError> {
+        let d = Dir::open_log_dir(dir)?;
+        Rotator::open_in(Arc::new(d), &task(), stream, max_files, limit, 0, false)
     }
 
     #[test]
@@ -551,8 +505,7 @@ mod tests {
     #[test]
     fn missing_dir_is_a_named_error() {
         let d = tempfile::tempdir().unwrap();
-        let err =
-            Rotator::open(&d.path().join("nope"), &task(), Stream::Stdout, 3, 10).unwrap_err();
+        let err = open(&d.path().join("nope"), Stream::Stdout, 3, 10).unwrap_err();
         assert!(matches!(
             err,
             RotateError::LogDir(crate::shared::dir::LogDirError::Missing { .. })
@@ -565,7 +518,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("web.stdout.0"), b"zero\n").unwrap();
         std::fs::write(d.path().join("web.stdout.2"), b"two\n").unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         assert_eq!(r.index(), 2);
         assert_eq!(r.size(), 4);
         let (_, off) = r.active_file(0).unwrap();
@@ -575,7 +528,7 @@ mod tests {
     #[test]
     fn nothing_is_created_before_the_first_byte() {
         let d = tempfile::tempdir().unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
         r.rotate();
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
@@ -597,7 +550,7 @@ mod tests {
         ] {
             std::fs::write(d.path().join(other), b"x\n").unwrap();
         }
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 100).unwrap();
         assert_eq!(
             scan_indices(d.path(), &task(), Stream::Stdout).unwrap(),
             vec![3, 4, 5]
@@ -623,7 +576,7 @@ mod tests {
         use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
         let limit = 8 * 1024 * 1024;
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, limit).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, limit).unwrap();
         let data = vec![b'x'; RESERVE_MIN_WRITE];
         let (f, off) = r.active_file(data.len()).unwrap();
         f.write_all_at(&data, off).unwrap();
@@ -666,7 +619,7 @@ mod tests {
         }
         drop(f);
         assert!(std::fs::metadata(&path).unwrap().blocks() * 512 >= 1 << 20);
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 1 << 22).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 1 << 22).unwrap();
         let (f, off) = r.active_file(5).unwrap();
         assert_eq!(off, 5);
         f.write_all_at(b"more\n", off).unwrap();
@@ -681,7 +634,7 @@ mod tests {
     fn a_small_write_does_not_preallocate() {
         use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 1 << 20).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 1 << 20).unwrap();
         let (f, off) = r.active_file(100).unwrap();
         f.write_all_at(&[b'x'; 100], off).unwrap();
         let m = std::fs::metadata(d.path().join("web.stdout.0")).unwrap();
@@ -691,9 +644,11 @@ mod tests {
     #[test]
     fn a_deleted_active_file_is_recreated() {
         let d = tempfile::tempdir().unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 100).unwrap();
         r.active_file(0).unwrap();
         r.advance(5, true);
+        // The drain pass ends; the next one's first write looks at the file.
+        r.record_batch();
         std::fs::remove_file(d.path().join("web.stdout.0")).unwrap();
         let (_, off) = r.active_file(0).unwrap();
         assert_eq!(off, 0);
@@ -724,7 +679,7 @@ mod tests {
     fn each_batch_gets_one_record_after_its_bytes_and_rotation_closes_the_index() {
         use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 12).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 12).unwrap();
         // Two writes in one pass are one batch.
         for line in [b"ab\n", b"cd\n"] {
             let (f, off) = r.active_file(3).unwrap();
@@ -780,7 +735,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(d.path().join("web.stdout.1"), b"one\n").unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 2, 4).unwrap();
         assert!(!d.path().join(".web.stdout.0.idx").exists());
         for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
             put(&mut r, line);
@@ -808,7 +763,7 @@ mod tests {
                 .ok()
         };
         // 3 files of one 4-byte line each are kept.
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 4).unwrap();
         for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
             put(&mut r, line);
         }
@@ -843,7 +798,7 @@ mod tests {
         }
         // A restart resumes the recycled index after its record.
         drop(r);
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 8).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 8).unwrap();
         put(&mut r, b"fff\n");
         let ix = read_index(d.path(), 4).unwrap();
         assert_eq!(
@@ -862,7 +817,7 @@ mod tests {
         crate::shared::shipped::Writer::default()
             .store(&dir, &task(), Stream::Stdout, at(1))
             .unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 2, 4).unwrap();
         r.set_keep_unshipped(8);
         for i in 0..10u8 {
             put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
@@ -893,7 +848,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let mut r = Rotator::open(d2.path(), &task(), Stream::Stdout, 2, 4).unwrap();
+        let mut r = open(d2.path(), Stream::Stdout, 2, 4).unwrap();
         for i in 0..5u8 {
             put(&mut r, &[b'a' + i, b'a' + i, b'a' + i, b'\n']);
         }
@@ -908,7 +863,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let dir = Arc::new(Dir::open(d.path()).unwrap());
-        let open = || Rotator::open_in(dir.clone(), &task(), Stream::Stdout, 2, 4, 8).unwrap();
+        let open =
+            || Rotator::open_in(dir.clone(), &task(), Stream::Stdout, 2, 4, 8, false).unwrap();
         let files = || scan_indices(d.path(), &task(), Stream::Stdout).unwrap();
         let mut r = open();
         for i in 0..10u8 {
@@ -944,7 +900,7 @@ mod tests {
     #[test]
     fn numbers_are_never_reused_after_every_file_was_deleted() {
         let d = tempfile::tempdir().unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 4).unwrap();
         for line in [b"aaa\n", b"bbb\n", b"ccc\n"] {
             put(&mut r, line);
         }
@@ -954,7 +910,7 @@ mod tests {
         for n in 0..3 {
             std::fs::remove_file(d.path().join(format!("web.stdout.{n}"))).unwrap();
         }
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 4).unwrap();
         assert_eq!(r.index(), 3);
         put(&mut r, b"ddd\n");
         assert_eq!(
@@ -970,13 +926,13 @@ mod tests {
         }
         drop(r);
         // The mark at the highest existing file: that file is resumed.
-        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 8).unwrap();
+        let r = open(d.path(), Stream::Stdout, 10, 8).unwrap();
         assert_eq!((r.index(), r.size()), (3, 4));
         // The mark is written before a new number is first used: a logmon
         // killed before creating file 4 still never reuses 4.
         crate::shared::index::store_hwm(&Dir::open(d.path()).unwrap(), &task(), Stream::Stdout, 4)
             .unwrap();
-        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 8).unwrap();
+        let r = open(d.path(), Stream::Stdout, 10, 8).unwrap();
         assert_eq!(r.index(), 5);
     }
 
@@ -987,11 +943,11 @@ mod tests {
         let hwm = d.path().join(".web.stdout.hwm");
         // Lower than the files: ignored, file 5 resumed.
         std::fs::write(&hwm, b"2\n").unwrap();
-        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         assert_eq!((r.index(), r.size()), (5, 5));
         // Far beyond: numbers are wasted, nothing is overwritten.
         std::fs::write(&hwm, format!("{}\n", u64::MAX)).unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         assert_eq!(r.index(), MAX_INDEX);
         put(&mut r, b"new\n");
         assert_eq!(
@@ -1008,11 +964,11 @@ mod tests {
     fn the_index_follows_its_file_through_resume_reopen_deletion_and_truncation() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("web.stdout.0");
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         put(&mut r, b"one\n");
         drop(r);
         // Resumed: records appended after the existing ones.
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         put(&mut r, b"two\n");
         let offs = |ix: crate::shared::index::Index| {
             ix.records().iter().map(|x| x.offset).collect::<Vec<_>>()
@@ -1041,7 +997,7 @@ mod tests {
         // A resumed file without an index: records only for the new bytes.
         drop(r);
         std::fs::remove_file(d.path().join(".web.stdout.0.idx")).unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         put(&mut r, b"six\n");
         let ix = read_index(d.path(), 0).unwrap();
         assert!(ix.damaged(), "the earlier bytes have no record");
@@ -1058,7 +1014,7 @@ mod tests {
             std::fs::create_dir(d.path().join(n)).unwrap();
             std::fs::write(d.path().join(n).join("x"), b"x").unwrap();
         }
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 10, 100).unwrap();
         put(&mut r, b"one\n");
         put(&mut r, b"two\n");
         assert_eq!(
@@ -1084,7 +1040,7 @@ mod tests {
         std::fs::create_dir(logs.join("web.stdout.4")).unwrap();
         std::fs::create_dir(logs.join("web.stdout.5")).unwrap();
         std::fs::write(logs.join("web.stdout.5/x"), b"x").unwrap();
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 100, 6).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 100, 6).unwrap();
         // No file of logmon's own: the planted names do not push the
         // numbering, capture starts at 0 and walks through them.
         assert_eq!(r.index(), 0);
@@ -1140,7 +1096,7 @@ mod tests {
         std::fs::hard_link(&victim, logs.join("web.stderr.1")).unwrap();
         // stdout: logmon's own file 0 is resumed; the symlink above it is
         // removed and counted when rotation reaches 1.
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 9).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 10, 9).unwrap();
         assert_eq!((r.index(), r.size(), r.foreign_names()), (0, 5, 0));
         put(&mut r, b"new\n");
         put(&mut r, b"one\n");
@@ -1151,7 +1107,7 @@ mod tests {
         assert_eq!(std::fs::read(logs.join("web.stdout.1")).unwrap(), b"one\n");
         assert_eq!(r.foreign_names(), 1);
         // stderr: nothing of logmon's own; capture starts at 0.
-        let mut r = Rotator::open(&logs, &task(), Stream::Stderr, 10, 100).unwrap();
+        let mut r = open(&logs, Stream::Stderr, 10, 100).unwrap();
         assert_eq!((r.index(), r.foreign_names()), (0, 0));
         put(&mut r, b"new\n");
         assert_eq!(std::fs::read(logs.join("web.stderr.0")).unwrap(), b"new\n");
@@ -1193,7 +1149,7 @@ mod tests {
                 .collect()
         };
         for relaunch in 0..3 {
-            let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 2, 5).unwrap();
+            let mut r = open(&logs, Stream::Stdout, 2, 5).unwrap();
             assert!(
                 r.index() < 100,
                 "relaunch {relaunch}: numbering at {}",
@@ -1229,7 +1185,7 @@ mod tests {
             format!("{}\n", MAX_INDEX - 1),
         )
         .unwrap();
-        let mut r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 4).unwrap();
+        let mut r = open(d.path(), Stream::Stdout, 3, 4).unwrap();
         assert_eq!(r.index(), MAX_INDEX);
         put(&mut r, b"aaa\n");
         assert_eq!(
@@ -1259,7 +1215,7 @@ mod tests {
         );
         // A relaunch resumes there.
         drop(r);
-        let r = Rotator::open(d.path(), &task(), Stream::Stdout, 3, 8).unwrap();
+        let r = open(d.path(), Stream::Stdout, 3, 8).unwrap();
         assert_eq!((r.index(), r.size()), (1, 4));
     }
 
@@ -1273,7 +1229,7 @@ mod tests {
         std::fs::create_dir(&away).unwrap();
         // World-writable without the sticky bit: anyone may rename.
         std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 10, 100).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 10, 100).unwrap();
         put(&mut r, b"one\n");
         std::fs::rename(logs.join("web.stdout.0"), away.join("stolen")).unwrap();
         put(&mut r, b"two\n");
@@ -1307,7 +1263,7 @@ mod tests {
         std::fs::write(&victim, b"secret").unwrap();
         symlink(&victim, logs.join("web.stdout.0")).unwrap();
         std::fs::write(logs.join("web.stdout.1"), b"a\n").unwrap();
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 1, 2).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 1, 2).unwrap();
         assert_eq!(r.index(), 1);
         assert!(std::fs::symlink_metadata(logs.join("web.stdout.0")).is_err());
         put(&mut r, b"b\n");
@@ -1326,7 +1282,7 @@ mod tests {
         std::fs::create_dir(&logs).unwrap();
         let victim = d.path().join("victim");
         std::fs::write(&victim, b"secret").unwrap();
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 3, 100).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 3, 100).unwrap();
         put(&mut r, b"one\n");
         std::fs::rename(logs.join("web.stdout.0"), logs.join("moved")).unwrap();
         symlink(&victim, logs.join("web.stdout.0")).unwrap();
@@ -1345,7 +1301,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let logs = d.path().join("logs");
         std::fs::create_dir(&logs).unwrap();
-        let mut r = Rotator::open(&logs, &task(), Stream::Stdout, 3, 4).unwrap();
+        let mut r = open(&logs, Stream::Stdout, 3, 4).unwrap();
         put(&mut r, b"one\n");
         std::fs::remove_dir_all(&logs).unwrap();
         put(&mut r, b"two\n");

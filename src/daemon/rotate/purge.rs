@@ -114,7 +114,7 @@ impl Rotator {
             .collect();
         let held = self.held_for_shipper(&doomed);
         for &old in doomed.iter().filter(|i| !held.contains(i)) {
-            if keep_spare && self.indexing {
+            if keep_spare {
                 // Keep this one's index for the new file; an older spare
                 // goes.
                 if let Some(prev) = self.spare.replace(old) {

@@ -66,7 +66,7 @@ impl Rotator {
         let name = self.active_name();
         match self.dir.open_own(&name, OFlag::O_RDONLY) {
             Ok(Ok(Some(f))) => {
-                self.size = f
+                let size = f
                     .metadata()
                     .map_err(|source| {
                         RotateError::Io(PathIo {
@@ -77,9 +77,8 @@ impl Rotator {
                         })
                     })?
                     .len();
-                if self.size > 0 {
-                    self.at_line_start = last_byte_is_newline(&f);
-                }
+                let at_line_start = last_byte_is_newline(&f, size);
+                self.active.continue_at(size, at_line_start);
             }
             Ok(Ok(None)) => {}
             Ok(Err(why)) => {
@@ -101,13 +100,13 @@ impl Rotator {
     }
 }
 
-/// Whether the open file `f` ends with a newline (or is empty).
-fn last_byte_is_newline(f: &File) -> bool {
+/// Whether the open file `f`, `len` bytes long, ends with a newline (or
+/// is empty).
+fn last_byte_is_newline(f: &File, len: u64) -> bool {
     use std::os::unix::fs::FileExt;
-    let Ok(m) = f.metadata() else { return true };
-    if m.len() == 0 {
+    if len == 0 {
         return true;
     }
     let mut b = [0u8; 1];
-    matches!(f.read_at(&mut b, m.len() - 1), Ok(1) if b[0] == b'\n')
+    matches!(f.read_at(&mut b, len - 1), Ok(1) if b[0] == b'\n')
 }

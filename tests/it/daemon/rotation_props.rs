@@ -94,7 +94,8 @@ fn task() -> TaskName {
 }
 
 fn open_capture(dir: &Path, max_files: u32, limit: u64) -> StreamCapture {
-    let r = Rotator::open(dir, &task(), Stream::Stdout, max_files, limit).unwrap();
+    let d = std::sync::Arc::new(logmon::internals::dir::Dir::open_log_dir(dir).unwrap());
+    let r = Rotator::open_in(d, &task(), Stream::Stdout, max_files, limit, 0, false).unwrap();
     StreamCapture::new(Stream::Stdout, r, WriteErrorPolicy::Drop)
 }
 

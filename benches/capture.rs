@@ -19,7 +19,7 @@
 //! Both keep the capture-time index, as the daemon always does.
 //!
 //! Every iteration gets a fresh log directory (rotation on: 4 MiB files, 4
-//! kept); the FIFO is opened with [`fifo::open_reader`] (1 MiB pipe) for all
+//! kept); the FIFO is opened with [`fifo::open_reader_at`] (1 MiB pipe) for all
 //! three. Timed: from the writer thread's start until every byte is in a
 //! file. After each benchmark the consumer's and the writer's CPU time per
 //! 10^9 bytes (thread CPU clocks) is printed, since the line-mode target is
@@ -128,7 +128,12 @@ fn open_fifo() -> Fifo {
         .tempdir_in(bench_root())
         .expect("temp dir");
     let path = dir.path().join("stdout.fifo");
-    let (reader, capacity) = fifo::open_reader(&path, PIPE_SIZE).expect("open_reader");
+    let log_dir = Dir::open_owned(dir.path()).expect("open the FIFO's directory");
+    let fifo::Reader {
+        fd: reader,
+        capacity,
+        ..
+    } = fifo::open_reader_at(&log_dir, "stdout.fifo".as_ref(), PIPE_SIZE).expect("open_reader_at");
     let task_end = fifo::open_task_end(&path).expect("open_task_end");
     Fifo {
         _dir: dir,

@@ -119,7 +119,8 @@ pub mod internals {
     #[allow(missing_docs)]
     pub mod fifo {
         pub use crate::shared::fifo::{
-            bytes_waiting, ensure_fifo, open_reader, open_task_end, pipe_max_size, set_pipe_size,
+            bytes_waiting, ensure_fifo, open_reader_at, open_task_end, pipe_max_size,
+            set_pipe_size, Reader,
         };
     }
     #[allow(missing_docs)]

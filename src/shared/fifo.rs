@@ -268,11 +268,11 @@ fn open_rdwr_at(dir: &Dir, name: &OsStr, nonblock: bool) -> Result<File, FifoErr
     Ok(f)
 }
 
-/// Opens logmon's end of the FIFO at `path`: creates it if missing, opens it
-/// O_RDWR|O_NONBLOCK (never blocks, never sees EOF) and enlarges the pipe to
-/// `pipe_size` (capped by `/proc/sys/fs/pipe-max-size`). Returns the fd and
-/// the pipe's capacity.
-pub fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
+/// [`open_reader_at`] on the FIFO at `path`, its directory opened here:
+/// the fd and the pipe's capacity. For the crate's unit tests only (the
+/// daemon opens each directory once, `crate::daemon`).
+#[cfg(test)]
+pub(crate) fn open_reader(path: &Path, pipe_size: u64) -> Result<(OwnedFd, usize), FifoError> {
     let (dir, name) = dir_and_name(path)?;
     open_reader_at(&dir, name, pipe_size).map(|r| (r.fd, r.capacity))
 }
@@ -316,8 +316,11 @@ pub struct Reader {
     pub replaced: Vec<String>,
 }
 
-/// [`open_reader`] for `name` in `dir`, adopting only logmon's own FIFO
-/// ([`foreign_fifo`]): one another user made (planted before logmon's
+/// Opens logmon's end of the FIFO `name` in `dir`: creates it if missing,
+/// opens it O_RDWR|O_NONBLOCK (never blocks, never sees EOF) and enlarges
+/// the pipe to `pipe_size` (capped by `/proc/sys/fs/pipe-max-size`),
+/// adopting only logmon's own FIFO
+/// (`foreign_fifo`): one another user made (planted before logmon's
 /// first start, to read the task's lines, forge some, or hold its lock)
 /// is removed — never opened, so its lock cannot block the start — and
 /// replaced by a new one, each removal returned in

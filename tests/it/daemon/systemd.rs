@@ -518,8 +518,12 @@ fn listen_pid_of_another_process_is_ignored() {
     // Decoys: valid O_RDWR FIFOs holding bytes that must not be captured.
     let decoy_out = dir.join("decoy-out.fifo");
     let decoy_err = dir.join("decoy-err.fifo");
-    let (a, _) = logmon::internals::fifo::open_reader(&decoy_out, 65536).unwrap();
-    let (b, _) = logmon::internals::fifo::open_reader(&decoy_err, 65536).unwrap();
+    let (a, b) = {
+        use logmon::internals::{dir::Dir, fifo::open_reader_at};
+        let d = Dir::open_owned(dir).unwrap();
+        let open = |name: &str| open_reader_at(&d, name.as_ref(), 65536).unwrap().fd;
+        (open("decoy-out.fifo"), open("decoy-err.fifo"))
+    };
     logmon::internals::fifo::open_task_end(&decoy_out)
         .unwrap()
         .write_all(b"decoy\n")
@@ -564,7 +568,13 @@ fn an_unknown_fd_name_is_warned_about_and_closed() {
     // The stdout FIFO at a path logmon does not know: captured only if the
     // fd is adopted.
     let alt = dir.join("alt.fifo");
-    let (fifo_fd, _) = logmon::internals::fifo::open_reader(&alt, 65536).unwrap();
+    let fifo_fd = logmon::internals::fifo::open_reader_at(
+        &logmon::internals::dir::Dir::open_owned(dir).unwrap(),
+        "alt.fifo".as_ref(),
+        65536,
+    )
+    .unwrap()
+    .fd;
     let bogus_path = dir.join("bogus.txt");
     let bogus = File::create(&bogus_path).unwrap();
     let err_log = dir.join("logmon.err");

@@ -126,7 +126,7 @@ pub mod internals {
     #[allow(missing_docs)]
     pub mod index {
         pub use crate::shared::index::{
-            header, now_ns, parse_hwm, Index, Record, Stamp, HEADER_LEN, RECORD_LEN,
+            header, now_ns, parse_hwm, IndexFile, Record, Stamp, HEADER_LEN, RECORD_LEN,
         };
     }
     #[allow(missing_docs)]

@@ -143,7 +143,7 @@ impl Kick {
 const FOREIGN_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The set of rotated files of one stream: the policy around its
-/// [`ActiveFile`] (numbering, purge, the shipper's hold, the high-water
+/// `ActiveFile` (numbering, purge, the shipper's hold, the high-water
 /// mark, planted names).
 #[derive(Debug)]
 pub struct Rotator {
@@ -374,7 +374,7 @@ impl Rotator {
         self.active.advance(n, ends_line);
     }
 
-    /// Closes the active file ([`ActiveFile::close`]: its last batch
+    /// Closes the active file (`ActiveFile::close`: its last batch
     /// recorded, its preallocated space given back; no fsync) and makes
     /// index N+1 the next one; it is created at its first byte.
     pub fn rotate(&mut self) {

@@ -24,10 +24,10 @@ const MAX_SKIPPED_INDICES: u32 = 64;
 
 impl Rotator {
     /// The active file and the offset to write at, for a write of `len`
-    /// bytes (preallocating ahead of a large one: [`ActiveFile::write_at`]).
+    /// bytes (preallocating ahead of a large one: `ActiveFile::write_at`).
     /// Creates the file (and purges older ones) if this is its first
     /// byte. At the first write of a drain pass the open file is looked at
-    /// ([`ActiveFile::check`]): one deleted underneath (link count 0) is
+    /// (`ActiveFile::check`): one deleted underneath (link count 0) is
     /// recreated, a truncation is followed, and one renamed away by others
     /// is left for a new file, so capture goes on.
     pub fn active_file(&mut self, len: usize) -> Result<(&File, u64), RotateError> {
@@ -172,7 +172,7 @@ impl Rotator {
         Ok(())
     }
 
-    /// Opens the active file ([`ActiveFile::open`]) — logmon's own
+    /// Opens the active file (`ActiveFile::open`) — logmon's own
     /// existing one (after `Reopen`, or resumed), else a new one created
     /// `O_EXCL` — purges old ones, then opens its index. A planted name is
     /// removed and counted; one that cannot be freed is skipped for the

@@ -753,9 +753,9 @@ fn deleted_log_dir_is_recreated_without_the_sandbox_and_capture_goes_on() {
         let len = std::fs::metadata(lay.file(Stream::Stdout, n))
             .unwrap()
             .len();
-        let ix = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.{n}.idx")))
+        let ix = std::fs::File::open(lay.logs.join(format!(".{TASK}.stdout.{n}.idx")))
             .unwrap_or_else(|e| panic!("index of file {n}: {e}"));
-        let parsed = logmon::internals::index::Index::parse(Some(&ix), n, len);
+        let parsed = logmon::internals::index::IndexFile::open(ix, n, len).unwrap();
         assert!(!parsed.damaged(), "index of file {n}");
     }
     let hwm = std::fs::read(lay.logs.join(format!(".{TASK}.stdout.hwm"))).unwrap();

@@ -2,7 +2,7 @@
 //! log files and indexes written here): for random batch timings,
 //! rotations, purges and damaged or lost indexes, `--since/--until` return
 //! exactly the lines whose capture time is in the range (the batch of a
-//! line's first byte; estimated as `crate::index::Index::time_at` says for
+//! line's first byte; estimated as the index reader's `time_at` says for
 //! bytes no record covers), `--merged` is ordered by time, and a reader
 //! killed at random points and restarted from its cursor loses nothing and
 //! repeats at most its last write.
@@ -13,7 +13,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
-use logmon::internals::index::{header, Index, Record, Stamp};
+use logmon::internals::index::{header, IndexFile, Record, Stamp};
 use logmon::internals::names::index_name;
 use logmon::internals::time::{format_rfc3339, parse_rfc3339};
 use proptest::prelude::*;
@@ -164,19 +164,22 @@ fn build(
             std::fs::write(dir.join(index_name(&task(), stream, n as u64)), &idx).unwrap();
         }
         // The model: the true batch time when the index is whole, else
-        // what the documented estimate gives.
-        let parsed = Index::parse(
-            (!matches!(spec.damage, Damage::Lost)).then_some(&idx[..]),
-            n as u64,
-            data.len() as u64,
-        );
+        // what the documented estimate gives — the mtime without an index,
+        // else the index reader's answer (the reader is checked against
+        // an in-memory reference by the index's own property test,
+        // `the_file_reader_answers_as_the_in_memory_parse`).
+        let mut parsed = (!matches!(spec.damage, Damage::Lost)).then(|| {
+            let f = std::fs::File::open(dir.join(index_name(&task(), stream, n as u64))).unwrap();
+            IndexFile::open(f, n as u64, data.len() as u64).unwrap()
+        });
         for (off, text) in starts {
-            let stamp = match spec.damage {
-                Damage::None | Damage::ZeroTail(_) => {
+            let stamp = match (spec.damage, &mut parsed) {
+                (Damage::None | Damage::ZeroTail(_), _) => {
                     let i = recs.partition_point(|r| r.offset <= off);
                     Stamp::Indexed(recs[i - 1].time_ns)
                 }
-                _ => parsed.time_at(off, mtime),
+                (_, Some(ix)) => ix.time_at(off, mtime),
+                (_, None) => Stamp::Estimated(mtime),
             };
             lines.push(Line {
                 text,

@@ -78,9 +78,13 @@
 //!
 //! The decision of how many bytes go where is the pure function [`plan()`]
 //! (`plan.rs`); the [`Rotator`] owns the files and does what the plan
-//! says: the active file (`active.rs`), resuming (`resume.rs`), purging
-//! (`purge.rs`), the index (`indexing.rs`) and the shipper's hold
-//! (`hold.rs`), each an `impl Rotator` of its own.
+//! says. The active file and its index are one type, `ActiveFile`
+//! (`active.rs`), the only code that opens or closes them and the owner
+//! of their state (size, line start, batch, preallocation), closed one
+//! way wherever it is left; the rest is the rotator's policy, each an
+//! `impl Rotator` of its own: where the next byte goes (`writing.rs`),
+//! resuming (`resume.rs`), purging (`purge.rs`), the index and the
+//! high-water mark (`indexing.rs`) and the shipper's hold (`hold.rs`).
 
 use std::fs::File;
 use std::path::PathBuf;

@@ -145,6 +145,27 @@ impl ActiveFile {
         self.at_line_start = at_line_start || size == 0;
     }
 
+    /// Learns where logmon's own file `name` in `dir`, left by an earlier
+    /// logmon, goes on: its size and whether it ends a line (it is opened
+    /// for writing at the first byte, [`ActiveFile::open`]). Nothing there
+    /// is nothing to learn; something else there is `Ok(Err(what))`.
+    pub(super) fn resume(
+        &mut self,
+        dir: &Dir,
+        name: &str,
+    ) -> Result<Result<(), String>, (&'static str, io::Error)> {
+        match dir.open_own(name, OFlag::O_RDONLY) {
+            Ok(Ok(Some(f))) => {
+                let size = f.metadata().map_err(|e| ("stat", e))?.len();
+                self.continue_at(size, last_byte_is_newline(&f, size));
+                Ok(Ok(()))
+            }
+            Ok(Ok(None)) => Ok(Ok(())),
+            Ok(Err(why)) => Ok(Err(why)),
+            Err(e) => Err(("open", e)),
+        }
+    }
+
     /// Opens `name` in `dir` as the active file: logmon's own file there
     /// is appended to, else a new one is created `O_EXCL|O_NOFOLLOW` (what
     /// was planted at the name removed, and reported). The index is opened
@@ -483,6 +504,17 @@ impl ActiveFile {
             }
         }
     }
+}
+
+/// Whether the open file `f`, `len` bytes long, ends with a newline (or
+/// is empty).
+fn last_byte_is_newline(f: &File, len: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    if len == 0 {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    matches!(f.read_at(&mut b, len - 1), Ok(1) if b[0] == b'\n')
 }
 
 /// Whether `name` in `dir` still names the open file `m` (an `fstatat`

@@ -5,10 +5,6 @@
 //! `numbers_are_never_reused_after_every_file_was_deleted` in
 //! `super::tests`).
 
-use std::fs::File;
-
-use nix::fcntl::OFlag;
-
 use super::{RotateError, Rotator};
 use crate::shared::error::PathIo;
 use crate::shared::index;
@@ -58,39 +54,25 @@ impl Rotator {
         Ok(None)
     }
 
-    /// Opens the active index's existing file to append to it: its size
-    /// and whether it ends a line. Something other than logmon's own file
-    /// there (swapped in since the listing) is counted, and capture starts
-    /// at the next index.
+    /// Learns where the existing active file goes on
+    /// ([`ActiveFile::resume`](super::active::ActiveFile::resume)): its
+    /// size and whether it ends a line. Something other than logmon's own
+    /// file there (swapped in since the listing) is counted, and capture
+    /// starts at the next index.
     pub(super) fn resume_active(&mut self) -> Result<(), RotateError> {
         let name = self.active_name();
-        match self.dir.open_own(&name, OFlag::O_RDONLY) {
-            Ok(Ok(Some(f))) => {
-                let size = f
-                    .metadata()
-                    .map_err(|source| {
-                        RotateError::Io(PathIo {
-                            what: "",
-                            action: "stat",
-                            path: self.active_path(),
-                            source,
-                        })
-                    })?
-                    .len();
-                let at_line_start = last_byte_is_newline(&f, size);
-                self.active.continue_at(size, at_line_start);
-            }
-            Ok(Ok(None)) => {}
+        match self.active.resume(&self.dir, &name) {
+            Ok(Ok(())) => {}
             Ok(Err(why)) => {
                 // Never append to what the task planted: start afresh
                 // past it (its name is purged in due course).
                 self.note_foreign(1, &name, &why);
                 self.next_index();
             }
-            Err(source) => {
+            Err((action, source)) => {
                 return Err(RotateError::Io(PathIo {
                     what: "",
-                    action: "open",
+                    action,
                     path: self.active_path(),
                     source,
                 }))
@@ -98,15 +80,4 @@ impl Rotator {
         }
         Ok(())
     }
-}
-
-/// Whether the open file `f`, `len` bytes long, ends with a newline (or
-/// is empty).
-fn last_byte_is_newline(f: &File, len: u64) -> bool {
-    use std::os::unix::fs::FileExt;
-    if len == 0 {
-        return true;
-    }
-    let mut b = [0u8; 1];
-    matches!(f.read_at(&mut b, len - 1), Ok(1) if b[0] == b'\n')
 }

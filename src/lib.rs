@@ -137,8 +137,10 @@ pub mod internals {
         pub use crate::shared::meta::{store, Meta};
     }
     #[allow(missing_docs)]
-    pub mod names {
-        pub use crate::shared::names::{hwm_name, index_name, parse_index_name, scan_indices};
+    pub mod layout {
+        pub use crate::shared::layout::{
+            hwm_name, index_name, name, parse, parse_index, parse_index_name, Kind,
+        };
     }
     #[allow(missing_docs)]
     pub mod reactor {

@@ -85,7 +85,7 @@
 //! `tests/it/readers/hostile_readers.rs`.
 
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::names::{hwm_name, MAX_INDEX};
+use crate::shared::layout::{hwm_name, MAX_INDEX};
 
 /// The index's magic bytes.
 pub const MAGIC: &[u8; 8] = b"logmonix";
@@ -1046,7 +1046,7 @@ pub fn rewrite_hwm(file: &std::fs::File, n: u64) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::names::{index_name, parse_index, parse_index_name};
+    use crate::shared::layout::{index_name, parse_index, parse_index_name};
 
     /// The log file the tests' indexes belong to.
     const N: u64 = 3;

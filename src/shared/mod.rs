@@ -12,9 +12,9 @@ pub mod error;
 #[allow(unsafe_code)] // flock(2) on a borrowed fd
 pub mod fifo;
 pub mod index;
+pub mod layout;
 pub mod logfile;
 pub mod meta;
-pub mod names;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;

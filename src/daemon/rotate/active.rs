@@ -21,7 +21,7 @@ use super::{names_can_move, preallocation_pays, RotateError, Rotator};
 use crate::shared::dir::Claim;
 use crate::shared::error::PathIo;
 use crate::shared::index::IndexWriter;
-use crate::shared::names::MAX_INDEX;
+use crate::shared::layout::MAX_INDEX;
 
 /// How many indices one file creation may skip (names that cannot be
 /// freed) before it gives up and reports a write error (retried later).

@@ -16,7 +16,7 @@ use nix::sys::stat::Mode;
 use super::{Rotator, FOREIGN_WARN_EVERY};
 use crate::shared::dir::Claim;
 use crate::shared::index::{self, IndexWriter};
-use crate::shared::names::{hwm_name, index_name};
+use crate::shared::layout::{hwm_name, index_name};
 
 impl Rotator {
     /// Writes the record of the current batch (the bytes moved into the

@@ -10,8 +10,9 @@
 //! - **`shared/`** — what every side takes: `dir`, the only way any module
 //!   touches a name inside a directory the task can write (a descriptor
 //!   opened once, every name resolved from it without following symlinks;
-//!   docs/design.md §9); [`config`], `names` and `meta` (the task's flags, the
-//!   names of its files, its metadata);
+//!   docs/design.md §9); [`config`], `layout` and `meta` (the task's flags,
+//!   every name in a log directory, formatted and parsed in that one
+//!   place, its metadata);
 //!   the wire types of [`protocol`] and `sockaddr`; `fifo` (the task's end
 //!   and the daemon's: both O_RDWR, no EOF, no SIGPIPE); `index`, the
 //!   capture-time file format the daemon writes and the readers read;

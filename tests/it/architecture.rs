@@ -28,6 +28,17 @@
 //! connected component of two or more modules, naming them and the paths
 //! that tie them.
 //!
+//! **One owner of the names.** Every name logmon gives in a log directory
+//! is formatted and parsed in `src/shared/layout.rs` alone
+//! (docs/design.md §1), so the daemon, readers, shipper, `ls` and `gc`
+//! cannot drift apart on one. Outside it, no string literal in code —
+//! comments, doc comments and `#[cfg(test)]` items aside — may hold a
+//! piece of such a name (`.stdout`, `stderr.`, `.idx`, `.hwm`, `.fifo`,
+//! `.logmon.`, `.shipped`, `.dropped`, `.zst`, …: [`LAYOUT_PIECES`]);
+//! each one found is named by file and line. A name assembled only from
+//! variables (`"{}.{}.{}"`) has no piece to find: review keeps those in
+//! `layout` too.
+//!
 //! Why a test of our own rather than a tool: `cargo modules dependencies
 //! --lib --no-externs --no-fns --no-traits --no-types --no-sysroot
 //! --acyclic` (cargo-modules 0.27) gives no verdict on modules: on this
@@ -42,7 +53,10 @@
 //! path up and one sideways, with their lines, also through a re-export,
 //! and passes what points down; `a_planted_cycle_is_found_and_named`
 //! proves the check finds a cycle, also one through a re-export, and
-//! ignores what the rule ignores.
+//! ignores what the rule ignores; `only_layout_formats_or_parses_log_directory_names`
+//! checks the names' one owner, and `a_planted_layout_name_is_found_and_named`
+//! proves it finds a name in a format string, a raw and a byte string,
+//! and passes comments, test items and `layout.rs` itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -417,9 +417,18 @@ mod tests {
         assert!(matches!(kind(".web.logmon.sock"), Some((_, Name::Socket))));
         assert!(matches!(kind(".web.stdout.fifo"), Some((_, Name::Fifo))));
         assert!(matches!(kind(".web.stdout.hwm"), Some((_, Name::Other))));
-        for known in [".web.stderr.dropped", ".web.stdout.shipped"] {
+        for known in [
+            ".web.stderr.dropped",
+            ".web.stdout.shipped",
+            ".web.logmon.log",
+            ".web.stdout.2.zst.tmp",
+        ] {
             assert!(matches!(kind(known), Some((_, Name::Other))), "{known}");
         }
+        assert!(matches!(
+            kind("a.b.stderr.2.zst"),
+            Some((t, Name::Log(Stream::Stderr, 2, true))) if t == "a.b"
+        ));
         for not_ours in [
             "web.stdout.007",
             "web.stdout",
@@ -449,6 +458,29 @@ mod tests {
         assert!(l.tasks[0].lock.is_some());
         assert_eq!(l.planted_elsewhere, 3);
         assert_eq!(l.untrusted, None);
+    }
+
+    #[test]
+    fn planted_drop_ledgers_and_shipper_positions_are_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let p = |n: &str| d.path().join(n);
+        std::fs::write(p(".web.logmon.lock"), b"").unwrap();
+        std::fs::write(p("elsewhere"), b"").unwrap();
+        // Hard links: not logmon's own, whoever made them.
+        for n in [
+            ".web.stdout.dropped",
+            ".web.stderr.shipped",
+            ".z.stdout.shipped",
+        ] {
+            std::fs::hard_link(p("elsewhere"), p(n)).unwrap();
+        }
+        let l = list(&Dir::open(d.path()).unwrap()).unwrap();
+        let names: Vec<&str> = l.tasks.iter().map(|t| t.task.as_str()).collect();
+        assert_eq!(names, vec!["web"]);
+        let mut planted: Vec<&str> = l.tasks[0].planted.iter().map(|(n, _)| n.as_str()).collect();
+        planted.sort_unstable();
+        assert_eq!(planted, vec![".web.stderr.shipped", ".web.stdout.dropped"]);
+        assert_eq!(l.planted_elsewhere, 1);
     }
 
     #[test]

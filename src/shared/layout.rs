@@ -73,22 +73,7 @@ impl TaskName {
     /// assert!(TaskName::new("..").is_err());
     /// ```
     pub fn new(name: &str) -> Result<Self, ConfigError> {
-        let why = if name.is_empty() {
-            Some("must not be empty")
-        } else if name.contains('/') {
-            Some("must not contain '/'")
-        } else if name.contains('\0') {
-            Some("must not contain NUL")
-        } else if name == "." || name == ".." {
-            Some("must not be '.' or '..'")
-        } else if name.len() > 200 {
-            // Leaves room for ".<task>.stdout.fifo" and ".<task>.stdout.<u64>"
-            // inside NAME_MAX (255).
-            Some("must be at most 200 bytes")
-        } else {
-            None
-        };
-        match why {
+        match invalid_because(name) {
             Some(why) => Err(ConfigError::InvalidTask {
                 name: name.to_owned(),
                 why,
@@ -100,6 +85,25 @@ impl TaskName {
     /// The name as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Why `name` is no task name, if it is not (no allocation).
+fn invalid_because(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.contains('/') {
+        Some("must not contain '/'")
+    } else if name.contains('\0') {
+        Some("must not contain NUL")
+    } else if name == "." || name == ".." {
+        Some("must not be '.' or '..'")
+    } else if name.len() > 200 {
+        // Leaves room for ".<task>.stdout.fifo" and ".<task>.stdout.<u64>"
+        // inside NAME_MAX (255).
+        Some("must be at most 200 bytes")
+    } else {
+        None
     }
 }
 
@@ -290,13 +294,13 @@ pub fn parse_of(name: &str, task: &TaskName) -> Option<Kind> {
 }
 
 /// Whether `name` is a metadata file's (`.<task>.logmon.meta`), of any
-/// task, from its bytes: what the shipper's watch asks of each event
-/// before it allocates.
+/// task, from its bytes and without allocating: what the shipper's watch
+/// asks of each event before it allocates.
 pub fn is_meta(name: &[u8]) -> bool {
     std::str::from_utf8(name)
         .ok()
         .and_then(split)
-        .is_some_and(|(t, k)| k == Kind::Meta && TaskName::new(t).is_ok())
+        .is_some_and(|(t, k)| k == Kind::Meta && invalid_because(t).is_none())
 }
 
 /// The largest index that is a stream's file. Rotation never gets near it

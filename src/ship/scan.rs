@@ -496,8 +496,7 @@ pub fn subjects_overlap(a: &str, b: &str) -> bool {
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
-/// [`MAX_INDEX`](crate::shared::layout::MAX_INDEX)): [`layout::parse`]'s
-/// [`Kind::Log`].
+/// `crate::shared::layout::MAX_INDEX`): `layout::parse`'s `Kind::Log`.
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
     match layout::parse(name)? {
         (task, Kind::Log(stream, n)) => Some((task, stream, n)),

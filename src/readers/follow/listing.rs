@@ -194,8 +194,7 @@ pub(crate) fn newest_file(
 }
 
 /// What a log directory holds of tasks: whether anything of `task` is
-/// there (a name of its streams, whatever sits at it, or one of its
-/// dotfiles), and, only when nothing is, the tasks with log files there
+/// there (any name `layout::parse` gives it, whatever sits at it), and, only when nothing is, the tasks with log files there
 /// (names `<task>.<stream>.<N>` holding a file `trust` accepts), for the
 /// message of a mistyped `--task`. One listing; names are looked at
 /// (`fstatat`) only in that case, one file a task.

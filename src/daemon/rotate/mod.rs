@@ -15,7 +15,7 @@
 //!   `<task>.<stream>.<N>.zst` is file N: `--compress`,
 //!   [`crate::daemon::compress`]), the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
-//!   `0..=`[`MAX_INDEX`](crate::shared::layout::MAX_INDEX), are ever removed or counted ([`scan_indices`](crate::shared::layout::scan_indices)),
+//!   `0..=`[`MAX_INDEX`](crate::shared::layout::MAX_INDEX), are ever removed or counted ([`parse_any`](crate::shared::layout::parse_any)),
 //!   by `unlinkat` on the directory's fd. A name logmon did not make never
 //!   pushes the numbering: resume takes the highest of logmon's own files
 //!   (regular, one link, its uid), and a name planted above the active one

@@ -10,8 +10,9 @@
 //! - **`shared/`** — what every side takes: `dir`, the only way any module
 //!   touches a name inside a directory the task can write (a descriptor
 //!   opened once, every name resolved from it without following symlinks;
-//!   docs/design.md §9); [`config`], `names` and `meta` (the task's flags, the
-//!   names of its files, its metadata);
+//!   docs/design.md §9); [`config`], `layout` and `meta` (the task's flags,
+//!   every name in a log directory, formatted and parsed in that one
+//!   place, its metadata);
 //!   the wire types of [`protocol`] and `sockaddr`; `fifo` (the task's end
 //!   and the daemon's: both O_RDWR, no EOF, no SIGPIPE); `index`, the
 //!   capture-time file format the daemon writes and the readers read;
@@ -138,8 +139,10 @@ pub mod internals {
         pub use crate::shared::meta::{store, Meta};
     }
     #[allow(missing_docs)]
-    pub mod names {
-        pub use crate::shared::names::{hwm_name, index_name, parse_index_name, scan_indices};
+    pub mod layout {
+        pub use crate::shared::layout::{
+            hwm_name, index_name, name, parse, parse_index, parse_index_name, Kind,
+        };
     }
     #[allow(missing_docs)]
     pub mod reactor {

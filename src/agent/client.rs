@@ -630,10 +630,11 @@ pub fn remove_stale_socket(path: &Path) -> io::Result<StaleSocket> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Ok(StaleSocket::Unknown);
     };
-    let Some(task) = name
-        .to_str()
-        .and_then(|n| n.strip_prefix('.')?.strip_suffix(".logmon.sock"))
-    else {
+    use crate::shared::layout;
+    let Some(task) = name.to_str().and_then(|n| match layout::parse(n)? {
+        (task, layout::Kind::Socket) => Some(task),
+        _ => None,
+    }) else {
         return Ok(StaleSocket::Unknown);
     };
     let parent = if parent.as_os_str().is_empty() {
@@ -648,7 +649,7 @@ pub fn remove_stale_socket(path: &Path) -> io::Result<StaleSocket> {
     if !crate::shared::dir::is_type(&sock, nix::sys::stat::SFlag::S_IFSOCK) {
         return Ok(StaleSocket::Unknown);
     }
-    if let Some(lock) = dir.stat(format!(".{task}.logmon.lock"))? {
+    if let Some(lock) = dir.stat(layout::name(&task, layout::Kind::Lock))? {
         if let Some(pid) = crate::shared::fifo::flock_holder(lock.st_dev, lock.st_ino) {
             return Ok(StaleSocket::Held(pid));
         }

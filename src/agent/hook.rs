@@ -957,10 +957,11 @@ fn end_if_logmon(state: &ReattachConfig, timeout: Duration) -> Result<(), HookEr
                 Some(n) => (n, true),
                 None => (name, false),
             };
-            let held = name.starts_with('.')
-                && name.ends_with(".logmon.lock")
-                && id_of(&fd)
-                    .is_some_and(|id| process::holds_flock(state.pid, id).unwrap_or(false));
+            let held = matches!(
+                crate::shared::layout::parse(name),
+                Some((_, crate::shared::layout::Kind::Lock))
+            ) && id_of(&fd)
+                .is_some_and(|id| process::holds_flock(state.pid, id).unwrap_or(false));
             held.then_some(deleted)
         });
     match lock {

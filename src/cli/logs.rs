@@ -694,7 +694,7 @@ fn resume_at(
     if !beyond {
         return Ok(saved);
     }
-    let name = |i| crate::shared::names::file_name(task, stream, i);
+    let name = |i| crate::shared::layout::file_name(task, stream, i);
     let there = match newest {
         Some(n) => format!("the newest is {}", name(n)),
         None => "none is there".to_owned(),

@@ -19,7 +19,7 @@
 //!   fsynced, and only then is the plain file removed. A kill -9 at any
 //!   moment leaves the plain file, or the complete `.zst`, or both — and
 //!   both count as one file N everywhere
-//!   ([`crate::shared::names::scan_any_in`]); the rotator's `tidy` at the
+//!   ([`crate::shared::layout::scan_any_in`]); the rotator's `tidy` at the
 //!   next start (`daemon/rotate/tidy.rs`)
 //!   removes the temporary name and, of both, the plain one. A file
 //!   purged while it was being compressed takes its `.zst` with it.
@@ -39,8 +39,8 @@ use nix::sys::stat::Mode;
 
 use crate::daemon::rotate::{Kick, Rotator};
 use crate::shared::dir::{Claim, Dir};
+use crate::shared::layout::{file_name, parse_any, zst_name, zst_temp_name, Stream, TaskName};
 use crate::shared::logfile::LEVEL;
-use crate::shared::names::{file_name, parse_any, zst_name, zst_temp_name, Stream, TaskName};
 
 /// How much of a plain file is read at a time; the stop flag is looked at
 /// between pieces.

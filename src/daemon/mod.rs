@@ -653,7 +653,7 @@ fn serve_until_stopped(
     // A launched daemon's stderr moves to its diagnostics log, opened
     // through the log directory's handle (docs/design.md §9), before the
     // sandbox narrows what may be opened.
-    crate::shared::diag::hand_over_stderr(&s.log_dir, cfg.task.as_str());
+    crate::shared::diag::hand_over_stderr(&s.log_dir, &cfg.task);
     if s.foreign > 0 && crate::shared::diag::launched() {
         // Said on the launcher's pipe before; the log keeps it.
         tracing::warn!(foreign_names = s.foreign, "names logmon did not make (a planted FIFO, lock or socket) were removed and replaced at start; see status foreign_names");

@@ -82,7 +82,7 @@ fn unresponsive(why: impl Into<String>) -> NoAnswer {
 /// another process is never connected to: at most it says which name in
 /// the directory to use.
 fn socket_name(dir: &Dir, t: &TaskFiles, holder: u32) -> Result<String, NoAnswer> {
-    let default = format!(".{}.logmon.sock", t.task.as_str());
+    let default = crate::shared::layout::name(&t.task, crate::shared::layout::Kind::Socket);
     let Some(flag) = own_socket_flag(holder) else {
         return Ok(default);
     };

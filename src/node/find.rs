@@ -22,7 +22,8 @@ use nix::sys::stat::FileStat;
 
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, FileId, Kind, Trust};
-use crate::ship::scan::{glob_component, parse_log_name, parse_log_name_any, Pattern};
+use crate::shared::layout;
+use crate::ship::scan::{glob_component, Pattern};
 
 /// A log directory found, and how to open it again.
 #[derive(Debug, Clone)]
@@ -254,47 +255,37 @@ pub const MAX_TASKS_PER_DIR: usize = 1024;
 /// What a name in a log directory is.
 #[derive(Clone, Copy)]
 enum Name {
-    Log(Stream, u64),
+    /// File N of a stream; `true`: compressed.
+    Log(Stream, u64, bool),
     Index(Stream),
     Lock,
     Socket,
     Meta,
     Fifo,
-    /// The high-water mark, the diagnostics log: logmon's, not counted.
+    /// The high-water mark, the diagnostics log, the drop ledgers, the
+    /// shipper's positions, a compression's temporary file: logmon's, not
+    /// counted.
     Other,
 }
 
-/// The task and kind of a name logmon gives its files, if it is one.
+/// The task and kind of a name logmon gives its files, if it is one
+/// ([`layout::parse`]: every kind, the drop ledgers and the shipper's
+/// positions too, so a planted one is counted like any other).
 fn parse_name(name: &str) -> Option<(TaskName, Name)> {
-    // A compressed file (`--compress`) is its file N too.
-    if let Some((task, stream, n, _)) = parse_log_name_any(name) {
-        return Some((task, Name::Log(stream, n)));
-    }
-    let hidden = name.strip_prefix('.')?;
-    if let Some(inner) = hidden.strip_suffix(".idx") {
-        let (task, stream, _) = parse_log_name(inner)?;
-        return Some((task, Name::Index(stream)));
-    }
-    const SUFFIXES: [(&str, Name); 12] = [
-        (".logmon.lock", Name::Lock),
-        (".logmon.sock", Name::Socket),
-        (".logmon.meta", Name::Meta),
-        (".logmon.log", Name::Other),
-        (".stdout.fifo", Name::Fifo),
-        (".stderr.fifo", Name::Fifo),
-        (".stdout.hwm", Name::Other),
-        (".stderr.hwm", Name::Other),
-        // The drop ledgers and the shipper's positions: logmon's (or the
-        // shipper's), a planted one is counted like any other.
-        (".stdout.dropped", Name::Other),
-        (".stderr.dropped", Name::Other),
-        (".stdout.shipped", Name::Other),
-        (".stderr.shipped", Name::Other),
-    ];
-    SUFFIXES.iter().find_map(|(suffix, kind)| {
-        let task = TaskName::new(hidden.strip_suffix(suffix)?).ok()?;
-        Some((task, *kind))
-    })
+    use layout::Kind as L;
+    let (task, kind) = layout::parse(name)?;
+    let kind = match kind {
+        // A compressed file (`--compress`) is its file N too.
+        L::Log(s, n) => Name::Log(s, n, false),
+        L::Zst(s, n) => Name::Log(s, n, true),
+        L::Index(s, _) => Name::Index(s),
+        L::Lock => Name::Lock,
+        L::Socket => Name::Socket,
+        L::Meta => Name::Meta,
+        L::Fifo(_) => Name::Fifo,
+        L::Hwm(_) | L::Shipped(_) | L::Dropped(_) | L::DiagLog | L::ZstTemp(..) => Name::Other,
+    };
+    Some((task, kind))
 }
 
 /// Whether a uid may have made a file logmon trusts: root or this reader
@@ -349,10 +340,10 @@ pub fn list(dir: &Dir) -> io::Result<Listing> {
             .or_insert_with(|| TaskFiles::new(task));
         let blocks = u64::try_from(st.st_blocks).unwrap_or(0) * 512;
         match kind {
-            Name::Log(stream, n) => {
+            Name::Log(stream, n, packed) => {
                 let s = &mut t.streams[stream_index(stream)];
                 // Plain bytes: a compressed file's are in its header.
-                let size = match name.ends_with(".zst") {
+                let size = match packed {
                     true => crate::shared::logfile::zst_len_at(dir, &trust, name),
                     false => u64::try_from(st.st_size).unwrap_or(0),
                 };
@@ -417,7 +408,7 @@ mod tests {
     fn names_are_sorted_into_tasks_and_kinds() {
         let kind = |n: &str| parse_name(n).map(|(t, k)| (t.as_str().to_owned(), k));
         assert!(
-            matches!(kind("web.stdout.3"), Some((t, Name::Log(Stream::Stdout, 3))) if t == "web")
+            matches!(kind("web.stdout.3"), Some((t, Name::Log(Stream::Stdout, 3, false))) if t == "web")
         );
         assert!(
             matches!(kind(".a.b.stderr.0.idx"), Some((t, Name::Index(Stream::Stderr))) if t == "a.b")
@@ -426,9 +417,18 @@ mod tests {
         assert!(matches!(kind(".web.logmon.sock"), Some((_, Name::Socket))));
         assert!(matches!(kind(".web.stdout.fifo"), Some((_, Name::Fifo))));
         assert!(matches!(kind(".web.stdout.hwm"), Some((_, Name::Other))));
-        for known in [".web.stderr.dropped", ".web.stdout.shipped"] {
+        for known in [
+            ".web.stderr.dropped",
+            ".web.stdout.shipped",
+            ".web.logmon.log",
+            ".web.stdout.2.zst.tmp",
+        ] {
             assert!(matches!(kind(known), Some((_, Name::Other))), "{known}");
         }
+        assert!(matches!(
+            kind("a.b.stderr.2.zst"),
+            Some((t, Name::Log(Stream::Stderr, 2, true))) if t == "a.b"
+        ));
         for not_ours in [
             "web.stdout.007",
             "web.stdout",
@@ -458,6 +458,29 @@ mod tests {
         assert!(l.tasks[0].lock.is_some());
         assert_eq!(l.planted_elsewhere, 3);
         assert_eq!(l.untrusted, None);
+    }
+
+    #[test]
+    fn planted_drop_ledgers_and_shipper_positions_are_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let p = |n: &str| d.path().join(n);
+        std::fs::write(p(".web.logmon.lock"), b"").unwrap();
+        std::fs::write(p("elsewhere"), b"").unwrap();
+        // Hard links: not logmon's own, whoever made them.
+        for n in [
+            ".web.stdout.dropped",
+            ".web.stderr.shipped",
+            ".z.stdout.shipped",
+        ] {
+            std::fs::hard_link(p("elsewhere"), p(n)).unwrap();
+        }
+        let l = list(&Dir::open(d.path()).unwrap()).unwrap();
+        let names: Vec<&str> = l.tasks.iter().map(|t| t.task.as_str()).collect();
+        assert_eq!(names, vec!["web"]);
+        let mut planted: Vec<&str> = l.tasks[0].planted.iter().map(|(n, _)| n.as_str()).collect();
+        planted.sort_unstable();
+        assert_eq!(planted, vec![".web.stderr.shipped", ".web.stdout.dropped"]);
+        assert_eq!(l.planted_elsewhere, 1);
     }
 
     #[test]

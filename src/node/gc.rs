@@ -45,7 +45,7 @@ use super::find::{stream_index, trusted_uid};
 use super::{Scope, State, SurveyError, TaskView};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Dir, Trust};
-use crate::shared::names;
+use crate::shared::layout;
 
 /// How to collect.
 #[derive(Debug, Clone, Default)]
@@ -272,7 +272,7 @@ fn collect_task(v: &TaskView, opts: &Options, open: &HashSet<(u64, u64)>, out: &
             return;
         }
     };
-    let lock_name = format!(".{}.logmon.lock", v.task().as_str());
+    let lock_name = layout::name(v.task(), layout::Kind::Lock);
     let held = if opts.dry_run {
         None
     } else {
@@ -406,55 +406,21 @@ enum Kind {
 
 /// The kind of `name` if it is one of `task`'s files (the lock aside).
 fn kind(name: &str, task: &TaskName) -> Option<Kind> {
-    let t = task.as_str();
-    for s in Stream::ALL {
+    use layout::Kind as L;
+    Some(match layout::parse_of(name, task)? {
         // Plain or compressed (`--compress`), file N.
-        if let Some((n, _)) = names::parse_any(name, task, s) {
-            return Some(Kind::Log(s, n));
-        }
-        if names::parse_zst_temp(name, task, s).is_some() {
-            return Some(Kind::Leftover(
-                "a compression's temporary file",
-                SFlag::S_IFREG,
-            ));
-        }
-        if let Some(n) = names::parse_index_name(name, task, s) {
-            return Some(Kind::Index(s, n));
-        }
-        let fixed = [
-            (
-                format!(".{t}.{s}.fifo"),
-                Kind::Leftover("its FIFO", SFlag::S_IFIFO),
-            ),
-            (
-                format!(".{t}.{s}.dropped"),
-                Kind::Leftover("its drop ledger", SFlag::S_IFREG),
-            ),
-            (
-                crate::shared::shipped::name(task, s),
-                Kind::WithLogs("the shipper's position", Some(s)),
-            ),
-            (names::hwm_name(task, s), Kind::Hwm),
-        ];
-        if let Some((_, k)) = fixed.into_iter().find(|(n, _)| n == name) {
-            return Some(k);
-        }
-    }
-    let fixed = [
-        (
-            format!(".{t}.logmon.sock"),
-            Kind::Leftover("its control socket", SFlag::S_IFSOCK),
-        ),
-        (
-            format!(".{t}.logmon.log"),
-            Kind::Leftover("its diagnostics log", SFlag::S_IFREG),
-        ),
-        (
-            crate::shared::meta::file_name(task),
-            Kind::WithLogs("its metadata", None),
-        ),
-    ];
-    fixed.into_iter().find(|(n, _)| n == name).map(|(_, k)| k)
+        L::Log(s, n) | L::Zst(s, n) => Kind::Log(s, n),
+        L::ZstTemp(..) => Kind::Leftover("a compression's temporary file", SFlag::S_IFREG),
+        L::Index(s, n) => Kind::Index(s, n),
+        L::Fifo(_) => Kind::Leftover("its FIFO", SFlag::S_IFIFO),
+        L::Dropped(_) => Kind::Leftover("its drop ledger", SFlag::S_IFREG),
+        L::Shipped(s) => Kind::WithLogs("the shipper's position", Some(s)),
+        L::Hwm(_) => Kind::Hwm,
+        L::Socket => Kind::Leftover("its control socket", SFlag::S_IFSOCK),
+        L::DiagLog => Kind::Leftover("its diagnostics log", SFlag::S_IFREG),
+        L::Meta => Kind::WithLogs("its metadata", None),
+        L::Lock => return None,
+    })
 }
 
 /// Why `st` is not logmon's own for a name of kind `k`, if it is not.

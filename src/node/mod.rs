@@ -52,6 +52,7 @@ use serde::Serialize;
 
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, FileId};
+use crate::shared::layout;
 use crate::shared::meta::Meta;
 use crate::ship::scan::Pattern;
 use crate::ship::state::StreamState;
@@ -456,7 +457,7 @@ fn ask_holder(
                         v.state = State::ForeignLock;
                         v.why = Some(format!(
                             "pid {pid} ({what}) holds the task's lock and is not a logmon: no logmon can capture the task while it does; find out why it holds {} (do not kill it as a hung logmon)",
-                            dir.display(format!(".{}.logmon.lock", t.task.as_str())).display()
+                            dir.display(layout::name(&t.task, layout::Kind::Lock)).display()
                         ));
                     }
                     _ => {
@@ -473,7 +474,7 @@ fn ask_holder(
             v.state = State::Gone;
             v.why = Some(format!(
                 "nothing holds its lock but its control socket is still there: it was killed or crashed (see {})",
-                dir.display(format!(".{}.logmon.log", t.task.as_str())).display()
+                dir.display(layout::name(&t.task, layout::Kind::DiagLog)).display()
             ));
         }
         None if t.lock.is_none() && t.fifos > 0 => {
@@ -542,7 +543,7 @@ fn add_ship(
 fn planted_socket(t: &TaskFiles) -> bool {
     t.planted
         .iter()
-        .any(|(n, _)| n == &format!(".{}.logmon.sock", t.task.as_str()))
+        .any(|(n, _)| n == &layout::name(&t.task, layout::Kind::Socket))
 }
 
 /// Bytes a logmon captured since it started, both streams.

@@ -112,8 +112,8 @@ use crate::readers::follow::{not_logmons, open_log, Chunk, Opened, Position};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
 use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
+use crate::shared::layout::{file_name, index_name, scan_any_in};
 use crate::shared::logfile::{LogFile, OpenedLog};
-use crate::shared::names::{file_name, index_name, scan_any_in};
 use crate::shared::time::{format_rfc3339, now_ns, rfc3339, DurationFlag, Rfc3339Error, Why};
 
 /// A file not written for this long has every capture record it will

@@ -15,7 +15,8 @@ use crate::shared::time::DurationFlag;
 // Part of the public `config` API: the error of every check here, the
 // task's name and its streams.
 pub use crate::shared::error::ConfigError;
-pub use crate::shared::names::{Stream, TaskName};
+use crate::shared::layout;
+pub use crate::shared::layout::{Stream, TaskName};
 
 /// Default number of files kept per stream, the active one included.
 pub const DEFAULT_MAX_FILES: u32 = 10;
@@ -453,7 +454,7 @@ impl CaptureConfig {
 
     /// The lock file's name in the log directory.
     pub fn lock_name(&self) -> String {
-        format!(".{}.logmon.lock", self.task.as_str())
+        layout::name(&self.task, layout::Kind::Lock)
     }
 
     /// Where a launched daemon's own diagnostics go (`.<task>.logmon.log`).
@@ -493,17 +494,17 @@ pub fn parse_rate(input: &str) -> Result<u64, ConfigError> {
 
 /// Default FIFO path: `<log-dir>/.<task>.<stream>.fifo`.
 pub fn default_fifo(log_dir: &Path, task: &TaskName, stream: Stream) -> PathBuf {
-    log_dir.join(format!(".{}.{}.fifo", task.as_str(), stream.as_str()))
+    log_dir.join(layout::name(task, layout::Kind::Fifo(stream)))
 }
 
 /// Default control socket path: `<log-dir>/.<task>.logmon.sock`.
 pub fn default_socket(log_dir: &Path, task: &TaskName) -> PathBuf {
-    log_dir.join(format!(".{}.logmon.sock", task.as_str()))
+    log_dir.join(layout::name(task, layout::Kind::Socket))
 }
 
 /// A launched daemon's stderr: `<log-dir>/.<task>.logmon.log`.
 pub fn daemon_log_path(log_dir: &Path, task: &TaskName) -> PathBuf {
-    log_dir.join(format!(".{}.logmon.log", task.as_str()))
+    log_dir.join(layout::name(task, layout::Kind::DiagLog))
 }
 
 #[cfg(test)]

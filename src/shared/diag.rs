@@ -72,6 +72,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use crate::shared::dir::{Claim, Dir};
+use crate::shared::layout::{self, TaskName};
 
 /// Set (to `1`) by the launcher in a launched `run`'s environment.
 pub const LAUNCHED_ENV: &str = "LOGMON_INTERNAL_LAUNCHED";
@@ -81,14 +82,9 @@ pub fn launched() -> bool {
     std::env::var_os(LAUNCHED_ENV).is_some_and(|v| v == "1")
 }
 
-/// The diagnostics log's name for `task`.
-pub fn log_name(task: &str) -> String {
-    format!(".{task}.logmon.log")
-}
-
 /// Opens `.<task>.logmon.log` in `dir` (see the module docs) for appending.
-pub fn open_log(dir: &Dir, task: &str) -> io::Result<std::fs::File> {
-    let name = log_name(task);
+pub fn open_log(dir: &Dir, task: &TaskName) -> io::Result<std::fs::File> {
+    let name = layout::name(task, layout::Kind::DiagLog);
     let flags = OFlag::O_WRONLY | OFlag::O_APPEND;
     match dir.open_own(&name, flags)? {
         Ok(Some(f)) => return Ok(f),
@@ -114,7 +110,7 @@ pub fn open_log(dir: &Dir, task: &str) -> io::Result<std::fs::File> {
 /// When launched ([`launched`]), moves stderr from the launcher's pipe to
 /// the diagnostics log (or to /dev/null, after saying why on the pipe, if
 /// the log cannot be opened). A no-op otherwise.
-pub fn hand_over_stderr(dir: &Dir, task: &str) {
+pub fn hand_over_stderr(dir: &Dir, task: &TaskName) {
     if !launched() {
         return;
     }

@@ -5,7 +5,7 @@
 //!
 //! And the one error of every flag and setting checked before anything is
 //! started ([`ConfigError`], exit code 2), which the task's names and
-//! metadata report too (`config`, `names` and `meta` take it from here).
+//! metadata report too (`config`, `layout` and `meta` take it from here).
 //!
 //! Tests: the error matrix (`tests/it/cli/errors.rs`) checks the words a user
 //! sees for each of them.

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use nix::sys::stat::FileStat;
 
 use crate::shared::dir::{Dir, Kind, Opened, Trust};
-use crate::shared::names::{file_name, zst_name, Stream, TaskName};
+use crate::shared::layout::{file_name, zst_name, Stream, TaskName};
 
 /// The zstd level `run --compress zstd` writes at: zstd's default, the
 /// usual trade of ratio for speed on text (docs/performance.md).

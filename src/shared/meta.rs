@@ -34,7 +34,7 @@ use nix::sys::stat::Mode;
 
 use crate::shared::dir::{Claim, Dir};
 use crate::shared::error::{ConfigError, EXPECTED_PAIR};
-use crate::shared::names::TaskName;
+use crate::shared::layout::TaskName;
 
 /// Most pairs per task.
 pub const MAX_PAIRS: usize = 32;
@@ -45,7 +45,7 @@ pub const MAX_VALUE: usize = 1024;
 
 /// `.<task>.logmon.meta`: the readers' copy of a task's metadata.
 pub fn file_name(task: &TaskName) -> String {
-    format!(".{}.logmon.meta", task.as_str())
+    crate::shared::layout::name(task, crate::shared::layout::Kind::Meta)
 }
 
 /// A task's metadata: validated keys and values, in key order.

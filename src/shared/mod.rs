@@ -1,4 +1,5 @@
-//! What every side takes: the directory handle, the task's flags, names
+//! What every side takes: the directory handle, the task's flags, the
+//! names in a log directory (`layout`, their one formatter and parser)
 //! and metadata, the wire protocol, the FIFOs' two ends, the capture-time index
 //! format, the in-place counter files, the shipper's positions, process identity, the sandbox, the
 //! signalfd, logmon's own diagnostics and the error helpers. Each module's
@@ -12,9 +13,9 @@ pub mod error;
 #[allow(unsafe_code)] // flock(2) on a borrowed fd
 pub mod fifo;
 pub mod index;
+pub mod layout;
 pub mod logfile;
 pub mod meta;
-pub mod names;
 #[allow(unsafe_code)] // pidfd_open, pidfd_send_signal
 pub mod process;
 pub mod protocol;

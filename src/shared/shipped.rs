@@ -38,7 +38,7 @@ use crate::shared::dir::Dir;
 
 /// `.<task>.<stream>.shipped`: the shipper's position in the stream.
 pub fn name(task: &TaskName, stream: Stream) -> String {
-    format!(".{}.{}.shipped", task.as_str(), stream.as_str())
+    crate::shared::layout::name(task, crate::shared::layout::Kind::Shipped(stream))
 }
 
 /// The shipper's position: every byte before `offset` of file `file`, and

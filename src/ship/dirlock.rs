@@ -32,7 +32,7 @@ use nix::sys::stat::Mode;
 use crate::shared::dir::Dir;
 
 /// The lock's name in a log directory.
-pub const DIR_LOCK: &str = ".logmon-ship.lock";
+pub const DIR_LOCK: &str = crate::shared::layout::SHIP_LOCK;
 
 /// Why a log directory's lock could not be taken.
 #[derive(Debug, thiserror::Error)]

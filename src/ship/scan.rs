@@ -34,6 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::shared::config::{Stream, TaskName};
+use crate::shared::layout::{self, Kind};
 
 /// Why a `--pattern` is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -495,34 +496,31 @@ pub fn subjects_overlap(a: &str, b: &str) -> bool {
 }
 
 /// Splits `<task>.<stream>.<N>` (N canonical decimal, at most
-/// `crate::shared::names::MAX_INDEX`).
+/// `crate::shared::layout::MAX_INDEX`): `layout::parse`'s `Kind::Log`.
 pub fn parse_log_name(name: &str) -> Option<(TaskName, Stream, u64)> {
-    let (rest, _) = name.rsplit_once('.')?;
-    let (task, stream) = rest.rsplit_once('.')?;
-    let stream = match stream {
-        "stdout" => Stream::Stdout,
-        "stderr" => Stream::Stderr,
-        _ => return None,
-    };
-    let task = TaskName::new(task).ok()?;
-    let n = crate::shared::names::parse_index(name, &task, stream)?;
-    Some((task, stream, n))
+    match layout::parse(name)? {
+        (task, Kind::Log(stream, n)) => Some((task, stream, n)),
+        _ => None,
+    }
 }
 
 /// [`parse_log_name`] of a log file under either of its names, plain or
 /// compressed (`<task>.<stream>.<N>.zst`, `run --compress`); the last
 /// value says which (`true`: compressed).
 pub fn parse_log_name_any(name: &str) -> Option<(TaskName, Stream, u64, bool)> {
-    match name.strip_suffix(".zst") {
-        Some(plain) => parse_log_name(plain).map(|(t, s, n)| (t, s, n, true)),
-        None => parse_log_name(name).map(|(t, s, n)| (t, s, n, false)),
+    match layout::parse(name)? {
+        (task, Kind::Log(stream, n)) => Some((task, stream, n, false)),
+        (task, Kind::Zst(stream, n)) => Some((task, stream, n, true)),
+        _ => None,
     }
 }
 
 /// The task whose metadata file `name` is (`.<task>.logmon.meta`).
 pub fn parse_meta_name(name: &str) -> Option<TaskName> {
-    let task = name.strip_prefix('.')?.strip_suffix(".logmon.meta")?;
-    TaskName::new(task).ok()
+    match layout::parse(name)? {
+        (task, Kind::Meta) => Some(task),
+        _ => None,
+    }
 }
 
 /// A header value: bytes a header cannot hold (CR, LF, other controls,

@@ -161,7 +161,7 @@ fn lag(dir: &Arc<Dir>, s: &StreamState) -> (Option<u64>, Option<f64>) {
     };
     let (Ok(trust), Ok(files)) = (
         dir.trust(),
-        crate::shared::names::scan_any_in(dir, &task, stream),
+        crate::shared::layout::scan_any_in(dir, &task, stream),
     ) else {
         return (None, None);
     };

@@ -221,7 +221,7 @@ impl Tracked {
     }
 
     fn name(&self, n: u64) -> String {
-        crate::shared::names::file_name(&self.task, self.stream, n)
+        crate::shared::layout::file_name(&self.task, self.stream, n)
     }
 
     /// The file `n` of the stream, open, if it is there and logmon's own
@@ -500,7 +500,7 @@ impl Tracked {
         if !list {
             return None;
         }
-        let listed = crate::shared::names::scan_any_in(dir, &self.task, self.stream).ok()?;
+        let listed = crate::shared::layout::scan_any_in(dir, &self.task, self.stream).ok()?;
         listed
             .into_iter()
             .filter(|&n| n >= from)
@@ -663,7 +663,7 @@ impl Tracked {
     /// active file may still grow): read from /proc/locks, never by
     /// taking the lock.
     fn writer_alive(&self, dir: &Dir) -> bool {
-        let name = format!(".{}.logmon.lock", self.task.as_str());
+        let name = crate::shared::layout::name(&self.task, crate::shared::layout::Kind::Lock);
         match dir.stat(&name) {
             Ok(Some(st)) => crate::shared::fifo::flock_holder(st.st_dev, st.st_ino).is_some(),
             _ => false,

@@ -702,7 +702,7 @@ impl Tree {
                 if mask.contains(AddWatchFlags::IN_ATTRIB) {
                     out.push(Change::Attrib(id));
                 }
-            } else if !ev.name.starts_with(b".") || ev.name.ends_with(b".logmon.meta") {
+            } else if !ev.name.starts_with(b".") || crate::shared::layout::is_meta(ev.name) {
                 // Dotfiles (indexes, positions, FIFOs, logmon's own) say
                 // nothing a stream's plan needs, but the metadata: most of
                 // a busy node's events end here, before any allocation.

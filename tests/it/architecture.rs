@@ -28,6 +28,17 @@
 //! connected component of two or more modules, naming them and the paths
 //! that tie them.
 //!
+//! **One owner of the names.** Every name logmon gives in a log directory
+//! is formatted and parsed in `src/shared/layout.rs` alone
+//! (docs/design.md §1), so the daemon, readers, shipper, `ls` and `gc`
+//! cannot drift apart on one. Outside it, no string literal in code —
+//! comments, doc comments and `#[cfg(test)]` items aside — may hold a
+//! piece of such a name (`.stdout`, `stderr.`, `.idx`, `.hwm`, `.fifo`,
+//! `.logmon.`, `.shipped`, `.dropped`, `.zst`, …: [`LAYOUT_PIECES`]);
+//! each one found is named by file and line. A name assembled only from
+//! variables (`"{}.{}.{}"`) has no piece to find: review keeps those in
+//! `layout` too.
+//!
 //! Why a test of our own rather than a tool: `cargo modules dependencies
 //! --lib --no-externs --no-fns --no-traits --no-types --no-sysroot
 //! --acyclic` (cargo-modules 0.27) gives no verdict on modules: on this
@@ -42,7 +53,10 @@
 //! path up and one sideways, with their lines, also through a re-export,
 //! and passes what points down; `a_planted_cycle_is_found_and_named`
 //! proves the check finds a cycle, also one through a re-export, and
-//! ignores what the rule ignores.
+//! ignores what the rule ignores; `only_layout_formats_or_parses_log_directory_names`
+//! checks the names' one owner, and `a_planted_layout_name_is_found_and_named`
+//! proves it finds a name in a format string, a raw and a byte string,
+//! and passes comments, test items and `layout.rs` itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -80,6 +94,12 @@ fn module_of(rel: &str) -> Option<Module> {
 /// and character literals (lifetimes are kept); the lines of what is
 /// dropped are kept, so that a token's line is its line in the file.
 fn code_only(src: &str) -> String {
+    code_keeping(src, None)
+}
+
+/// [`code_only`], but with each string literal left as one token,
+/// `__lit_K`, whose text (as written) is `literals[K]`.
+fn code_keeping(src: &str, mut literals: Option<&mut Vec<String>>) -> String {
     let c: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
     let mut i = 0;
@@ -134,16 +154,14 @@ fn code_only(src: &str) -> String {
                 }
                 i += 1;
             }
-            out.push_str("\"\"");
-            newlines(&c[from..i.min(c.len())], &mut out);
+            keep(&c[from..i.min(c.len())], literals.as_deref_mut(), &mut out);
         } else if at(0) == '"' {
             i += 1;
             while i < c.len() && c[i] != '"' {
                 i += if c[i] == '\\' { 2 } else { 1 };
             }
             i += 1;
-            out.push_str("\"\"");
-            newlines(&c[from..i.min(c.len())], &mut out);
+            keep(&c[from..i.min(c.len())], literals.as_deref_mut(), &mut out);
         } else if at(0) == '\'' && (at(1) == '\\' || at(2) == '\'') {
             // A character literal ('x', '\n', '\'', '\u{..}'), not a
             // lifetime: past the quote and the first character (or its
@@ -160,6 +178,19 @@ fn code_only(src: &str) -> String {
         }
     }
     out
+}
+
+/// A string literal: `""` (or its `__lit_K` token when literals are
+/// kept), then its newlines, so that lines still count.
+fn keep(literal: &[char], literals: Option<&mut Vec<String>>, out: &mut String) {
+    match literals {
+        Some(v) => {
+            out.push_str(&format!(" __lit_{} ", v.len()));
+            v.push(literal.iter().collect());
+        }
+        None => out.push_str("\"\""),
+    }
+    newlines(literal, out);
 }
 
 /// The newlines of a dropped stretch of code, kept.
@@ -715,6 +746,139 @@ fn a_planted_cycle_is_found_and_named() {
                     "e -> c::d (crate::d::Q::new)".into()
                 ],
             },
+        ]
+    );
+}
+
+/// The pieces of the names logmon gives in a log directory
+/// (docs/design.md §1): a string that holds one builds or reads such a
+/// name.
+const LAYOUT_PIECES: [&str; 12] = [
+    ".stdout",
+    ".stderr",
+    "stdout.",
+    "stderr.",
+    ".idx",
+    ".hwm",
+    ".fifo",
+    ".logmon.",
+    ".logmon-ship.",
+    ".shipped",
+    ".dropped",
+    ".zst",
+];
+
+/// The one module that may write them.
+const LAYOUT: &str = "shared/layout.rs";
+
+/// Each string literal of `src` outside comments and `#[cfg(test)]`
+/// items that holds a piece of [`LAYOUT_PIECES`], with its line.
+fn layout_literals(src: &str) -> Vec<(usize, String)> {
+    let mut literals = Vec::new();
+    let code = code_keeping(src, Some(&mut literals));
+    let (t, lines) = without_test_items(tokens(&code));
+    t.iter()
+        .zip(lines)
+        .filter_map(|(tok, line)| {
+            let k: usize = tok.strip_prefix("__lit_")?.parse().ok()?;
+            let lit = literals.get(k)?;
+            LAYOUT_PIECES
+                .iter()
+                .any(|p| lit.contains(p))
+                .then(|| (line, lit.clone()))
+        })
+        .collect()
+}
+
+/// Where a file of `files` other than [`LAYOUT`] writes a piece of a
+/// log-directory name (`src/<file>:<line>: <literal>`), and the number
+/// of files read.
+fn layout_breaches(files: &BTreeMap<String, String>) -> (Vec<String>, usize) {
+    let mut out = Vec::new();
+    let test_only = test_only_files(files);
+    for (rel, src) in files
+        .iter()
+        .filter(|(rel, _)| *rel != LAYOUT && !test_only.contains(rel.as_str()))
+    {
+        for (line, lit) in layout_literals(src) {
+            out.push(format!("src/{rel}:{line}: {lit}"));
+        }
+    }
+    (out, files.len())
+}
+
+/// The files of `files` that are whole `#[cfg(test)] mod name;` modules
+/// (e.g. `shared/index/tests.rs`): test code, like inline test modules.
+fn test_only_files(files: &BTreeMap<String, String>) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for (rel, src) in files {
+        let dir = match rel.rsplit_once('/') {
+            Some((d, f)) if f == "mod.rs" || f == "lib.rs" || f == "main.rs" => format!("{d}/"),
+            Some((d, f)) => format!("{d}/{}/", f.trim_end_matches(".rs")),
+            None if rel == "lib.rs" || rel == "main.rs" => String::new(),
+            None => format!("{}/", rel.trim_end_matches(".rs")),
+        };
+        let mut lines = src.lines().map(str::trim);
+        while let Some(line) = lines.next() {
+            if line != "#[cfg(test)]" {
+                continue;
+            }
+            let Some(name) = lines.next().and_then(|l| {
+                l.strip_prefix("mod ")
+                    .or_else(|| l.strip_prefix("pub mod "))
+                    .and_then(|m| m.strip_suffix(';'))
+            }) else {
+                continue;
+            };
+            out.insert(format!("{dir}{name}.rs"));
+            out.insert(format!("{dir}{name}/mod.rs"));
+        }
+    }
+    out
+}
+
+#[test]
+fn only_layout_formats_or_parses_log_directory_names() {
+    let files = src_files();
+    assert!(
+        files.contains_key(LAYOUT),
+        "src/{LAYOUT} is where the names live"
+    );
+    let (breaches, read) = layout_breaches(&files);
+    assert!(read > 80, "only {read} files read");
+    assert!(
+        breaches.is_empty(),
+        "names in a log directory written outside src/{LAYOUT} (format and parse them \
+         there, through `shared::layout`):\n{}",
+        breaches.join("\n")
+    );
+}
+
+#[test]
+fn a_planted_layout_name_is_found_and_named() {
+    let files: BTreeMap<String, String> = [
+        (
+            "a.rs",
+            "/// `.x.stdout.hwm` in a doc comment is fine.\n\
+             fn f(t: &str) -> String {\n    // \".x.logmon.lock\" in a comment too\n    \
+             format!(\".{t}.stdout.hwm\")\n}\n\
+             #[cfg(test)]\nmod tests {\n    const N: &str = \"web.stderr.0.zst\";\n}\n\
+             fn g() -> &'static str {\n    r#\"a.dropped\"#\n}\n\
+             fn h() -> &'static [u8] { b\".logmon.meta\" }\n\
+             fn i() -> &'static str { \"written to stdout\" }\n",
+        ),
+        (LAYOUT, "fn f() -> &'static str { \".x.logmon.sock\" }\n"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect();
+    let (breaches, _) = layout_breaches(&files);
+    assert_eq!(
+        breaches,
+        vec![
+            "src/a.rs:4: \".{t}.stdout.hwm\"".to_owned(),
+            "src/a.rs:11: r#\"a.dropped\"#".to_owned(),
+            "src/a.rs:13: \".logmon.meta\"".to_owned(),
         ]
     );
 }

@@ -327,7 +327,24 @@ pub fn fifo(dir: &Path, task: &str, stream: Stream) -> PathBuf {
 
 /// The indices of a stream's files, ascending.
 pub fn indices(dir: &Path, task: &str, stream: Stream) -> Vec<u64> {
-    logmon::internals::names::scan_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
+    try_indices(dir, &TaskName::new(task).unwrap(), stream).unwrap()
+}
+
+/// The indices of `task`'s `stream` files (plain names) in `dir`,
+/// ascending, or why the directory cannot be listed.
+pub fn try_indices(dir: &Path, task: &TaskName, stream: Stream) -> std::io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let name = e?.file_name();
+        if let Some(n) = name
+            .to_str()
+            .and_then(|n| logmon::internals::layout::parse_index(n, task, stream))
+        {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
 }
 
 /// The stream's files, in index order, as (index, contents).

@@ -19,7 +19,7 @@ use crate::shared::dir::Dir;
 
 /// `.<task>.<stream>.dropped`.
 pub fn name(task: &TaskName, stream: Stream) -> String {
-    format!(".{}.{}.dropped", task.as_str(), stream.as_str())
+    crate::shared::layout::name(task, crate::shared::layout::Kind::Dropped(stream))
 }
 
 /// The ledger of one stream.

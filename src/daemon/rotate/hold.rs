@@ -5,7 +5,7 @@
 //! in `super::tests`.
 
 use super::Rotator;
-use crate::shared::names::{file_name, zst_name};
+use crate::shared::layout::{file_name, zst_name};
 
 impl Rotator {
     /// Holds purge for the node's shipper (`run --keep-unshipped SIZE`):

@@ -16,7 +16,7 @@ use super::{Rotator, FOREIGN_WARN_EVERY};
 use crate::shared::config::Stream;
 use crate::shared::dir::Dir;
 use crate::shared::index;
-use crate::shared::names::{hwm_name, index_name};
+use crate::shared::layout::{hwm_name, index_name};
 
 impl Rotator {
     /// Ends a drain pass: writes the record of its batch (the bytes moved

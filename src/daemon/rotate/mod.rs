@@ -15,17 +15,17 @@
 //!   `<task>.<stream>.<N>.zst` is file N: `--compress`,
 //!   [`crate::daemon::compress`]), the lowest indices go
 //!   first, and only names of the exact form `<task>.<stream>.<N>`, N in
-//!   `0..=`[`MAX_INDEX`](crate::shared::names::MAX_INDEX), are ever removed or counted ([`scan_indices`](crate::shared::names::scan_indices)),
+//!   `0..=`[`MAX_INDEX`](crate::shared::layout::MAX_INDEX), are ever removed or counted ([`parse_any`](crate::shared::layout::parse_any)),
 //!   by `unlinkat` on the directory's fd. A name logmon did not make never
 //!   pushes the numbering: resume takes the highest of logmon's own files
 //!   (regular, one link, its uid), and a name planted above the active one
 //!   is neither counted nor purged until rotation reaches it, so
 //!   `--max-files` holds whatever the task plants, a file at
-//!   [`MAX_INDEX`](crate::shared::names::MAX_INDEX) included
+//!   [`MAX_INDEX`](crate::shared::layout::MAX_INDEX) included
 //!   (`a_planted_name_at_the_largest_index_never_pushes_the_numbering_and_max_files_holds`,
 //!   `a_foreign_name_at_the_highest_index_is_not_resumed_and_never_pushes_the_numbering`,
 //!   `tests/it/daemon/hostile_daemon.rs::a_task_file_planted_at_max_index_before_a_relaunch_never_breaks_max_files`);
-//!   numbering never passes [`MAX_INDEX`](crate::shared::names::MAX_INDEX): reachable only from a forged
+//!   numbering never passes [`MAX_INDEX`](crate::shared::layout::MAX_INDEX): reachable only from a forged
 //!   start, it starts over at 0 after removing the stream's files
 //!   (`Rotator::next_index`,
 //!   `numbering_that_would_pass_max_index_starts_over_at_zero`);
@@ -72,9 +72,9 @@
 //!   a restart starts past it unless its file is there to resume
 //!   (`numbers_are_never_reused_after_every_file_was_deleted`). The mark sits
 //!   in a directory the task can write: a forged one only moves numbering
-//!   forward (capped at [`MAX_INDEX`](crate::shared::names::MAX_INDEX)), wasting numbers, never reusing or
+//!   forward (capped at [`MAX_INDEX`](crate::shared::layout::MAX_INDEX)), wasting numbers, never reusing or
 //!   overwriting a file (`a_forged_high_water_mark_only_moves_numbering_forward`)
-//!   short of the start-over at [`MAX_INDEX`](crate::shared::names::MAX_INDEX) above.
+//!   short of the start-over at [`MAX_INDEX`](crate::shared::layout::MAX_INDEX) above.
 //!
 //! The decision of how many bytes go where is the pure function [`plan()`]
 //! (`plan.rs`); the [`Rotator`] owns the files and does what the plan
@@ -94,7 +94,7 @@ use std::time::{Duration, Instant};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::Dir;
 use crate::shared::error::PathIo;
-use crate::shared::names::{file_name, parse_index};
+use crate::shared::layout::{file_name, parse_index};
 
 use active::{ActiveFile, Close};
 use indexing::IndexErrors;
@@ -190,7 +190,7 @@ pub struct Rotator {
     /// the directory's mode when a file is opened, so a sticky directory
     /// costs the hot path nothing.
     watch_name: bool,
-    /// Numbering went past [`MAX_INDEX`](crate::shared::names::MAX_INDEX) and starts over at 0: the
+    /// Numbering went past [`MAX_INDEX`](crate::shared::layout::MAX_INDEX) and starts over at 0: the
     /// stream's files go before the next one is created
     /// ([`Rotator::next_index`]).
     starting_over: bool,
@@ -228,7 +228,7 @@ impl Rotator {
         // the first purge: in a directory many tasks share, each start
         // pays for every name in it once per stream, not three times.
         let mut listed = dir
-            .list_matching(|n| crate::shared::names::of_stream(n, task, stream))
+            .list_matching(|n| crate::shared::layout::of_stream(n, task, stream))
             .map_err(|source| {
                 RotateError::Io(PathIo {
                     what: "",
@@ -450,7 +450,7 @@ mod tests {
     use super::active::{RESERVE_AHEAD, RESERVE_MIN_WRITE};
     use super::*;
     use crate::shared::index;
-    use crate::shared::names::{parse_index, scan_indices, MAX_INDEX};
+    use crate::shared::layout::{parse_index, scan_indices, MAX_INDEX};
     use nix::fcntl::{fallocate, FallocateFlags};
     use nix::sys::stat::Mode;
     use std::os::unix::fs::MetadataExt;

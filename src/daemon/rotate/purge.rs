@@ -10,7 +10,7 @@ use nix::errno::Errno;
 
 use super::{RotateError, Rotator};
 use crate::shared::error::PathIo;
-use crate::shared::names::{file_name, parse_any, parse_index_name, zst_name, zst_temp_name};
+use crate::shared::layout::{file_name, parse_any, parse_index_name, zst_name, zst_temp_name};
 
 impl Rotator {
     /// Purges now, not only when a new file is made: called while writes
@@ -28,7 +28,7 @@ impl Rotator {
     /// are never copied: `Dir::list_matching`).
     pub(super) fn list_own(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
         self.dir
-            .list_matching(|n| crate::shared::names::of_stream(n, &self.task, self.stream))
+            .list_matching(|n| crate::shared::layout::of_stream(n, &self.task, self.stream))
     }
 
     /// Removes the lowest indices until at most `max_files` remain, by

@@ -8,7 +8,7 @@
 use super::{RotateError, Rotator};
 use crate::shared::error::PathIo;
 use crate::shared::index;
-use crate::shared::names::{file_name, MAX_INDEX};
+use crate::shared::layout::{file_name, MAX_INDEX};
 
 impl Rotator {
     /// Where capture goes on: numbers are never reused, so it starts

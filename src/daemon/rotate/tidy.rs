@@ -7,7 +7,7 @@
 use std::io;
 
 use crate::shared::dir::Dir;
-use crate::shared::names::{file_name, parse_any, parse_zst_temp, zst_name, Stream, TaskName};
+use crate::shared::layout::{file_name, parse_any, parse_zst_temp, zst_name, Stream, TaskName};
 
 /// At start, whatever a killed compression left of `stream`: its
 /// temporary names are removed, and where file N is there both plain and
@@ -16,7 +16,7 @@ use crate::shared::names::{file_name, parse_any, parse_zst_temp, zst_name, Strea
 /// many names it removed. Done with or without `--compress`.
 ///
 /// `names` are the stream's names as just listed (`Dir::list_matching`
-/// with `names::of_stream`); the names it removes are taken out of
+/// with `layout::of_stream`); the names it removes are taken out of
 /// `names` too, so the caller's later steps (the first purge) go on from
 /// the same listing.
 pub fn tidy_listed(
@@ -52,7 +52,7 @@ mod tests {
     use super::*;
 
     fn tidy(dir: &Dir, task: &TaskName, stream: Stream) -> io::Result<u64> {
-        let mut names = dir.list_matching(|n| crate::shared::names::of_stream(n, task, stream))?;
+        let mut names = dir.list_matching(|n| crate::shared::layout::of_stream(n, task, stream))?;
         tidy_listed(dir, task, stream, &mut names)
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::active::{Close, Found, Opened};
 use super::{names_can_move, preallocation_pays, RotateError, Rotator};
 use crate::shared::error::PathIo;
-use crate::shared::names::MAX_INDEX;
+use crate::shared::layout::MAX_INDEX;
 
 /// How many indices one file creation may skip (names that cannot be
 /// freed) before it gives up and reports a write error (retried later).
@@ -60,7 +60,7 @@ impl Rotator {
             RotateError::Io(PathIo {
                 what: "",
                 action: "open",
-                path: dir.display(crate::shared::names::file_name(task, stream, index)),
+                path: dir.display(crate::shared::layout::file_name(task, stream, index)),
                 source: io::Error::from(io::ErrorKind::NotFound),
             })
         })

@@ -16,7 +16,7 @@ use super::Position;
 use crate::shared::config::{Stream, TaskName};
 pub(crate) use crate::shared::dir::Opened;
 use crate::shared::dir::{Dir, Kind, Trust};
-use crate::shared::names::{parse_any, parse_index};
+use crate::shared::layout::parse_any;
 
 /// What is known about a file of the stream that may be purged before the
 /// reader gets to it.
@@ -193,25 +193,8 @@ pub(crate) fn newest_file(
     Ok(scan(dir, trust, task, stream)?.top())
 }
 
-/// The dotfiles of a task besides its indexes (`.<task>.<suffix>`): its
-/// FIFOs, high-water marks, shipper positions, lock, socket, metadata and
-/// diagnostics log.
-const TASK_DOTFILES: [&str; 10] = [
-    "stdout.fifo",
-    "stderr.fifo",
-    "stdout.hwm",
-    "stderr.hwm",
-    "stdout.shipped",
-    "stderr.shipped",
-    "logmon.lock",
-    "logmon.sock",
-    "logmon.meta",
-    "logmon.log",
-];
-
 /// What a log directory holds of tasks: whether anything of `task` is
-/// there (a name of its streams, whatever sits at it, or one of its
-/// dotfiles), and, only when nothing is, the tasks with log files there
+/// there (any name `layout::parse` gives it, whatever sits at it), and, only when nothing is, the tasks with log files there
 /// (names `<task>.<stream>.<N>` holding a file `trust` accepts), for the
 /// message of a mistyped `--task`. One listing; names are looked at
 /// (`fstatat`) only in that case, one file a task.
@@ -223,40 +206,18 @@ pub(crate) fn tasks_in(
     let mut candidates: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for name in dir.list()? {
         let Some(name) = name.to_str() else { continue };
-        if let Some(suffix) = name
-            .strip_prefix('.')
-            .and_then(|n| n.strip_prefix(task.as_str()))
-            .and_then(|n| n.strip_prefix('.'))
-        {
-            if TASK_DOTFILES.contains(&suffix)
-                || Stream::ALL
-                    .iter()
-                    .any(|&s| crate::shared::names::parse_index_name(name, task, s).is_some())
-            {
-                return Ok((true, Default::default()));
-            }
-            continue;
-        }
-        let mut parts = name.rsplitn(3, '.');
-        let (Some(_), Some(_), Some(owner)) = (parts.next(), parts.next(), parts.next()) else {
+        let Some((owner, kind)) = crate::shared::layout::parse(name) else {
             continue;
         };
-        let Ok(owner) = TaskName::new(owner) else {
-            continue;
-        };
-        if !Stream::ALL
-            .iter()
-            .any(|&s| parse_index(name, &owner, s).is_some())
-        {
-            continue;
-        }
         if owner == *task {
             return Ok((true, Default::default()));
         }
-        candidates
-            .entry(owner.as_str().to_owned())
-            .or_default()
-            .push(name.to_owned());
+        if matches!(kind, crate::shared::layout::Kind::Log(..)) {
+            candidates
+                .entry(owner.as_str().to_owned())
+                .or_default()
+                .push(name.to_owned());
+        }
     }
     let mut with_logs = std::collections::BTreeSet::new();
     for (owner, names) in candidates {

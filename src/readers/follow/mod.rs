@@ -118,7 +118,7 @@ use bytes::Bytes;
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, Trust};
 use crate::shared::error::PathIo;
-use crate::shared::names::file_name;
+use crate::shared::layout::file_name;
 
 // The follower's parts, one file each.
 mod listing;

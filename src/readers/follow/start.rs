@@ -10,8 +10,8 @@ use super::{FollowError, Position, Start, BACK_BLOCK};
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, Trust};
 use crate::shared::error::PathIo;
+use crate::shared::layout::file_name;
 use crate::shared::logfile::{open_log, OpenedLog};
-use crate::shared::names::file_name;
 
 pub(super) fn resolve_start(
     dir: &Dir,

@@ -18,7 +18,7 @@ use super::listing::{scan, Ledger};
 use super::FollowError;
 use crate::shared::config::{Stream, TaskName};
 use crate::shared::dir::{Dir, FileId, Trust};
-use crate::shared::names::parse_index;
+use crate::shared::layout::parse_index;
 
 /// State shared with the watcher thread.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! [`super`]).
 
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::names::{hwm_name, MAX_INDEX};
+use crate::shared::layout::{hwm_name, MAX_INDEX};
 
 /// Parses a high-water mark file's text; `None` if it is not a number.
 pub fn parse_hwm(text: &[u8]) -> Option<u64> {

@@ -4,7 +4,7 @@ use super::hwm::HWM_WIDTH;
 use super::read::Records;
 use super::*;
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::names::{hwm_name, index_name, parse_index, parse_index_name, MAX_INDEX};
+use crate::shared::layout::{hwm_name, index_name, parse_index, parse_index_name, MAX_INDEX};
 
 /// The log file the tests' indexes belong to.
 const N: u64 = 3;

@@ -1161,7 +1161,7 @@ impl Run {
                 continue;
             };
             for s in Stream::ALL {
-                let Ok(idx) = logmon::internals::names::scan_indices(dir, &name, s) else {
+                let Ok(idx) = crate::support::try_indices(dir, &name, s) else {
                     continue;
                 };
                 let sizes: Vec<u64> = idx

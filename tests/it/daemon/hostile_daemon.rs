@@ -39,7 +39,7 @@ const TASK_UID: u32 = 65534;
 const OTHER_UID: u32 = 4242;
 /// Bound on any wait for logmon.
 const WAIT: Duration = Duration::from_secs(30);
-/// The largest index of a stream's file (`names::MAX_INDEX`).
+/// The largest index of a stream's file (`layout::MAX_INDEX`).
 const MAX_INDEX: u64 = i64::MAX as u64;
 
 /// A root 0755 temp directory holding `logs/` (root 0777, the task's).

@@ -17,9 +17,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::try_indices as scan_indices;
 use logmon::config::{Stream, TaskName, WriteErrorPolicy};
 use logmon::internals::capture::{Drained, Look, Source, StreamCapture};
-use logmon::internals::names::scan_indices;
 use logmon::internals::rotate::Rotator;
 use proptest::prelude::*;
 use std::time::Instant;
@@ -346,7 +346,7 @@ fn check_unconditional(files: &[(u64, Vec<u8>)], input: &[u8], max_files: u32, l
 /// newest file's number.
 fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
     use logmon::internals::index::{parse_hwm, IndexFile, Stamp, HEADER_LEN, RECORD_LEN};
-    use logmon::internals::names::{index_name, parse_index_name};
+    use logmon::internals::layout::{index_name, parse_index_name};
     for (n, bytes) in files {
         let path = dir.join(index_name(&task(), Stream::Stdout, *n));
         let ix = std::fs::read(&path).unwrap_or_else(|e| panic!("index of file {n}: {e}"));
@@ -383,7 +383,7 @@ fn check_indexes(dir: &Path, files: &[(u64, Vec<u8>)]) {
     }
     if let Some((last, _)) = files.last() {
         let hwm =
-            std::fs::read(dir.join(logmon::internals::names::hwm_name(&task(), Stream::Stdout)))
+            std::fs::read(dir.join(logmon::internals::layout::hwm_name(&task(), Stream::Stdout)))
                 .unwrap();
         assert_eq!(parse_hwm(&hwm), Some(*last));
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::support::{logmon, text, wait_until, PATIENCE};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, Record};
-use logmon::internals::names::index_name;
+use logmon::internals::layout::index_name;
 use logmon::internals::time::format_rfc3339;
 use nix::libc;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::support::{assert_exit_naming, logmon, logs, wait_until};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, Record};
-use logmon::internals::names::index_name;
+use logmon::internals::layout::index_name;
 use logmon::internals::time::format_rfc3339;
 
 const T0: i64 = 1_795_446_245_000_000_000; // 2026-11-24T15:04:05Z

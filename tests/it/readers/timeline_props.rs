@@ -14,7 +14,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::support::{logmon, logs};
 use logmon::config::{Stream, TaskName};
 use logmon::internals::index::{header, IndexFile, Record, Stamp};
-use logmon::internals::names::index_name;
+use logmon::internals::layout::index_name;
 use logmon::internals::time::{format_rfc3339, parse_rfc3339};
 use proptest::prelude::*;
 

@@ -113,8 +113,11 @@ fn own_files(dir: &Path, uid: u32) -> Vec<(u64, Vec<u8>)> {
                 .parse::<u64>()
                 .ok()?;
             let m = std::fs::symlink_metadata(e.path()).ok()?;
-            (m.is_file() && m.nlink() == 1 && m.uid() == uid)
-                .then(|| (n, std::fs::read(e.path()).unwrap()))
+            (m.is_file() && m.nlink() == 1 && m.uid() == uid).then(|| {
+                let bytes = std::fs::read(e.path())
+                    .unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+                (n, bytes)
+            })
         })
         .collect();
     out.sort_by_key(|f| f.0);

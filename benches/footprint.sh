@@ -32,7 +32,7 @@
 #      FIFO (opened read-write, so it never sees EOF) into its own dir, each
 #      given one line; once every line is in its `current`, the same PSS /
 #      RSS / private figures, and logmon's per-instance PSS over s6-log's.
-# Targets (performance issue): launch-to-ready <= 5 ms median; summed PSS of
+# Targets (performance issue): `launch` until it exited <= 3 ms median (quiet machine); summed PSS of
 # 1,000 instances <= 1 GiB; 0 wakeups when idle; each still captures; all
 # stopped cleanly.  The machine's load skews latencies: run it quiet.
 #
@@ -436,7 +436,7 @@ report() { # report VARIANT: the table of that binary's instances
 |---|---|---|---|
 | launched | $LAUNCHED / $N ($fails failed) | all | $(verdict "[ $LAUNCHED = $N ]") |
 | \`logmon launch\` until it printed the config, ms p50 / p90 / p99 / max | $(ms "$LR50") / $(ms "$LR90") / $(ms "$LR99") / $(ms "$LRMAX") | | |
-| \`logmon launch\` until it exited, ms p50 / p90 / p99 / max | $(ms "$LE50") / $(ms "$LE90") / $(ms "$LE99") / $(ms "$LEMAX") | p50 <= 5 ms | $(verdict "[ '$LE50' != - ] && (( $LE50 <= 5000 ))") |
+| \`logmon launch\` until it exited, ms p50 / p90 / p99 / max | $(ms "$LE50") / $(ms "$LE90") / $(ms "$LE99") / $(ms "$LEMAX") | p50 <= 3 ms | $(verdict "[ '$LE50' != - ] && (( $LE50 <= 3000 ))") |
 | exec of \`logmon run\` to its ready line, ms p50 / p90 / p99 / max ($SAMPLES samples) | $(ms "$RR50") / $(ms "$RR90") / $(ms "$RR99") / $(ms "$RRMAX") | | |
 | \`logmon run\` SIGTERM to exit, ms p50 / p90 / p99 / max | $(ms "$RS50") / $(ms "$RS90") / $(ms "$RS99") / $(ms "$RSMAX") | | |
 | summed PSS after launch (idle) | $((PSS1 / 1024)) MiB ($PSS1 KiB, $NP1 instances) | | |

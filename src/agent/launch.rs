@@ -3,6 +3,14 @@
 //! once it is ready; [`run_args`] are the flags that reproduce a
 //! [`CaptureConfig`] (round-trip-tested against the parser below).
 //!
+//! [`launch`] detaches by a double fork, so a long-lived caller (an agent,
+//! the hook, `exec`) is never left holding the daemon's zombie. The
+//! `logmon launch` command, which exits once the daemon is ready, uses
+//! [`launch_exiting`] instead: one `posix_spawn` into a new session, the
+//! daemon reparented when the command exits — the same detached daemon
+//! for less start-up (docs/performance.md, "Memory per instance";
+//! `tests/it/agent/reattach.rs::launched_daemon_outlives_its_launcher`).
+//!
 //! The launcher never opens the daemon's diagnostics log by path: the child
 //! reports pre-ready errors through a stderr pipe (and, launched this way,
 //! its typed failure on stdout), and opens `.<task>.logmon.log` itself

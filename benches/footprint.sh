@@ -32,7 +32,7 @@
 #      FIFO (opened read-write, so it never sees EOF) into its own dir, each
 #      given one line; once every line is in its `current`, the same PSS /
 #      RSS / private figures, and logmon's per-instance PSS over s6-log's.
-# Targets (performance issue): launch-to-ready <= 5 ms median; summed PSS of
+# Targets (performance issue): `launch` until it exited <= 3 ms median (quiet machine); summed PSS of
 # 1,000 instances <= 1 GiB; 0 wakeups when idle; each still captures; all
 # stopped cleanly.  The machine's load skews latencies: run it quiet.
 #
@@ -178,6 +178,7 @@ pct() { # pct FILE -> "p50 p90 p99 max" of the numbers in FILE (one per line)
 ms() { awk -v u="$1" 'BEGIN { if (u == "-") print "-"; else printf "%.2f", u / 1000 }'; }
 
 # ---- 1. launch ---------------------------------------------------------------
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 cat >&2 <<EOF
 footprint.sh: $N instances x 2 FIFOs (x ${VARS[*]}) under $TMP; load $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs
 EOF
@@ -422,7 +423,7 @@ report() { # report VARIANT: the table of that binary's instances
     read -r PSS1 NP1 PMIN1 PMED1 PMAX1 RSSMED1 PRIVMED1 THREADS1 ANON1 <<<"${MEM1[$v]}"
     read -r PSS2 NP2 PMIN2 PMED2 PMAX2 RSSMED2 PRIVMED2 THREADS2 ANON2 <<<"${MEM2[$v]}"
     read -r WAKE_V WAKE_NV WAKE_TICKS WOKEN <<<"${WAKE[$v]}"
-    CMP[$v,le50]=$LE50 CMP[$v,le99]=$LE99 CMP[$v,lr50]=$LR50 CMP[$v,lr99]=$LR99 CMP[$v,rr50]=$RR50 CMP[$v,rr99]=$RR99
+    CMP[$v,le50]=$LE50 CMP[$v,le90]=$LE90 CMP[$v,le99]=$LE99 CMP[$v,lr50]=$LR50 CMP[$v,lr99]=$LR99 CMP[$v,rr50]=$RR50 CMP[$v,rr99]=$RR99
     CMP[$v,rs50]=$RS50 CMP[$v,st50]=$ST50 CMP[$v,pss1]=$((NP1 > 0 ? PSS1 / NP1 : 0)) CMP[$v,pss2]=$((NP2 > 0 ? PSS2 / NP2 : 0))
     CMP[$v,pmed1]=$PMED1 CMP[$v,rss1]=$RSSMED1 CMP[$v,priv1]=$PRIVMED1 CMP[$v,threads]=$THREADS1
     CMP[$v,wake]="$WAKE_V / $WAKE_NV, $WAKE_TICKS ticks" CMP[$v,cap]="$OKCAP / $CHECK" CMP[$v,stop]="$STOPOK / $LAUNCHED, $LEFT left, $SOCKS sockets"
@@ -435,7 +436,7 @@ report() { # report VARIANT: the table of that binary's instances
 |---|---|---|---|
 | launched | $LAUNCHED / $N ($fails failed) | all | $(verdict "[ $LAUNCHED = $N ]") |
 | \`logmon launch\` until it printed the config, ms p50 / p90 / p99 / max | $(ms "$LR50") / $(ms "$LR90") / $(ms "$LR99") / $(ms "$LRMAX") | | |
-| \`logmon launch\` until it exited, ms p50 / p90 / p99 / max | $(ms "$LE50") / $(ms "$LE90") / $(ms "$LE99") / $(ms "$LEMAX") | p50 <= 5 ms | $(verdict "[ '$LE50' != - ] && (( $LE50 <= 5000 ))") |
+| \`logmon launch\` until it exited, ms p50 / p90 / p99 / max | $(ms "$LE50") / $(ms "$LE90") / $(ms "$LE99") / $(ms "$LEMAX") | p50 <= 3 ms | $(verdict "[ '$LE50' != - ] && (( $LE50 <= 3000 ))") |
 | exec of \`logmon run\` to its ready line, ms p50 / p90 / p99 / max ($SAMPLES samples) | $(ms "$RR50") / $(ms "$RR90") / $(ms "$RR99") / $(ms "$RRMAX") | | |
 | \`logmon run\` SIGTERM to exit, ms p50 / p90 / p99 / max | $(ms "$RS50") / $(ms "$RS90") / $(ms "$RS99") / $(ms "$RSMAX") | | |
 | summed PSS after launch (idle) | $((PSS1 / 1024)) MiB ($PSS1 KiB, $NP1 instances) | | |
@@ -477,10 +478,12 @@ if [ -n "$LOGMON_BASE" ]; then
 # before / after: logmon (after, ${BIN[logmon]}) vs logmon-base (before, ${BIN[logmon-base]})
 
 $N instances of each, launched alternately (order swapped each round), one shared idle window.
+Load average at the start: $LOAD0; at the end: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs).
 
 | measure | after: logmon | before: logmon-base | after / before |
 |---|---|---|---|
 $(row "\`launch\` until exit, ms p50" le50 ms)
+$(row "\`launch\` until exit, ms p90" le90 ms)
 $(row "\`launch\` until exit, ms p99" le99 ms)
 $(row "\`launch\` until config printed, ms p50" lr50 ms)
 $(row "\`launch\` until config printed, ms p99" lr99 ms)

@@ -70,8 +70,8 @@ use crate::shared::protocol::{
 use crate::shared::sockaddr::with_short_path;
 
 // An agent reaches launching and the state file through this module.
-pub(crate) use crate::agent::launch::launch_tied;
 pub use crate::agent::launch::{launch, run_args, LaunchError, LaunchFailure, Program};
+pub(crate) use crate::agent::launch::{launch_exiting, launch_tied};
 pub use crate::agent::state::{parse_state, read_state};
 // Its errors, kept apart so that the state file's reader takes them too.
 pub use crate::agent::error::{

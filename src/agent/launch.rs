@@ -3,6 +3,14 @@
 //! once it is ready; [`run_args`] are the flags that reproduce a
 //! [`CaptureConfig`] (round-trip-tested against the parser below).
 //!
+//! [`launch`] detaches by a double fork, so a long-lived caller (an agent,
+//! the hook, `exec`) is never left holding the daemon's zombie. The
+//! `logmon launch` command, which exits once the daemon is ready, uses
+//! [`launch_exiting`] instead: one `posix_spawn` into a new session, the
+//! daemon reparented when the command exits — the same detached daemon
+//! for less start-up (docs/performance.md, "Memory per instance";
+//! `tests/it/agent/reattach.rs::launched_daemon_outlives_its_launcher`).
+//!
 //! The launcher never opens the daemon's diagnostics log by path: the child
 //! reports pre-ready errors through a stderr pipe (and, launched this way,
 //! its typed failure on stdout), and opens `.<task>.logmon.log` itself
@@ -21,6 +29,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
@@ -293,11 +302,14 @@ enum Made {
 pub(crate) struct Footprint {
     /// The log directory, opened before the attempt, and the task lock's
     /// name in it.
-    log_dir: Option<Dir>,
+    log_dir: Option<Arc<Dir>>,
     lock: OsString,
-    /// Each missing name, in its directory opened before the attempt; the
-    /// lock last, so it is removed after what it guards.
-    missing: Vec<(Made, Dir, OsString)>,
+    /// Each missing name, in its directory opened before the attempt (the
+    /// log directory's one handle for names in it); the lock last, so it
+    /// is removed after what it guards.
+    missing: Vec<(Made, Arc<Dir>, OsString)>,
+    /// Both FIFOs' directories (as opened before the attempt) and names.
+    fifos: [Option<(Arc<Dir>, OsString)>; 2],
 }
 
 /// The task lock, as [`Footprint::clean_up`] found it.
@@ -319,35 +331,51 @@ impl Footprint {
     /// exist yet. A directory that cannot be opened is skipped: nothing
     /// can be made in it.
     pub fn before(cfg: &CaptureConfig) -> Footprint {
-        let in_log_dir = |name: String| (cfg.log_dir.clone(), OsString::from(name));
+        Footprint::before_in(cfg, Dir::open(&cfg.log_dir).ok().map(Arc::new))
+    }
+
+    /// [`Footprint::before`] with the log directory already opened by the
+    /// caller (`None`: it could not be): the log directory is resolved
+    /// once, and a FIFO in it is looked up through that same handle.
+    pub(crate) fn before_in(cfg: &CaptureConfig, log_dir: Option<Arc<Dir>>) -> Footprint {
+        let in_log_dir = |name: String| {
+            log_dir
+                .as_ref()
+                .map(|d| (Arc::clone(d), OsString::from(name)))
+        };
+        let fifos = [
+            fifo_place(&cfg.stdout_fifo, log_dir.as_ref()),
+            fifo_place(&cfg.stderr_fifo, log_dir.as_ref()),
+        ];
         let places = [
-            (
-                Made::Fifo,
-                crate::agent::state::split_path(&cfg.stdout_fifo).ok(),
-            ),
-            (
-                Made::Fifo,
-                crate::agent::state::split_path(&cfg.stderr_fifo).ok(),
-            ),
+            (Made::Fifo, fifos[0].clone()),
+            (Made::Fifo, fifos[1].clone()),
             (
                 Made::Meta,
-                Some(in_log_dir(crate::shared::meta::file_name(&cfg.task))),
+                in_log_dir(crate::shared::meta::file_name(&cfg.task)),
             ),
-            (Made::Lock, Some(in_log_dir(cfg.lock_name()))),
+            (Made::Lock, in_log_dir(cfg.lock_name())),
         ];
         let missing = places
             .into_iter()
             .filter_map(|(made, place)| {
                 let (dir, name) = place?;
-                let dir = Dir::open(&dir).ok()?;
                 matches!(dir.stat(&name), Ok(None)).then_some((made, dir, name))
             })
             .collect();
         Footprint {
-            log_dir: Dir::open(&cfg.log_dir).ok(),
+            log_dir,
             lock: cfg.lock_name().into(),
             missing,
+            fifos,
         }
+    }
+
+    /// The stdout and stderr FIFOs' directories (`None`: it could not be
+    /// opened) and names, as opened before the attempt: the FIFOs are made
+    /// through the same handles.
+    pub(crate) fn fifo_places(&self) -> &[Option<(Arc<Dir>, OsString)>; 2] {
+        &self.fifos
     }
 
     /// After a refused attempt: removes what it made. The task lock is
@@ -375,6 +403,19 @@ impl Footprint {
             }
         }
         removed
+    }
+}
+
+/// The directory and name of the FIFO at `path`: a FIFO in the log
+/// directory (the default) is looked up through `log_dir`'s handle rather
+/// than by walking the path again; one elsewhere through its own
+/// directory, opened now. `None` if that directory cannot be opened.
+fn fifo_place(path: &std::path::Path, log_dir: Option<&Arc<Dir>>) -> Option<(Arc<Dir>, OsString)> {
+    let (dir, name) = crate::agent::state::split_path(path).ok()?;
+    let same = log_dir.filter(|d| std::path::absolute(&dir).is_ok_and(|p| p == d.path()));
+    match same {
+        Some(d) => Some((Arc::clone(d), name)),
+        None => Some((Arc::new(Dir::open(&dir).ok()?), name)),
     }
 }
 
@@ -468,13 +509,100 @@ pub fn launch_tied(
     })
 }
 
+/// [`launch`] for a launcher that exits as soon as it returns (the
+/// `logmon launch` command), with the log directory the caller already
+/// opened and noted ([`Footprint::before_in`]; the caller cleans up after
+/// a refusal). The daemon is started directly, in a session of its own,
+/// by `posix_spawn` (a vfork: the launcher's address space is not
+/// copied, and no intermediate process must be scheduled and reaped), so
+/// it is the caller's child until the caller exits and it is reparented
+/// to init (or the nearest subreaper). A long-lived caller must use
+/// [`launch`] instead: it would be left with the daemon's zombie.
+pub(crate) fn launch_exiting(
+    cfg: &CaptureConfig,
+    program: &Program,
+) -> Result<ReattachConfig, LaunchError> {
+    let (cmd, exe) = daemon_command(cfg, program)?;
+    let spawn_err = |source| LaunchError::Spawn {
+        program: exe.clone(),
+        source,
+    };
+    let (pid, stdout, stderr) = spawn_in_own_session(&cmd).map_err(spawn_err)?;
+    let (line, said) = read_both(stdout, Some(stderr));
+    read_ready(line, &said).inspect_err(|_| {
+        // A daemon that gave up has exited, or is about to: reap it if it
+        // has (one still exiting is reparented when the caller exits).
+        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+    })
+}
+
+/// Starts `cmd` (its program, arguments and environment; stdin
+/// /dev/null, stdout and stderr piped back) with `posix_spawn` in a new
+/// session, with an empty signal mask and SIGPIPE at its default, as
+/// `Command` would; returns its pid and the read ends of its stdout and
+/// stderr. The daemon opens every file it opens with `O_NOCTTY`, so as a
+/// session leader it never acquires a controlling terminal (what a double
+/// fork guards against).
+fn spawn_in_own_session(
+    cmd: &Command,
+) -> io::Result<(nix::unistd::Pid, std::fs::File, std::fs::File)> {
+    use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
+    use std::os::fd::AsRawFd;
+    let c = |s: &OsStr| {
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(s))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    };
+    let program = c(cmd.get_program())?;
+    let mut argv = vec![program.clone()];
+    for a in cmd.get_args() {
+        argv.push(c(a)?);
+    }
+    let mut env: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => env.insert(k.to_owned(), v.to_owned()),
+            None => env.remove(k),
+        };
+    }
+    let envp = env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.clone();
+            kv.push("=");
+            kv.push(v);
+            c(&kv)
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let mut actions = PosixSpawnFileActions::init()?;
+    actions.add_open(0, "/dev/null", OFlag::O_RDONLY, Mode::empty())?;
+    actions.add_dup2(out_w.as_raw_fd(), 1)?;
+    actions.add_dup2(err_w.as_raw_fd(), 2)?;
+    let mut attr = PosixSpawnAttr::init()?;
+    attr.set_sigmask(&nix::sys::signal::SigSet::empty())?;
+    let mut default = nix::sys::signal::SigSet::empty();
+    default.add(nix::sys::signal::Signal::SIGPIPE);
+    attr.set_sigdefault(&default)?;
+    attr.set_flags(
+        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF
+            | PosixSpawnFlags::from_bits_retain(nix::libc::c_int::from(
+                nix::libc::POSIX_SPAWN_SETSID,
+            )),
+    )?;
+    let pid = nix::spawn::posix_spawn(program.as_c_str(), &actions, &attr, &argv, &envp)?;
+    Ok((pid, out_r.into(), err_r.into()))
+}
+
 /// [`launch_tied`], without the clean-up.
 fn spawn_and_wait(
     cfg: &CaptureConfig,
     program: &Program,
     lifeline: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<ReattachConfig, LaunchError> {
-    let (mut cmd, exe) = daemon_command(cfg, program, lifeline)?;
+    let (mut cmd, exe) = daemon_command(cfg, program)?;
+    double_fork(&mut cmd, lifeline);
     let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         program: exe.clone(),
         source,
@@ -498,12 +626,12 @@ fn spawn_and_wait(
 /// the cost of starting one: ~0.1 ms of every launch.) stderr reaches EOF
 /// when the daemon hands it over to its log (right before the ready line)
 /// or exits; after the ready line it is waited for 5 s at most.
-fn read_both(
-    stdout: std::process::ChildStdout,
-    stderr: Option<std::process::ChildStderr>,
-) -> (io::Result<String>, Vec<u8>) {
+fn read_both<O, E>(stdout: O, stderr: Option<E>) -> (io::Result<String>, Vec<u8>)
+where
+    O: io::Read + std::os::fd::AsFd,
+    E: io::Read + std::os::fd::AsFd,
+{
     use nix::poll::{PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
     let (mut out, mut err) = (Some(stdout), stderr);
     let (mut line, mut said) = (Vec::new(), Vec::new());
     let mut line_at: Option<std::time::Instant> = None;
@@ -577,13 +705,12 @@ fn read_some<R: io::Read>(pipe: &mut Option<R>, kept: &mut Vec<u8>, cap: usize) 
     Ok(())
 }
 
-/// The command that starts the daemon for `cfg`, detached (its own
-/// session, reparented to init by a double fork), its stdout and stderr
-/// piped back; and the executable it runs `program` from.
+/// The command that starts the daemon for `cfg`, its stdout and stderr
+/// piped back (detached by [`double_fork`] or [`spawn_in_own_session`]);
+/// and the executable it runs `program` from.
 fn daemon_command(
     cfg: &CaptureConfig,
     program: &Program,
-    lifeline: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<(Command, PathBuf), LaunchError> {
     let exe = match program {
         Program::CurrentExe => std::env::current_exe().map_err(|source| LaunchError::Spawn {
@@ -629,14 +756,21 @@ fn daemon_command(
         // any when the configuration has none.
         .env_remove(crate::shared::meta::ENV_VAR)
         .env(crate::shared::diag::LAUNCHED_ENV, "1")
+        .env_remove(crate::daemon::reactor::LIFELINE_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    Ok((cmd, exe))
+}
+
+/// Detaches `cmd` by a double fork (its own session, reparented to init
+/// at once, so a long-lived launcher is never left with its zombie),
+/// handing it `lifeline` if given (see [`launch_tied`]).
+fn double_fork(cmd: &mut Command, lifeline: Option<std::os::fd::BorrowedFd<'_>>) {
     let lifeline = lifeline.map(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
-    match lifeline {
-        Some(fd) => cmd.env(crate::daemon::reactor::LIFELINE_ENV, fd.to_string()),
-        None => cmd.env_remove(crate::daemon::reactor::LIFELINE_ENV),
-    };
+    if let Some(fd) = lifeline {
+        cmd.env(crate::daemon::reactor::LIFELINE_ENV, fd.to_string());
+    }
     // SAFETY: between fork and exec only async-signal-safe calls are made
     // (setsid, fork, fcntl, _exit); no allocation, no locks.
     unsafe {
@@ -659,7 +793,6 @@ fn daemon_command(
             Ok(())
         });
     }
-    Ok((cmd, exe))
 }
 
 /// The daemon's ready line (`line`, as read from its stdout), with what

@@ -41,10 +41,14 @@ pub fn serve(cfg: crate::shared::config::CaptureConfig) -> CliResult {
 /// the launch itself removes what the daemon made).
 pub fn launch(a: &RunArgs) -> CliResult {
     let cfg = a.to_config()?;
-    super::check_log_dir(&cfg)?;
-    let footprint = Footprint::before(&cfg);
-    let rc = super::check_fifos(&cfg)
-        .and_then(|()| Ok(client::launch(&cfg, &Program::CurrentExe)?))
+    // The log directory is resolved once: its handle serves the footprint
+    // and the FIFOs in it.
+    let log_dir = Some(std::sync::Arc::new(super::check_log_dir(&cfg)?));
+    let footprint = Footprint::before_in(&cfg, log_dir);
+    // This process exits right after: the daemon is spawned directly
+    // (`launch_exiting`), and this footprint covers what it makes too.
+    let rc = super::check_fifos_at(&cfg, footprint.fifo_places())
+        .and_then(|()| Ok(client::launch_exiting(&cfg, &Program::CurrentExe)?))
         .inspect_err(|_| {
             footprint.clean_up();
         })?;

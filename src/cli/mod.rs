@@ -520,11 +520,12 @@ pub struct ExecArgs {
     pub command: Vec<std::ffi::OsString>,
 }
 
-/// Refuses a missing log directory before anything is launched (exit 2).
-fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
+/// Refuses a missing log directory before anything is launched (exit 2);
+/// returns it opened.
+fn check_log_dir(cfg: &CaptureConfig) -> Result<crate::shared::dir::Dir, CliError> {
     use crate::shared::dir::{Dir, LogDirError};
     match Dir::open_log_dir(&cfg.log_dir) {
-        Ok(_) => Ok(()),
+        Ok(d) => Ok(d),
         Err(e @ LogDirError::Missing { .. }) => Err(CliError::new(EXIT_USAGE, e)),
         Err(e) => Err(CliError::new(EXIT_FAILURE, e)),
     }
@@ -533,9 +534,23 @@ fn check_log_dir(cfg: &CaptureConfig) -> Result<(), CliError> {
 /// Creates the FIFOs, or refuses a path that is not one (exit 2), before a
 /// daemon is launched, so the user gets the daemon's error directly.
 fn check_fifos(cfg: &CaptureConfig) -> Result<(), CliError> {
-    use crate::shared::fifo::{ensure_fifo, FifoError};
-    for p in [&cfg.stdout_fifo, &cfg.stderr_fifo] {
-        ensure_fifo(p).map_err(|e| {
+    check_fifos_at(cfg, &[None, None])
+}
+
+/// [`check_fifos`], each FIFO made through its directory's handle in
+/// `places` (as [`crate::agent::launch::Footprint::fifo_places`] opened
+/// them) where there is one.
+fn check_fifos_at(
+    cfg: &CaptureConfig,
+    places: &[Option<(std::sync::Arc<crate::shared::dir::Dir>, std::ffi::OsString)>; 2],
+) -> Result<(), CliError> {
+    use crate::shared::fifo::{ensure_fifo, ensure_fifo_at, FifoError};
+    for (p, place) in [&cfg.stdout_fifo, &cfg.stderr_fifo].into_iter().zip(places) {
+        match place {
+            Some((dir, name)) => ensure_fifo_at(dir, name),
+            None => ensure_fifo(p),
+        }
+        .map_err(|e| {
             let code = match e {
                 FifoError::NotFifo { .. } | FifoError::Symlink(_) => EXIT_USAGE,
                 _ => EXIT_FAILURE,

@@ -49,8 +49,30 @@ fn parse_stat(s: &str) -> Option<(char, u64)> {
 /// A fresh random 128-bit instance id, as 32 hex digits.
 pub fn new_instance_id() -> io::Result<String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+    fill_random(&mut b).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Fills `buf` from the kernel's `getrandom(2)`, called through libc: the
+/// `getrandom` crate looks glibc's function up with `dlsym`, which finds
+/// nothing in a static binary, and falls back to opening `/dev/random`
+/// and `/dev/urandom` — four more syscalls on every daemon's way to ready,
+/// and a descriptor held for its whole life. The crate remains the
+/// fallback where the syscall is missing or filtered.
+fn fill_random(buf: &mut [u8]) -> Result<(), getrandom::Error> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: the pointer and length describe `rest`, which getrandom
+        // writes at most `rest.len()` bytes into; no other effect.
+        let n = unsafe { nix::libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) => done += n,
+            Err(_) if nix::errno::Errno::last() == nix::errno::Errno::EINTR => {}
+            Err(_) => return getrandom::fill(rest),
+        }
+    }
+    Ok(())
 }
 
 /// A pidfd for `pid`, verified to still have `start` (so it refers to the
@@ -208,6 +230,16 @@ pub fn flag_value(args: &[std::ffi::OsString], flag: &str) -> Option<std::ffi::O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instance_ids_are_fresh_128_bit_hex() {
+        let (a, b) = (new_instance_id().unwrap(), new_instance_id().unwrap());
+        for id in [&a, &b] {
+            assert_eq!(id.len(), 32);
+            assert!(id.bytes().all(|c| c.is_ascii_hexdigit()));
+        }
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn a_flags_value_is_found_in_both_spellings() {

@@ -5,7 +5,7 @@
 //! is armed only while its pump waits); measured by `benches/peers.sh`.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
@@ -38,6 +38,34 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 pub struct DataSignal {
     flags: OFlag,
     warned: std::cell::Cell<bool>,
+}
+
+/// The FIFO `fifo` opened again, for reading only: a file description of
+/// its own, which can stay armed while logmon drains. Reading a pipe (a
+/// splice out of it included) sends SIGIO to the armed descriptions of
+/// its *writers*, and logmon's FIFO descriptor is one (it is opened
+/// read-write, so the pipe never sees its last writer go): armed, it
+/// would signal logmon's own drain, so it had to be disarmed for each
+/// drain and armed again after it, two `fcntl`s and a look per line of a
+/// quiet stream. A description that only reads is signalled by writes
+/// alone. Through `/proc/self/fd`, which opens the very pipe whatever its
+/// name has become; `None` if that fails (no /proc), or if what opened is
+/// not the same pipe: the FIFO is then armed and disarmed as before.
+pub fn reader_of(fifo: BorrowedFd<'_>) -> Option<OwnedFd> {
+    use nix::sys::stat::{fstat, Mode};
+    let path = format!("/proc/self/fd/{}", fifo.as_raw_fd());
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::open(path.as_str(), flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot open the FIFO again for reading; arming it only while waiting");
+            return None;
+        }
+    };
+    let (a, b) = (fstat(fifo).ok()?, fstat(&fd).ok()?);
+    let same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        && a.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO;
+    same.then_some(fd)
 }
 
 extern "C" fn ignore_sigio(_: nix::libc::c_int) {}

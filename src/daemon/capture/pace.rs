@@ -497,6 +497,258 @@ impl Peak {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A FIFO, its writer and the event loop, in virtual time: writes send
+    /// SIGIO only while the pacer has the FIFO armed; the loop wakes at
+    /// the pacer's deadline or a SIGIO, exactly; a drain takes all.
+    struct Sim {
+        t0: Instant,
+        now: Instant,
+        pacer: Pacer,
+        armed: bool,
+        sigio: bool,
+        /// What waits in the pipe: (written at, bytes).
+        pipe: VecDeque<(Instant, usize)>,
+        capacity: usize,
+        /// The longest a byte waited in the pipe.
+        worst: Duration,
+        wakeups: u32,
+        /// Arming changes.
+        toggles: u32,
+        /// Writes made while the FIFO was armed (each a signal).
+        signalled: u32,
+        held: bool,
+    }
+
+    impl Sim {
+        fn new(capacity: usize, max_delay: Duration, stay_armed: bool) -> Self {
+            let t0 = Instant::now();
+            let mut s = Sim {
+                t0,
+                now: t0,
+                pacer: Pacer::new(t0, capacity, max_delay, stay_armed),
+                armed: false,
+                sigio: false,
+                pipe: VecDeque::new(),
+                capacity,
+                worst: Duration::ZERO,
+                wakeups: 0,
+                toggles: 0,
+                signalled: 0,
+                held: false,
+            };
+            s.advance();
+            s
+        }
+
+        fn waiting(&self) -> usize {
+            self.pipe.iter().map(|&(_, n)| n).sum()
+        }
+
+        /// Runs the loop up to `t` (its wakeups due by then), then writes
+        /// `n` bytes (what fits).
+        fn write_at(&mut self, t: Instant, n: usize) {
+            assert!(t >= self.now, "writes go forward in time");
+            self.run_until(t);
+            self.now = t;
+            let n = n.min(self.capacity - self.waiting());
+            if n > 0 {
+                self.pipe.push_back((t, n));
+                if self.armed {
+                    self.signalled += 1;
+                    self.sigio = true;
+                }
+            }
+            if self.sigio {
+                self.advance();
+            }
+        }
+
+        fn run_until(&mut self, t: Instant) {
+            while let Some(d) = self.pacer.deadline().filter(|&d| d <= t) {
+                self.now = self.now.max(d);
+                self.advance();
+            }
+        }
+
+        /// One wakeup of the loop: the pump's `advance`.
+        fn advance(&mut self) {
+            self.wakeups += 1;
+            let mut sigio = std::mem::take(&mut self.sigio);
+            for _ in 0..100 {
+                let act = self.pacer.next(self.now, &mut sigio);
+                self.held |= matches!(self.pacer.phase, Phase::Holding { .. });
+                let want = self.pacer.wants_armed();
+                if want != self.armed {
+                    self.armed = want;
+                    self.toggles += 1;
+                    if want {
+                        self.pacer.armed(self.now, true);
+                    }
+                }
+                match act {
+                    Act::Sleep { .. } => {
+                        let d = self.pacer.deadline();
+                        assert!(d.is_none_or(|d| d > self.now), "slept past due");
+                        return;
+                    }
+                    Act::Look => {
+                        let n = self.waiting();
+                        self.pacer.looked(self.now, Some(n));
+                        if n * 2 >= self.capacity {
+                            // Never held: drained at once, or (a burst
+                            // still going on) batched a moment first;
+                            // at three quarters full, at once.
+                            let mut no = false;
+                            let probe = self.pacer.clone().next(self.now, &mut no);
+                            let soon = self
+                                .pacer
+                                .deadline()
+                                .is_some_and(|d| d <= self.now + BATCH_WAIT);
+                            assert!(probe == Act::Drain || soon, "{:?}", self.pacer.phase);
+                            assert!(probe == Act::Drain || n * 4 < self.capacity * 3);
+                        }
+                    }
+                    Act::Drain => {
+                        let moved = self.waiting();
+                        for (at, _) in self.pipe.drain(..) {
+                            self.worst = self.worst.max(self.now - at);
+                        }
+                        self.pacer.drained(Drain {
+                            at: self.now,
+                            moved: moved as u64,
+                            left: 0,
+                            timer: None,
+                            blocked: false,
+                        });
+                    }
+                }
+            }
+            panic!("the pump spins at {:?}", self.now - self.t0);
+        }
+
+        /// After the last write: the pump comes to rest armed, with no
+        /// deadline, the pipe empty, in a few wakeups.
+        fn settles(&mut self) {
+            for _ in 0..50 {
+                let Some(d) = self.pacer.deadline() else {
+                    assert!(self.armed, "idle but not armed");
+                    assert_eq!(self.waiting(), 0, "idle with bytes in the pipe");
+                    return;
+                };
+                self.now = self.now.max(d);
+                self.advance();
+            }
+            panic!("still due after 50 wakeups: {:?}", self.pacer.phase);
+        }
+    }
+
+    /// Writes every `gap` for `lines`; returns the wakeups and arming
+    /// changes of the last half.
+    fn steady(gap: Duration, lines: u32, max_delay: Duration) -> (u32, u32, Sim) {
+        let mut s = Sim::new(1 << 20, max_delay, true);
+        let (mut w, mut a) = (0, 0);
+        for i in 1..=lines {
+            if i == lines / 2 {
+                (w, a) = (s.wakeups, s.toggles);
+                s.worst = Duration::ZERO;
+            }
+            let t = s.t0 + gap * i;
+            s.write_at(t, 90);
+        }
+        s.run_until(s.t0 + gap * (lines + 1));
+        (s.wakeups - w, s.toggles - a, s)
+    }
+
+    #[test]
+    fn a_quiet_stream_costs_one_wakeup_per_line() {
+        let delay = 50 * MS;
+        // Slower than --max-delay, or exactly at it: one wakeup a line,
+        // the FIFO armed throughout.
+        for gap in [50 * MS, 60 * MS, 100 * MS, Duration::from_secs(2)] {
+            let (wakeups, toggles, s) = steady(gap, 40, delay);
+            assert_eq!((wakeups, toggles), (21, 0), "a line every {gap:?}");
+            assert_eq!(s.worst, Duration::ZERO, "lone lines are drained at once");
+        }
+        // Bunched up: held, fewer wakeups than lines.
+        let (wakeups, _, s) = steady(10 * MS, 40, delay);
+        assert!(
+            wakeups <= 21 / 2,
+            "{wakeups} wakeups for 21 lines 10 ms apart"
+        );
+        assert!(s.worst < delay);
+    }
+
+    #[test]
+    fn the_fifo_is_disarmed_while_holding_or_batching() {
+        // 100-byte writes every 100 µs for a second: a busy task.
+        let mut s = Sim::new(1 << 16, 50 * MS, true);
+        for i in 1..=10_000u32 {
+            s.write_at(s.t0 + Duration::from_micros(100) * i, 100);
+        }
+        assert!(
+            s.signalled <= 100,
+            "{} of 10000 writes signalled",
+            s.signalled
+        );
+        s.settles();
+    }
+
+    #[test]
+    fn max_delay_zero_never_holds() {
+        let mut s = Sim::new(1 << 16, Duration::ZERO, true);
+        let mut t = s.t0;
+        for i in 1..=300u32 {
+            // Bursts of writes 100 µs apart, pauses of up to 3 ms.
+            t += Duration::from_micros(100) * (1 + (i % 5) * (i % 7) * 5);
+            s.write_at(t, 100 * (i % 3 + 1) as usize);
+        }
+        assert!(!s.held);
+        assert!(s.worst <= BATCH_WAIT);
+    }
+
+    proptest! {
+        #[test]
+        fn every_byte_is_drained_within_max_delay_of_its_write(
+            delay_ms in 0u64..120,
+            stay_armed in any::<bool>(),
+            small_pipe in any::<bool>(),
+            writes in proptest::collection::vec((0u64..200_000, 1usize..40_000), 1..300),
+        ) {
+            let capacity = if small_pipe { 1 << 16 } else { 1 << 20 };
+            let max_delay = Duration::from_millis(delay_ms);
+            let mut s = Sim::new(capacity, max_delay, stay_armed);
+            let mut t = s.t0;
+            for (gap_us, n) in writes {
+                t += Duration::from_micros(gap_us);
+                s.write_at(t, n);
+            }
+            s.settles();
+            prop_assert!(s.worst <= max_delay.max(BATCH_WAIT), "waited {:?}", s.worst);
+            prop_assert!(!(delay_ms == 0 && s.held));
+        }
+
+        #[test]
+        fn a_look_at_a_half_full_pipe_drains_at_once(
+            delay_ms in 1u64..120,
+            first in 1usize..(1 << 16),
+            gap_us in 0u64..3000,
+            burst in 1usize..(1 << 16),
+        ) {
+            // A write of any size finds the pump waiting (its look sees
+            // it); a second lands during what follows, before or after a
+            // hold's probe looks.
+            let mut s = Sim::new(1 << 16, Duration::from_millis(delay_ms), true);
+            s.write_at(s.t0 + MS, first);
+            s.write_at(s.t0 + MS + Duration::from_micros(gap_us), burst);
+            // The look's check is in `Sim::advance`.
+            s.settles();
+        }
+    }
 
     #[test]
     fn the_peak_rate_remembers_a_fast_writer_through_a_slow_interval() {

@@ -1,7 +1,9 @@
-//! The pump: drives one [`StreamCapture`] from its FIFO, a state machine
-//! the daemon's event loop (`reactor`) wakes on SIGIO or when it is due;
-//! waiting on SIGIO when idle, holding a quiet stream's first bytes for
-//! later writes to join them, and batching while busy.
+//! The pump: drives one [`StreamCapture`] from its FIFO, woken by the
+//! daemon's event loop (`reactor`) on SIGIO or when it is due; waiting on
+//! SIGIO when idle, holding a quiet stream's first bytes for later writes
+//! to join them, and batching while busy. What to do when is decided by
+//! the pure [`Pacer`] (`pace.rs`, property-tested); the pump executes it:
+//! arming, FIONREAD, drains, the index flush.
 //!
 //! Guarantees kept here:
 //! - no syscalls while idle, no timers unless bytes, a partial line or a
@@ -12,12 +14,14 @@
 //!   nothing is held in logmon, so a kill -9 loses none of them
 //!   (`tests/it/daemon/capture.rs::a_held_line_waits_in_the_pipe_and_stop_drains_it_at_once`,
 //!   `kill_9_while_lines_are_held_loses_nothing`). They are drained at
-//!   once when the pipe is half full or the look a hold takes after
-//!   [`PROBE`] says it soon will be (`a_pipe_filling_past_half_is_drained_at_once`),
+//!   once when the pipe is half full or the look a hold takes 2 ms later
+//!   says it soon will be (`a_pipe_filling_past_half_is_drained_at_once`),
 //!   at a held partial line's deadline, and at stop; a task writing
-//!   slower than `--max-delay` after a hold that caught nothing costs
-//!   one wakeup per line, its bytes drained at once (`benches/scale.sh`,
-//!   the quiet node);
+//!   about `--max-delay` apart or slower, after a hold that caught
+//!   nothing, costs one wakeup per line and no `fcntl`, its bytes drained
+//!   at once (`lines_max_delay_apart_cost_one_wakeup_each`,
+//!   `kill_9_between_quiet_lines_loses_nothing`, `pace.rs`'s tests, and
+//!   `benches/scale.sh`, the quiet node);
 //! - a stop drains everything left before it returns.
 //!
 //! It also picks the splice piece: [`SPLICE_PIECE`] while the task runs
@@ -48,11 +52,14 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 /// [`finish`](Pump::finish) at stop, which drains what is left (a held
 /// partial line included) and fsyncs.
 ///
-/// Three phases:
+/// Three phases (the [`Pacer`]'s):
 /// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
 ///   for SIGIO (`DataSignal`; it is never registered with epoll,
 ///   which would make every later write of the task pay for a wakeup) and
-///   the pump has no deadline but its partial-line or retry one.
+///   the pump has no deadline but its partial-line or retry one. What is
+///   armed, looked at and drained is the FIFO opened again for reading
+///   only ([`sigio::reader_of`]): the descriptor handed over, read-write,
+///   would be signalled by logmon's own drains.
 /// - *holding* (with `--max-delay` above 0): the first look after SIGIO
 ///   found bytes of a quiet stream (not one that moved `BURST` (64 KiB) or more
 ///   and paused less than `STILL_BUSY` ago: that one is drained as below);
@@ -66,10 +73,13 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 ///   deadline at the pace seen; and at a held partial line's deadline. A
 ///   hold during which nothing more came ends in waiting again: the task
 ///   writes now and then, and its next write sends SIGIO. That next write,
-///   if it comes `--max-delay` or more after the last drain, is drained at
-///   once without a hold (a hold would only add a wakeup that catches
-///   nothing: one wakeup per line instead of two); one that comes sooner
-///   (writes bunching up) is held again.
+///   if it comes a hold's length after the write before it or later (less
+///   2 ms, the loop's rounding: a hold that would end just before it
+///   catches nothing either), is a lone line: drained at once without a
+///   hold, the FIFO left armed through the drain (a hold would only add a
+///   wakeup that catches nothing: one wakeup per line instead of two, and
+///   no arming and disarming). One that comes sooner (writes bunching up)
+///   is held again.
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
 ///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
 ///   rate counts half after 100 ms) the pipe would be half full at most,

@@ -42,6 +42,7 @@ use super::pace::{Act, Drain, Pacer};
 use super::pipe::Peeker;
 use super::sigio::{self, DataSignal};
 use super::{Drained, PipeSource, StreamCapture, SHARED_CPU_PIECE, SPLICE_PIECE};
+use nix::sys::signal::Signal;
 
 /// A stream's capture shared between its pump and the control server
 /// (one thread: a `RefCell` is enough, and it is never held across an await).
@@ -150,9 +151,10 @@ impl Pump {
         if reader.is_some() {
             // A logmon killed while waiting leaves an inherited (fd store)
             // description armed; this one is never armed again.
-            DataSignal::new(fd.as_fd())?;
+            DataSignal::new(fd.as_fd(), Signal::SIGIO)?;
         }
-        let data = DataSignal::new(reader.as_ref().map_or(fd.as_fd(), AsFd::as_fd))?;
+        let signal = sigio::signal_of(capture.borrow().stream());
+        let data = DataSignal::new(reader.as_ref().map_or(fd.as_fd(), AsFd::as_fd), signal)?;
         let pacer = Pacer::new(Instant::now(), capacity, max_delay, reader.is_some());
         Ok(Pump {
             fd,
@@ -180,9 +182,16 @@ impl Pump {
         self.pacer.deadline()
     }
 
-    /// Does what is due at `now`; `sigio` says a SIGIO came since the last
-    /// call (for this FIFO or the other: a waiting pump looks at its own).
-    /// Returns whether the counters changed.
+    /// The signal this pump's FIFO sends when written to while armed
+    /// (SIGIO or SIGURG: [`sigio::DataSignal`]).
+    pub fn signal(&self) -> Signal {
+        self.data.signal()
+    }
+
+    /// Does what is due at `now`; `sigio` says [`signal`](Self::signal)
+    /// came since the last call (its FIFO was written to; or, where the
+    /// FIFOs share SIGIO, the other one may have been: a waiting pump
+    /// looks at its own). Returns whether the counters changed.
     pub fn advance(&mut self, now: Instant, sigio: bool) -> io::Result<bool> {
         let mut changed = false;
         let mut sigio = sigio;

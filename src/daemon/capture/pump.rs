@@ -53,13 +53,13 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 /// [`finish`](Pump::finish) at stop, which drains what is left (a held
 /// partial line included) and fsyncs.
 ///
-/// Three phases (the [`Pacer`]'s):
+/// Three phases (the pacer's, `pace.rs`):
 /// - *waiting*: no syscalls at all until the task writes. The FIFO is armed
 ///   for SIGIO (`DataSignal`; it is never registered with epoll,
 ///   which would make every later write of the task pay for a wakeup) and
 ///   the pump has no deadline but its partial-line or retry one. What is
 ///   armed, looked at and drained is the FIFO opened again for reading
-///   only ([`sigio::reader_of`]): the descriptor handed over, read-write,
+///   only (`sigio::reader_of`): the descriptor handed over, read-write,
 ///   would be signalled by logmon's own drains.
 /// - *holding* (with `--max-delay` above 0): the first look after SIGIO
 ///   found bytes of a quiet stream (not one that moved `BURST` (64 KiB) or more

@@ -9,7 +9,7 @@
 //!   its write, once the FIFO was armed or a drain was due
 //!   (`tests::every_byte_is_drained_within_max_delay_of_its_write`);
 //! - **idle costs nothing**: once the writes stop, the pump comes to rest
-//!   armed, with no deadline (`same test`, its end);
+//!   armed, with no deadline (the same test, at its end);
 //! - **a filling pipe is drained at once**: a look that finds it half full
 //!   or more is followed by a drain, not a sleep
 //!   (`tests::a_look_at_a_half_full_pipe_drains_at_once`);

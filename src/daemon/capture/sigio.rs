@@ -2,7 +2,10 @@
 //! registering the FIFO with epoll (see [`DataSignal`]).
 //!
 //! Guarantee kept here: a busy task's writes carry no wakeup cost (the FIFO
-//! is armed only while its pump waits); measured by `benches/peers.sh`.
+//! is armed only while its pump waits, or drains a quiet stream's lone
+//! line); measured by `benches/peers.sh`, and the arming decisions
+//! property-tested in `pace.rs`
+//! (`tests::the_fifo_is_disarmed_while_holding_or_batching`).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};

@@ -19,7 +19,7 @@
 # line, wakeups per line.
 set -euo pipefail
 IV=0.1 LINES=100 ROUNDS=3 STRACE=
-while getopts i:n:r:s o; do
+while getopts "i:n:r:sh" o; do
     case $o in
     i) IV=$OPTARG ;;
     n) LINES=$OPTARG ;;

@@ -79,7 +79,7 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::stat::Mode;
 use std::time::Instant;
 
@@ -689,10 +689,10 @@ fn serve_until_stopped(
     let mut pumps = pumps.map(Some);
     let mut failed = None;
     let mut status = systemd::StatusTimer::new();
-    let mut sigio = false;
+    let mut sigio = SigSet::empty();
     loop {
         let now = Instant::now();
-        let active = advance_pumps(&mut pumps, now, sigio, &mut status, &mut failed);
+        let active = advance_pumps(&mut pumps, now, &sigio, &mut status, &mut failed);
         if active && lost_dir.deleted(now, &s.log_dir) {
             // Without draining: what waits in the pipes stays there, for
             // the next logmon through the fd store.
@@ -732,6 +732,7 @@ fn watch_signals() -> Result<(crate::shared::signals::Blocked, Poller), DaemonEr
         Signal::SIGTERM,
         Signal::SIGINT,
         Signal::SIGIO,
+        Signal::SIGURG,
         Signal::SIGHUP,
     ])
     .map_err(io_err("cannot handle SIGTERM and SIGINT"))?;
@@ -742,20 +743,20 @@ fn watch_signals() -> Result<(crate::shared::signals::Blocked, Poller), DaemonEr
     Ok((signals, poller))
 }
 
-/// One turn of the pumps (`sigio`: a SIGIO came since the last); whether
+/// One turn of the pumps (`sigio`: the FIFOs' signals since the last); whether
 /// any moved bytes. A pump that fails is over: said now, kept in
 /// `failed` as the daemon's error at exit.
 fn advance_pumps(
     pumps: &mut [Option<Pump>; 2],
     now: Instant,
-    sigio: bool,
+    sigio: &SigSet,
     status: &mut systemd::StatusTimer,
     failed: &mut Option<io::Error>,
 ) -> bool {
     let mut active = false;
     for slot in pumps {
         let Some(p) = slot else { continue };
-        match p.advance(now, sigio) {
+        match p.advance(now, sigio.contains(p.signal())) {
             Ok(true) => {
                 status.activity(now);
                 active = true;
@@ -775,8 +776,8 @@ fn advance_pumps(
 
 /// What a wait of the event loop brought.
 struct Woke {
-    /// A SIGIO: a FIFO has bytes.
-    sigio: bool,
+    /// The FIFOs' signals (SIGIO, SIGURG) that came: those FIFOs have bytes.
+    sigio: SigSet,
     /// SIGTERM, SIGINT, or the signals cannot be read: drain and stop.
     stop: bool,
 }
@@ -792,7 +793,7 @@ fn wait_for_events(
     lifeline: &Option<crate::daemon::reactor::Lifeline>,
 ) -> Result<Woke, DaemonError> {
     let mut woke = Woke {
-        sigio: false,
+        sigio: SigSet::empty(),
         stop: false,
     };
     poller
@@ -811,7 +812,7 @@ fn wait_for_events(
             }
             // One read takes them all (see `take_all`).
             let taken = signals.take_all(|sig| match sig {
-                Signal::SIGIO => woke.sigio = true,
+                Signal::SIGIO | Signal::SIGURG => woke.sigio.add(sig),
                 // Its default would kill the daemon (a closed terminal,
                 // a `kill -HUP` meant to reload): logmon has nothing to
                 // reload, and its own log is an open descriptor.

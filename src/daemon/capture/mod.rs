@@ -61,6 +61,7 @@ use crate::shared::config::{Stream, WriteErrorPolicy};
 
 mod ledger;
 pub mod limit;
+mod pace;
 #[allow(unsafe_code)] // FIONREAD, reading into an uninitialized buffer
 pub mod pipe;
 mod pump;

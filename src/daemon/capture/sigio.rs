@@ -2,12 +2,16 @@
 //! registering the FIFO with epoll (see [`DataSignal`]).
 //!
 //! Guarantee kept here: a busy task's writes carry no wakeup cost (the FIFO
-//! is armed only while its pump waits); measured by `benches/peers.sh`.
+//! is armed only while its pump waits, or drains a quiet stream's lone
+//! line); measured by `benches/peers.sh`, and the arming decisions
+//! property-tested in `pace.rs`
+//! (`tests::the_fifo_is_disarmed_while_holding_or_batching`).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::signal::Signal;
 
 /// Tells the pump that a task wrote into its FIFO, without polling the FIFO.
 ///
@@ -27,17 +31,58 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 /// disarms costs one wakeup, not one signal handler per write (measured
 /// with both cores busy: 20,000–28,000 handler runs per 100 MiB of
 /// 100-byte lines with a handler, and logmon's CPU per byte ten times
-/// higher). SIGIO does not say which FIFO: a wakeup says "some FIFO may
-/// have data", and each waiting pump checks its own (one FIONREAD) and,
-/// if nothing is new there, goes on waiting, still armed
-/// ([`super::Pump::advance`]).
+/// higher). Each FIFO has a signal of its own (`F_SETSIG`): SIGIO for
+/// stdout's, SIGURG for stderr's (logmon never asks for SIGURG otherwise:
+/// its sockets have no owner), so a wakeup says which FIFO was written to
+/// and the other stream's pump does not look at its FIFO for nothing (a
+/// FIONREAD per line of a quiet stream). Both are standard signals, each
+/// pending at most once: a burst costs one wakeup, not a queue of signals.
+/// Should `F_SETSIG` fail, the FIFO keeps SIGIO, and a SIGIO then wakes
+/// both pumps, each looking at its own.
 /// The signal is directed at the pump's thread (`F_SETOWN_EX` with
 /// `F_OWNER_TID`), so other threads of the process (an embedding program's,
 /// or a benchmark's writer) never take it.
 #[derive(Debug)]
 pub struct DataSignal {
     flags: OFlag,
+    signal: Signal,
     warned: std::cell::Cell<bool>,
+}
+
+/// The signal a stream's FIFO sends when written to while armed.
+pub fn signal_of(stream: crate::shared::config::Stream) -> Signal {
+    match stream {
+        crate::shared::config::Stream::Stdout => Signal::SIGIO,
+        crate::shared::config::Stream::Stderr => Signal::SIGURG,
+    }
+}
+
+/// The FIFO `fifo` opened again, for reading only: a file description of
+/// its own, which can stay armed while logmon drains. Reading a pipe (a
+/// splice out of it included) sends SIGIO to the armed descriptions of
+/// its *writers*, and logmon's FIFO descriptor is one (it is opened
+/// read-write, so the pipe never sees its last writer go): armed, it
+/// would signal logmon's own drain, so it had to be disarmed for each
+/// drain and armed again after it, two `fcntl`s and a look per line of a
+/// quiet stream. A description that only reads is signalled by writes
+/// alone. Through `/proc/self/fd`, which opens the very pipe whatever its
+/// name has become; `None` if that fails (no /proc), or if what opened is
+/// not the same pipe: the FIFO is then armed and disarmed as before.
+pub fn reader_of(fifo: BorrowedFd<'_>) -> Option<OwnedFd> {
+    use nix::sys::stat::{fstat, Mode};
+    let path = format!("/proc/self/fd/{}", fifo.as_raw_fd());
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::open(path.as_str(), flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot open the FIFO again for reading; arming it only while waiting");
+            return None;
+        }
+    };
+    let (a, b) = (fstat(fifo).ok()?, fstat(&fd).ok()?);
+    let same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        && a.st_mode & nix::libc::S_IFMT == nix::libc::S_IFIFO;
+    same.then_some(fd)
 }
 
 extern "C" fn ignore_sigio(_: nix::libc::c_int) {}
@@ -63,9 +108,11 @@ pub fn install_handler() -> io::Result<()> {
 }
 
 impl DataSignal {
-    /// Directs the SIGIO of `fifo` to this thread and leaves it disarmed.
-    /// Must run on the daemon's thread, after [`install_handler`].
-    pub fn new(fifo: BorrowedFd<'_>) -> io::Result<Self> {
+    /// Directs the signal of `fifo` to this thread, as `signal` (SIGIO,
+    /// or another if `F_SETSIG` takes it), and leaves it disarmed. Must run
+    /// on the daemon's thread, after [`install_handler`], and `signal` must
+    /// be blocked there and read from the daemon's signalfd.
+    pub fn new(fifo: BorrowedFd<'_>, signal: Signal) -> io::Result<Self> {
         // The signal goes to this thread, the one blocking it and reading
         // the signalfd, whatever other threads the process has (a
         // process-directed one could be taken by any thread not blocking
@@ -89,15 +136,38 @@ impl DataSignal {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SIGIO needs no F_SETSIG (0 means SIGIO); another signal falls
+        // back to SIGIO if it is refused.
+        const F_SETSIG: nix::libc::c_int = 10;
+        let signal = if signal == Signal::SIGIO {
+            signal
+        } else {
+            // SAFETY: F_SETSIG takes an int argument, no pointer; the fd is
+            // borrowed, so it is open for the call.
+            let r =
+                unsafe { nix::libc::fcntl(fifo.as_raw_fd(), F_SETSIG, signal as nix::libc::c_int) };
+            if r < 0 {
+                tracing::debug!(error = %io::Error::last_os_error(), %signal, "cannot give a FIFO a signal of its own; it sends SIGIO");
+                Signal::SIGIO
+            } else {
+                signal
+            }
+        };
         let flags = OFlag::from_bits_truncate(fcntl(fifo, FcntlArg::F_GETFL)?) - OFlag::O_ASYNC;
         let s = DataSignal {
             flags,
+            signal,
             warned: std::cell::Cell::new(false),
         };
         // A logmon killed while waiting leaves an inherited (fd store)
         // description armed.
         s.disarm(fifo)?;
         Ok(s)
+    }
+
+    /// The signal the FIFO sends while armed.
+    pub fn signal(&self) -> Signal {
+        self.signal
     }
 
     /// [`arm`](Self::arm), logging a failure (once) instead of returning

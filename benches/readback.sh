@@ -11,11 +11,17 @@
 #      the files;
 #   2. ships them with `logmon-ship --create-stream` until `--status`
 #      says every byte is shipped;
-#   3. times each reader to /dev/null, with its peak RSS (GNU time's %M):
-#      `logs --log-dir` (local), `logs --nats` (raw), `logs --nats -t`
-#      (the stamped view), and examples/plain-consumer.rs (the client's
-#      ordered consumer writing the payloads, no checks);
-#   4. prints MB/s of each and the ratio of `logs --nats` to the local.
+#   3. times each reader to /dev/null, with its peak RSS (GNU time's %M),
+#      its own CPU (user + system) and nats-server's over the same span
+#      (the sum of /proc/PID/task/*/schedstat): `logs --log-dir` (local),
+#      `logs --nats` (raw), `logs --nats -t` (the stamped view),
+#      examples/plain-consumer.rs (the client's ordered consumer writing
+#      the payloads, no checks; then a pull consumer asking 4 MiB a pull;
+#      then two of those at once over the two halves of the stream, what
+#      the server delivers to two consumers); then the two raw readers
+#      into a pipe drained by `cat` (`| cat >/dev/null`, as an operator
+#      reads with `| grep`);
+#   4. prints MB/s of each.
 # LOGMON_BASE=/path/to/older/logmon also times that build's `logs
 # --log-dir`, `logs --nats` and `logs --nats -t` on the same stream, right
 # after this build's (paired: the machine's load is the same for both).
@@ -77,21 +83,52 @@ LOGMON_LOG=warn "$BIN/logmon-ship" --nats "$URL" --stream BENCH --create-stream 
   --state-dir "$TMP/state" --log-dir "$TMP/logs" & PIDS+=($!)
 until [ -f "$TMP/state/ship.state" ] && [ "$(shipped)" -ge "$BYTES" ]; do sleep 0.2; done
 
-measure() { # name cmd... -> "name seconds MB/s peakKiB"
+NATS_PID=${PIDS[0]}
+# nats-server's CPU so far, ns (all its threads).
+server_ns() { cat /proc/"$NATS_PID"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f", s}'; }
+# SINK=pipe measure ...: into `| cat >/dev/null` instead of /dev/null.
+measure() { # name cmd... -> "name seconds MB/s peak RSS, reader and server CPU"
   local name=$1; shift
-  /usr/bin/time -o "$TMP/time" -f '%e %M' "$@" >/dev/null 2>"$TMP/stderr"
-  python3 - "$name" "$BYTES" $(tail -1 "$TMP/time") <<'PY'
+  local before after
+  before=$(server_ns)
+  if [ "${SINK:-null}" = pipe ]; then
+    /usr/bin/time -o "$TMP/time" -f '%e %M %U %S' "$@" 2>"$TMP/stderr" | cat >/dev/null
+  else
+    /usr/bin/time -o "$TMP/time" -f '%e %M %U %S' "$@" >/dev/null 2>"$TMP/stderr"
+  fi
+  after=$(server_ns)
+  python3 - "$name" "$BYTES" $(tail -1 "$TMP/time") "$before" "$after" <<'PY'
 import sys
 name, b, secs, kib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-print(f"{name:<22} {secs:7.2f} s {b/1e6/max(secs,1e-9):8.1f} MB/s  peak RSS {kib/1024:6.1f} MiB")
+cpu, srv = float(sys.argv[5]) + float(sys.argv[6]), (int(sys.argv[8]) - int(sys.argv[7])) / 1e9
+gb = b / 1e9
+print(f"{name:<26} {secs:7.2f} s {b/1e6/max(secs,1e-9):8.1f} MB/s  peak RSS {kib/1024:6.1f} MiB"
+      f"  CPU s/GB: reader {cpu/gb:5.2f}, nats-server {srv/gb:5.2f}")
 PY
 }
-echo "$((BYTES / 1000000)) MB in $((BYTES / LINE)) lines of $LINE B, 1-node nats-server on loopback"
+echo "$((BYTES / 1000000)) MB in $((BYTES / LINE)) lines of $LINE B, 1-node nats-server on loopback; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+F=logmon.bench.stdout
+LAST=$(python3 - "$URL" <<'PY'
+import json, socket, sys
+host, port = sys.argv[1].removeprefix("nats://").split(":")
+s = socket.create_connection((host, int(port))); f = s.makefile("rb"); f.readline()
+s.sendall(b'CONNECT {"verbose":false}\r\nSUB _INBOX.rb 1\r\nPUB $JS.API.STREAM.INFO.BENCH _INBOX.rb 0\r\n\r\n')
+while not (l := f.readline()).startswith(b"MSG"):
+    pass
+print(json.loads(f.read(int(l.split()[-1])))["state"]["last_seq"])
+PY
+)
+HALF=$((LAST / 2 + 1))
 measure "logs --log-dir" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench
 measure "logs --nats" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench
 measure "logs --nats -t" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench -t
 measure "logs --log-dir -t" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench -t
-measure "plain consumer" "$BIN/examples/plain-consumer" "$URL" BENCH logmon.bench.stdout
+measure "plain consumer" "$BIN/examples/plain-consumer" "$URL" BENCH $F
+measure "plain consumer, 4 MiB pulls" "$BIN/examples/plain-consumer" "$URL" BENCH $F 0 0 4194304
+measure "2 plain consumers, halves" bash -c "'$BIN/examples/plain-consumer' $URL BENCH $F 1 $HALF 4194304 &
+  '$BIN/examples/plain-consumer' $URL BENCH $F $HALF 0 4194304; wait"
+SINK=pipe measure "logs --log-dir | cat" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench
+SINK=pipe measure "logs --nats | cat" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench
 if [ -n "${LOGMON_BASE:-}" ]; then
   measure "base logs --log-dir" "$LOGMON_BASE" logs --log-dir "$TMP/logs" --task bench
   measure "base logs --nats" "$LOGMON_BASE" logs --nats "$URL" --stream BENCH --task bench
@@ -99,4 +136,8 @@ if [ -n "${LOGMON_BASE:-}" ]; then
   measure "logs --log-dir" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench
   measure "logs --nats" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench
   measure "logs --nats -t" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench -t
+  SINK=pipe measure "base logs --log-dir | cat" "$LOGMON_BASE" logs --log-dir "$TMP/logs" --task bench
+  SINK=pipe measure "base logs --nats | cat" "$LOGMON_BASE" logs --nats "$URL" --stream BENCH --task bench
+  SINK=pipe measure "logs --log-dir | cat" "$BIN/logmon" logs --log-dir "$TMP/logs" --task bench
+  SINK=pipe measure "logs --nats | cat" "$BIN/logmon" logs --nats "$URL" --stream BENCH --task bench
 fi

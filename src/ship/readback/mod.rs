@@ -21,7 +21,9 @@
 //!   (`a_line_cut_at_the_largest_message_is_marked_and_read_back_whole`).
 //! - **The raw view is a copy.** One stream, raw, no range, cursor or
 //!   `-n`: each message's new bytes are written as they are (what the
-//!   pieces would print), without cutting or stamping pieces
+//!   pieces would print), without cutting or stamping pieces, the
+//!   messages read and parsed in a thread of their own while stdout is
+//!   written (a full pipe stalls the writer, not the connection)
 //!   (`benches/readback.sh` measures it; `wait_shipped` in the tests
 //!   compares it with the local reader's).
 //! - **Only the task's lines.** `--subject` is the shipper's template,
@@ -190,7 +192,9 @@ pub async fn run(
     };
     match srcs.pop() {
         Some(src) if srcs.is_empty() && tail.is_none() && plain(req, cursor.is_some()) => {
-            drive.run_plain(src).await
+            let stream = src.stream;
+            let rx = spawn_reader(src, auth.clone(), addrs, req)?;
+            drive.run_plain(rx, stream).await
         }
         last => {
             srcs.extend(last);
@@ -211,6 +215,71 @@ fn plain(req: &Request, cursor: bool) -> bool {
         && req.since.is_none()
         && req.until.is_none()
         && !cursor
+}
+
+/// Messages read ahead by the raw copy's reading thread: at most this
+/// many (of up to a MiB each) wait for the writer.
+const READ_AHEAD: usize = 4;
+
+/// What the reading thread hands over: a message taken for the raw copy
+/// and whether the server had nothing more pending after it, or why the
+/// reading ended.
+type Received = tokio::sync::mpsc::Receiver<Result<(Plain, bool), Failure>>;
+
+/// Starts the raw copy's reading thread: its own runtime and connection,
+/// `src`'s consumer made there, each message taken ([`Source::take_plain`])
+/// and handed over in order through a queue of [`READ_AHEAD`]. Writing
+/// stdout blocks the writer (a full pipe: `| grep`); with the reading in
+/// a thread of its own, the connection is read and parsed meanwhile
+/// instead of stalling with it (`benches/readback.sh`, the pipe rows).
+/// The thread ends when the queue's receiver is dropped (its next hand-over
+/// fails), or with the process.
+fn spawn_reader(
+    src: Source,
+    auth: Auth,
+    addrs: Vec<async_nats::ServerAddr>,
+    req: &Request,
+) -> Result<Received, Failure> {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    let (urls, name) = (req.urls.clone(), req.stream.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            fail(
+                EXIT_FAILURE,
+                format!("cannot start the reading runtime: {e}"),
+            )
+        })?;
+    std::thread::Builder::new()
+        .name("logmon-nats-read".to_owned())
+        .spawn(move || {
+            rt.block_on(async move {
+                let read = async {
+                    let opts = super::connect::options(&auth, "logmon-logs").await?;
+                    let client = super::connect::connect_client(opts, &urls, &addrs).await?;
+                    let st = get_stream(&jetstream::new(client), &name, &urls).await?;
+                    let mut s = src.rebind(st);
+                    while let Some(m) = s.next().await.map_err(|e| fail(EXIT_FAILURE, e))? {
+                        let taken = s.take_plain(&m);
+                        if tx.send(Ok((taken, s.lane.caught_up))).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(())
+                };
+                if let Err(e) = read.await {
+                    let _ = tx.send(Err(e)).await;
+                }
+            });
+        })
+        .map_err(|e| {
+            fail(
+                EXIT_FAILURE,
+                format!("cannot start the reading thread: {e}"),
+            )
+        })?;
+    Ok(rx)
 }
 
 /// Messages of up to a MiB come each in a buffer of their own (the
@@ -608,24 +677,26 @@ impl Drive<'_> {
         }
     }
 
-    /// The raw copy ([`plain`]): each message's new bytes as they are,
-    /// gathered up to [`PLAIN_OUT`] (a larger message written at once,
-    /// from the message itself), written whenever the server has nothing
-    /// more pending, so a follower sees a line as soon as it is shipped.
-    async fn run_plain(&mut self, mut s: Source) -> Result<(), Failure> {
+    /// The raw copy ([`plain`]): each message's new bytes as they are
+    /// (from the reading thread, [`spawn_reader`]), gathered up to
+    /// [`PLAIN_OUT`] (a larger message written at once, from the message
+    /// itself), written whenever the server has nothing more pending, so a
+    /// follower sees a line as soon as it is shipped.
+    async fn run_plain(&mut self, mut rx: Received, stream: Stream) -> Result<(), Failure> {
         let mut out = Vec::new();
-        while let Some(m) = s.next().await.map_err(|e| fail(EXIT_FAILURE, e))? {
-            match s.take_plain(&m) {
+        while let Some(got) = rx.recv().await {
+            let (taken, caught_up) = got?;
+            match taken {
                 Plain::Bytes(b) if out.is_empty() && b.len() >= PLAIN_OUT => {
                     if !self.sink.write(&b)? {
                         return Ok(());
                     }
                 }
                 Plain::Bytes(b) => out.extend_from_slice(&b),
-                Plain::Gap(b, files) => note(&gap_note(b, files, self.req, s.stream)),
+                Plain::Gap(b, files) => note(&gap_note(b, files, self.req, stream)),
                 Plain::Skipped => {}
             }
-            if (out.len() >= PLAIN_OUT || s.lane.caught_up) && !out.is_empty() {
+            if (out.len() >= PLAIN_OUT || caught_up) && !out.is_empty() {
                 if !self.sink.write(&out)? {
                     return Ok(());
                 }

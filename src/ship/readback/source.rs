@@ -137,6 +137,15 @@ impl Source {
         }
     }
 
+    /// The same source on another connection's stream (its consumer made
+    /// there, at the same sequence): how the raw copy reads in a thread of
+    /// its own.
+    pub fn rebind(mut self, js_stream: JsStream) -> Source {
+        self.js_stream = js_stream;
+        self.msgs = None;
+        self
+    }
+
     /// The consumer, created at `next_seq` when there is none.
     async fn consumer(&mut self) -> Result<&mut pull::Stream, String> {
         if self.msgs.is_none() {

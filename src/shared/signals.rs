@@ -80,13 +80,14 @@ impl Blocked {
 
     /// Takes every pending signal off the signalfd in one read, calling
     /// `each` with each: the blocked signals here are standard ones, each
-    /// pending at most once, so one buffer of four holds them all and no
+    /// pending at most once, so one buffer of eight (more than the daemon
+    /// blocks: the stop signals, SIGIO and SIGURG) holds them all and no
     /// second read (answering "none left") is needed. Returns how many.
     pub fn take_all(&self, mut each: impl FnMut(Signal)) -> io::Result<usize> {
         // One `struct signalfd_siginfo` is 128 bytes, its signal number
         // the first u32.
         const INFO: usize = 128;
-        let mut buf = [0u8; 4 * INFO];
+        let mut buf = [0u8; 8 * INFO];
         let n = loop {
             match nix::unistd::read(&self.fd, &mut buf) {
                 Ok(n) => break n,

@@ -41,8 +41,9 @@
 //!   piece carries the time of its own first byte.
 //! - **The cursor** ([`CursorFile`]): after each write to stdout, the
 //!   position after the last piece written, per stream, is saved by
-//!   writing a temporary file in the cursor's directory, `fsync`ing it and
-//!   renaming it over the cursor (through the directory opened once). A
+//!   writing a temporary file in the cursor's directory, `fsync`ing it,
+//!   renaming it over the cursor and `fsync`ing the directory (through
+//!   the directory opened once: [`Dir::replace`]). A
 //!   restart resumes there. Delivery is at least once, in order: a kill
 //!   after a write and before its save repeats exactly that write's
 //!   pieces (whole lines, at most one write: ≤ 64 KiB of input), nothing
@@ -71,10 +72,10 @@
 //!   it, `a_sparse_gigabyte_cursor_is_a_clear_error_and_costs_no_memory`),
 //!   only a regular file with one link of a trusted owner; a symlink, a
 //!   directory or a device at its path is a usage error naming the path,
-//!   and never advice to remove it. Its temporary file is always made
-//!   afresh (`O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK`, whatever was
-//!   planted at the name removed, never opened), so a FIFO there cannot
-//!   block a save
+//!   and never advice to remove it. Its temporary file
+//!   (`.<name>.tmp.<pid>`) is always made afresh (`O_CREAT | O_EXCL |
+//!   O_NOFOLLOW`, whatever was planted at the name removed, never
+//!   opened), so a FIFO there cannot block a save
 //!   (`a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader`).
 //!   In a directory others can rename names in (no sticky bit), the task
 //!   can still swap the temporary file between its creation and the
@@ -97,7 +98,7 @@ use crate::shared::error::PathIo;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +111,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::readers::follow::{not_logmons, open_log, Chunk, Opened, Position};
 use crate::shared::config::{Stream, TaskName};
-use crate::shared::dir::{is_type, kind_of, Claim, Dir, FileId, SmallReadError, Trust};
+use crate::shared::dir::{is_type, kind_of, Dir, FileId, SmallReadError, Trust};
 use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
 use crate::shared::logfile::{LogFile, OpenedLog};
 use crate::shared::names::{file_name, index_name, scan_any_in};
@@ -1133,7 +1134,6 @@ impl CursorError {
 pub struct CursorFile {
     dir: Dir,
     name: String,
-    tmp: String,
     lock: String,
     /// The lock, held while this reader runs.
     held: Option<nix::fcntl::Flock<File>>,
@@ -1167,7 +1167,6 @@ impl CursorFile {
         })?;
         let c = CursorFile {
             dir,
-            tmp: format!(".{name}.tmp"),
             lock: format!(".{name}.lock"),
             name,
             held: None,
@@ -1335,40 +1334,22 @@ impl CursorFile {
         Ok(Some(st))
     }
 
-    /// Saves `st` atomically: a temporary file made afresh
-    /// ([`Dir::create_own`]: whatever a task planted at its name — a FIFO
-    /// that would block an open, a symlink — is removed, never opened),
-    /// `fsync`, `rename` over the cursor.
+    /// Saves `st` atomically ([`Dir::replace`]): a temporary file made
+    /// afresh (whatever a task planted at its name — a FIFO that would
+    /// block an open, a symlink — is removed, never opened), `fsync`,
+    /// `rename` over the cursor, `fsync` of the directory.
     pub fn save(&self, st: &CursorState) -> Result<(), CursorError> {
         let io_err = |source| self.io_err("save", source);
-        let mut f = match self
-            .dir
-            .create_own(
-                &self.tmp,
-                OFlag::O_WRONLY | OFlag::O_NONBLOCK,
-                Mode::from_bits_truncate(0o600),
-            )
-            .map_err(io_err)?
-        {
-            Claim::Created { file, .. } => file,
-            Claim::Occupied { by, .. } => {
-                return Err(io_err(io::Error::other(format!(
-                    "its temporary file {} is taken by a {by}",
-                    self.dir.display(&self.tmp).display()
-                ))))
-            }
-        };
         let mut text = serde_json::to_vec(st).map_err(|e| io_err(io::Error::other(e)))?;
         text.push(b'\n');
-        f.write_all(&text).map_err(io_err)?;
-        f.sync_all().map_err(io_err)?;
-        self.dir.rename(&self.tmp, &self.name).map_err(io_err)
+        self.dir.replace(&self.name, &text).map_err(io_err)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn a_holding_stamper_reads_the_records_appended_since_its_first_stamp() {
@@ -1488,7 +1469,8 @@ mod tests {
         c.lock().unwrap();
         // A FIFO nobody reads at the temporary name: opened, it would
         // block the save for good.
-        nix::unistd::mkfifo(&d.path().join(".c.tmp"), Mode::from_bits_truncate(0o666)).unwrap();
+        let tmp = d.path().join(format!(".c.tmp.{}", std::process::id()));
+        nix::unistd::mkfifo(&tmp, Mode::from_bits_truncate(0o666)).unwrap();
         c.save(&CursorState::new(&task(), FileId { dev: 1, ino: 2 }))
             .unwrap();
         assert!(c.load(&task()).unwrap().is_some());

@@ -1780,34 +1780,42 @@ fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
         text(&out.stderr)
     );
     // An unwritable state directory is a configuration error at start,
-    // not a publish failure retried forever.
-    if nix::unistd::geteuid().is_root() {
-        let ro = tmp.path().join("ro-state");
-        std::fs::create_dir(&ro).unwrap();
-        let bin = bins_for_any_user(tmp.path());
-        std::fs::set_permissions(
-            tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let mut cmd = logmon_at(
-            &bin,
-            &[
-                "ship",
-                "--nats",
-                &closed,
-                "--stream",
-                "S",
-                "--log-dir",
-                &l,
-                "--state-dir",
-                ro.to_str().unwrap(),
-            ],
-        );
+    // not a publish failure retried forever. Root ignores permission
+    // bits: as root, the shipper runs as nobody (uid 65534, from a copy
+    // of the binaries it can reach), for whom they hold.
+    let root = nix::unistd::geteuid().is_root();
+    let ro = tmp.path().join("ro-state");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin = if root {
+        bins_for_any_user(tmp.path())
+    } else {
+        crate::support::bin()
+    };
+    let mut cmd = logmon_at(
+        &bin,
+        &[
+            "ship",
+            "--nats",
+            &closed,
+            "--stream",
+            "S",
+            "--log-dir",
+            &l,
+            "--state-dir",
+            ro.to_str().unwrap(),
+        ],
+    );
+    if root {
         run_as(&mut cmd, 65534);
-        let out = finish(cmd);
-        let err = assert_exit_naming(&out, 2, "--state-dir");
-        assert!(err.contains("Permission denied"), "{err}");
     }
+    let out = finish(cmd);
+    let err = assert_exit_naming(&out, 2, "--state-dir");
+    assert!(err.contains("Permission denied"), "{err}");
     assert!(processes_mentioning(tmp.path().to_str().unwrap()).is_empty());
 }

@@ -872,7 +872,8 @@ fn a_refused_client_reads_the_refusal_every_time() {
         let (code, _, stderr) = execute(&mut r, &nobody_program);
         assert_eq!(code, Some(1), "run {i}: {stderr}");
         assert!(
-            stderr.contains("may not control this logmon"),
+            stderr.contains("may not control this logmon")
+                && stderr.contains("run this as the logmon's owner or as root"),
             "run {i}: {stderr}"
         );
     }
@@ -1732,4 +1733,69 @@ fn sighup_is_ignored_and_said() {
     assert!(alive(&rc), "SIGHUP killed the logmon");
     let out = logmon(&["status", "--state", &s]).output().unwrap();
     assert_exit(&out, 0);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_refusal_blames_the_sandbox_only_when_logs_confined_itself() {
+    need_root();
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    let logs_arg = logs.to_str().unwrap();
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::write(logs.join("web.stdout.0"), b"a\n").unwrap();
+    let blame = "logs confines itself";
+
+    // Another owner's directory, mode 0700: root enters it only by its
+    // override of file permissions, which the sandbox takes away.
+    nix::unistd::chown(
+        &logs,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = finish(logmon(&["logs", "--log-dir", logs_arg, "--task", "web"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(blame) && err.contains("--no-sandbox"), "{err}");
+    // Unconfined, root's override lets it in.
+    let out = finish(logmon(&[
+        "logs",
+        "--no-sandbox",
+        "--log-dir",
+        logs_arg,
+        "--task",
+        "web",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // Unconfined and refused all the same (a root without capabilities,
+    // a log file of mode 0000): the sandbox is not what refused it.
+    nix::unistd::chown(
+        &logs,
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(0)),
+    )
+    .unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        logs.join("web.stdout.0"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    let mut cmd = logmon(&[
+        "logs",
+        "--no-sandbox",
+        "--log-dir",
+        logs_arg,
+        "--task",
+        "web",
+    ]);
+    without_capabilities(&mut cmd);
+    let out = finish(cmd);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!err.contains(blame), "{err}");
 }

@@ -34,20 +34,8 @@ fn remote(urls: &str, task: &str, extra: &[&str]) -> Output {
 }
 
 fn start_shipper(urls: &str, state: &Path, logs: &Path, create: bool) -> Shipper {
-    let mut a = vec![
-        "--nats",
-        urls,
-        "--stream",
-        "LOGS",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--log-dir",
-        logs.to_str().unwrap(),
-    ];
-    if create {
-        a.push("--create-stream");
-    }
-    Shipper::start(&a)
+    let a = ship_args(urls, "LOGS", state, logs, create);
+    Shipper::start(&a.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// Waits until the stream holds everything in the task's files: its raw
@@ -127,11 +115,12 @@ fn every_view_reads_back_as_the_local_reader_prints_it() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,
@@ -273,11 +262,12 @@ fn gap_records_are_said_and_the_rest_reads_as_locally() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,
@@ -404,11 +394,12 @@ fn times_shipped_while_the_writer_is_busy_are_exact() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,

@@ -5,7 +5,7 @@
 //! RFC 3339 with nanoseconds, an estimated time marked as such
 //! (`tests/it/readers/logs.rs`, `tests/it/readers/timeline.rs`).
 
-use super::*;
+use super::Piece;
 use std::collections::BTreeMap;
 
 use serde::Serialize;

@@ -106,29 +106,5 @@ pub use pieces::*;
 pub use since::*;
 pub use stamp::*;
 
-use std::time::Duration;
-
-/// A file not written for this long has every capture record it will
-/// ever get (see [`Stamper::final_to`]): capture writes a batch's record
-/// within milliseconds of its bytes (before its pump sleeps, or
-/// [`crate::shared::index::FLUSH_AGE`] later while data flows), so this
-/// only covers a daemon starved of CPU, and bounds how long the last
-/// lines of a burst wait to be shipped when the index's mtime cannot
-/// tell (written within the same clock tick as the file).
-pub const QUIET: Duration = Duration::from_millis(300);
-const QUIET_NS: i64 = 300_000_000;
-
-/// The longest piece: a longer line is cut in pieces of this size (the
-/// size Kubernetes runtimes cut at).
-pub const MAX_PIECE: usize = 16 * 1024;
-
-/// How long a following reader waits for the rest of a partial line
-/// before writing what it has as a `P` piece.
-pub const PARTIAL_WAIT: Duration = Duration::from_millis(200);
-
-/// How long a follower waits for the index record of bytes it read (the
-/// daemon writes it right after the data; only a descheduled daemon takes
-/// longer) before it prints their time as estimated.
-pub const RECORD_WAIT: Duration = Duration::from_millis(500);
-
+/// Nanoseconds in a second.
 const NS: i64 = 1_000_000_000;

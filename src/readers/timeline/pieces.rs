@@ -7,11 +7,19 @@
 //! shipped message's for the readback) (`tests/it/readers/timeline.rs`,
 //! `tests/it/readers/timeline_props.rs`).
 
-use super::*;
-
+use super::Stamper;
 use crate::readers::follow::{Chunk, Position};
 use crate::shared::config::Stream;
 use crate::shared::index::Stamp;
+use std::time::Duration;
+
+/// The longest piece: a longer line is cut in pieces of this size (the
+/// size Kubernetes runtimes cut at).
+pub const MAX_PIECE: usize = 16 * 1024;
+
+/// How long a following reader waits for the rest of a partial line
+/// before writing what it has as a `P` piece.
+pub const PARTIAL_WAIT: Duration = Duration::from_millis(200);
 
 /// Where an [`Assembler`] takes each piece's time: the index beside the
 /// file ([`Stamper`]), or the times a shipped message carries

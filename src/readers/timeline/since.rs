@@ -9,7 +9,7 @@
 //! `since_until_return_exactly_the_lines_of_the_range`; the unit test
 //! below for the flags; `benches/since.sh` measures the bytes read).
 
-use super::*;
+use super::{Stamper, NS};
 use std::io;
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! `an_index_the_task_made_or_a_hard_link_is_never_believed`, and the
 //! unit test below.
 
-use super::*;
+use super::NS;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -26,6 +26,21 @@ use crate::shared::dir::{Dir, Trust};
 use crate::shared::index::{IndexFile, Record, Reopen, Stamp};
 use crate::shared::names::{file_name, index_name};
 use crate::shared::time::now_ns;
+
+/// A file not written for this long has every capture record it will
+/// ever get (see [`Stamper::final_to`]): capture writes a batch's record
+/// within milliseconds of its bytes (before its pump sleeps, or
+/// [`crate::shared::index::FLUSH_AGE`] later while data flows), so this
+/// only covers a daemon starved of CPU, and bounds how long the last
+/// lines of a burst wait to be shipped when the index's mtime cannot
+/// tell (written within the same clock tick as the file).
+pub const QUIET: Duration = Duration::from_millis(300);
+const QUIET_NS: i64 = 300_000_000;
+
+/// How long a follower waits for the index record of bytes it read (the
+/// daemon writes it right after the data; only a descheduled daemon takes
+/// longer) before it prints their time as estimated.
+pub const RECORD_WAIT: Duration = Duration::from_millis(500);
 
 /// An inotify watch on a log directory, opened through its descriptor's
 /// magic link, waking on a change of one named index.

@@ -182,12 +182,18 @@ fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_acr
         "{}",
         ship.diagnostics()
     );
-    // Not published yet: the status says one is due.
-    let st = status(&state);
-    assert_eq!(
-        stream_status(&st, "one", "stdout")[0]["gap_record_due"],
-        true,
-        "{st}"
+    // Not published yet: the status says one is due (once the state the
+    // shipper saves after that warning is written).
+    assert!(
+        wait_until(Duration::from_secs(30), || stream_status(
+            &status(&state),
+            "one",
+            "stdout"
+        )
+        .first()
+        .is_some_and(|s| s["gap_record_due"] == true)),
+        "{}",
+        status(&state)
     );
     srv.restart();
     let want = line_bytes(100, 200).to_string();

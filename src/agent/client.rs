@@ -75,7 +75,7 @@ pub(crate) use crate::agent::launch::{launch_exiting, launch_tied};
 pub use crate::agent::state::{parse_state, read_state};
 // Its errors, kept apart so that the state file's reader takes them too.
 pub use crate::agent::error::{
-    connect_failure, version_gap, ClientError, ConnectFailure, ReattachError,
+    connect_failure, version_gap, ClientError, ConnectFailure, ReattachError, Refusal, RefusalKind,
 };
 
 /// How long reattach waits for `Welcome` (and each later answer).
@@ -212,7 +212,7 @@ pub fn reattach_with_timeout(
         },
         HandshakeError::Refused(reason) => ReattachError::Refused {
             pid: cfg.pid,
-            reason,
+            reason: Refusal::new(reason),
         },
         // A reset, an EOF or a cut frame says nothing about the protocol:
         // the logmon died or wedged in the handshake.
@@ -432,7 +432,7 @@ impl Handle {
                 path: path.to_owned(),
                 timeout,
             },
-            HandshakeError::Refused(r) => ClientError::Refused(r),
+            HandshakeError::Refused(r) => ClientError::Refused(Refusal::new(r)),
             HandshakeError::Closed => ClientError::NotLogmon {
                 path: path.to_owned(),
                 detail: "it closed the connection without a Welcome".into(),

@@ -7,7 +7,8 @@
 //! them (the public `logmon::client::ReattachError`, …). Each error is
 //! classified when it is made, never while it is printed (a socket that
 //! is gone says why it was, not what sits at its path later:
-//! `removed_or_renamed_socket_is_socket_gone`).
+//! `removed_or_renamed_socket_is_socket_gone`; a logmon's refusal is a
+//! [`Refusal`] from the moment it arrives: `a_refused_client_reads_the_refusal_every_time`).
 //!
 //! Tests: every reason is produced for real in `tests/it/agent/reattach.rs`;
 //! the connect failures through the binary in `tests/it/cli/errors.rs`.
@@ -16,7 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::shared::protocol::{FrameError, OLDEST_PROTOCOL, PROTOCOL_VERSION};
+use crate::shared::protocol::{FrameError, BUSY, OLDEST_PROTOCOL, PROTOCOL_VERSION};
 
 /// Why a persisted logmon cannot be reattached to, in the order checked.
 #[derive(Debug, thiserror::Error)]
@@ -106,12 +107,12 @@ pub enum ReattachError {
         detail: String,
     },
     /// The daemon refused this client (another uid, …).
-    #[error("logmon pid {pid} refused this client: {}", refusal_hint(reason))]
+    #[error("logmon pid {pid} refused this client: {reason}")]
     Refused {
         /// The recorded pid.
         pid: u32,
-        /// The daemon's reason.
-        reason: String,
+        /// The daemon's reason, classified.
+        reason: Refusal,
     },
 }
 
@@ -172,12 +173,52 @@ pub fn version_gap(pid: Option<u32>, logmon: u32) -> String {
     )
 }
 
-/// A refusal reason with what to do about it.
-fn refusal_hint(reason: &str) -> String {
-    if reason.contains("may not control") {
-        format!("{reason}: run this as the logmon's owner or as root")
-    } else {
-        reason.to_owned()
+/// A logmon's refusal of this client: its words and what they mean,
+/// classified when the refusal arrives ([`Refusal::new`]), never while it
+/// is printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The logmon's reason, as it sent it.
+    pub reason: String,
+    /// What it means.
+    pub kind: RefusalKind,
+}
+
+/// What a logmon's refusal means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// This uid may not control that logmon.
+    NotOwner,
+    /// All its control connections are taken ([`BUSY`]).
+    Busy,
+    /// Anything else, said as the logmon said it.
+    Other,
+}
+
+impl Refusal {
+    /// Classifies the reason a logmon sent.
+    pub fn new(reason: String) -> Refusal {
+        let kind = if reason == BUSY {
+            RefusalKind::Busy
+        } else if reason.contains("may not control") {
+            RefusalKind::NotOwner
+        } else {
+            RefusalKind::Other
+        };
+        Refusal { reason, kind }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            RefusalKind::NotOwner => write!(
+                f,
+                "{}: run this as the logmon's owner or as root",
+                self.reason
+            ),
+            RefusalKind::Busy | RefusalKind::Other => f.write_str(&self.reason),
+        }
     }
 }
 
@@ -265,8 +306,8 @@ pub enum ClientError {
         why: String,
     },
     /// The daemon refused the connection.
-    #[error("logmon refused this client: {}", refusal_hint(.0))]
-    Refused(String),
+    #[error("logmon refused this client: {0}")]
+    Refused(Refusal),
     /// The logmon speaks no protocol this build speaks (a release two or
     /// more apart).
     #[error("control socket {}: protocol mismatch: {}", path.display(), version_gap(*pid, *logmon))]

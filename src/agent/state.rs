@@ -13,15 +13,12 @@
 //! file can be created (never "does not exist" for `/proc/version`:
 //! `tests/it/cli/errors.rs::an_unwritable_state_file_is_named_for_its_true_cause`).
 
-use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+use std::sync::Arc;
 
 use crate::agent::error::ReattachError;
-use crate::shared::dir::Dir;
+use crate::shared::dir::{Dir, Replacement};
 use crate::shared::protocol::ReattachConfig;
 
 /// Parses a persisted state (the ready line's JSON).
@@ -129,19 +126,16 @@ pub fn load_state(path: &Path) -> Option<ReattachConfig> {
 }
 
 /// A state file about to be written: its directory opened once, and a
-/// temp file created in it (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600)
-/// *before* anything is launched, so an `ensure` that could not record
-/// its logmon never starts one. [`StateFile::commit`] writes, fsyncs,
-/// `renameat`s the temp over the name within that directory and fsyncs
-/// the directory: a name planted there (symlink, hard link) is replaced,
-/// never followed or written through. Dropped uncommitted, the temp file
-/// is removed.
+/// temp file created in it (`Dir::replace` in two steps: `O_CREAT | O_EXCL |
+/// O_NOFOLLOW`, mode 0600) *before* anything is launched, so an `ensure`
+/// that could not record its logmon never starts one.
+/// [`StateFile::commit`] writes, fsyncs, `renameat`s the temp over the
+/// name within that directory and fsyncs the directory: a name planted
+/// there (symlink, hard link) is replaced, never followed or written
+/// through. Dropped uncommitted, the temp file is removed.
 #[derive(Debug)]
 pub struct StateFile {
-    dir: Dir,
-    name: OsString,
-    tmp: OsString,
-    file: Option<std::fs::File>,
+    replacement: Replacement<Arc<Dir>>,
     path: PathBuf,
 }
 
@@ -162,27 +156,11 @@ impl StateFile {
                 ));
             }
         }
-        let mut rand = [0u8; 6];
-        getrandom::fill(&mut rand).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let tmp: OsString = format!(
-            ".{}.tmp.{}.{}",
-            name.to_string_lossy(),
-            std::process::id(),
-            rand.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )
-        .into();
-        let file = dir
-            .open_at(
-                &tmp,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-                Mode::from_bits_truncate(0o600),
-            )
-            .map_err(|e| explain_create(&dir, e))?;
+        let dir = Arc::new(dir);
+        let replacement =
+            Replacement::start(Arc::clone(&dir), &name).map_err(|e| explain_create(&dir, e))?;
         Ok(StateFile {
-            dir,
-            name,
-            tmp,
-            file: Some(file),
+            replacement,
             path: path.to_owned(),
         })
     }
@@ -193,27 +171,10 @@ impl StateFile {
     }
 
     /// Writes `cfg`, makes it durable and puts it in place atomically.
-    pub fn commit(mut self, cfg: &ReattachConfig) -> std::io::Result<()> {
+    pub fn commit(self, cfg: &ReattachConfig) -> std::io::Result<()> {
         let mut json = serde_json::to_vec(cfg).map_err(std::io::Error::other)?;
         json.push(b'\n');
-        let Some(mut f) = self.file.take() else {
-            return Err(std::io::Error::other("state file already committed"));
-        };
-        f.write_all(&json)?;
-        f.sync_all()?;
-        drop(f);
-        self.dir.rename(&self.tmp, &self.name)?;
-        // Renamed: nothing left to clean up.
-        self.tmp.clear();
-        self.dir.sync()
-    }
-}
-
-impl Drop for StateFile {
-    fn drop(&mut self) {
-        if !self.tmp.is_empty() {
-            let _ = self.dir.remove(&self.tmp);
-        }
+        self.replacement.commit(&json)
     }
 }
 

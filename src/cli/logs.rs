@@ -195,7 +195,7 @@ fn open_log_dir(a: &LogsArgs) -> Result<Arc<Dir>, CliError> {
     })?;
     refuse_root_override(&dir)?;
     let (known, others) = crate::readers::follow::tasks_in(&dir, &trust, &a.task)
-        .map_err(|e| cannot_list(&dir, &e))?;
+        .map_err(|e| cannot_list(&dir, &e, refused_by_the_sandbox(&e)))?;
     if !known {
         let there = match others.len() {
             0 => "no task has log files there".to_owned(),
@@ -260,6 +260,7 @@ fn refuse_root_override(dir: &Dir) -> Result<(), CliError> {
     Err(cannot_list(
         dir,
         &io::Error::from_raw_os_error(nix::libc::EACCES),
+        true,
     ))
 }
 
@@ -380,7 +381,7 @@ fn run_plain(
         start,
         follow: a.follow,
     };
-    crate::shared::sandbox::confine(&crate::shared::sandbox::Policy::logs(&dir));
+    confine_logs(&crate::shared::sandbox::Policy::logs(&dir));
     let rt = runtime()?;
     rt.block_on(async {
         let follower = Follower::open_dir(dir, &a.task, stream, opts).map_err(cli_error)?;
@@ -408,21 +409,40 @@ fn cli_error(e: FollowError) -> CliError {
         _ => EXIT_FAILURE,
     };
     let hint = match &e {
-        FollowError::Io(p) => sandbox_hint(&p.source),
+        FollowError::Io(p) if refused_by_the_sandbox(&p.source) => SANDBOX_HINT,
         _ => "",
     };
     CliError::new(code, format!("{e}{hint}"))
 }
 
-/// What to add to a refusal that root gets only because `logs` confined
+/// What a refusal says when root got it only because `logs` confined
 /// itself (the sandbox drops root's override of file permissions, so a
 /// directory of another owner's with mode 0700 is closed to it).
-fn sandbox_hint(e: &io::Error) -> &'static str {
-    if e.kind() == io::ErrorKind::PermissionDenied && nix::unistd::geteuid().is_root() {
-        ": logs confines itself, and its sandbox drops root's override of file permissions; run it as the directory's owner, or pass --no-sandbox"
-    } else {
-        ""
-    }
+const SANDBOX_HINT: &str = ": logs confines itself (its sandbox drops root's override of file permissions); run it as the directory's owner, or pass --no-sandbox";
+
+/// Whether `e`, just returned, is root's refusal by its own sandbox:
+/// decided when the error is made, from whether this process is confined
+/// now, so a refusal without the sandbox (`--no-sandbox`, a root without
+/// capabilities, a root-squashing file system) never blames it
+/// (`tests/it/cli/errors.rs`
+/// `a_refusal_blames_the_sandbox_only_when_logs_confined_itself`).
+fn refused_by_the_sandbox(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
+        && nix::unistd::geteuid().is_root()
+        && CONFINED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether this `logs` process confined itself (set once, by
+/// [`confine_logs`]): the one fact [`refused_by_the_sandbox`] needs, kept
+/// by the command that confined itself rather than by the sandbox.
+static CONFINED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Confines `logs` to `policy` and remembers whether it did (not with
+/// `--no-sandbox`).
+fn confine_logs(policy: &crate::shared::sandbox::Policy<'_>) {
+    let status = crate::shared::sandbox::confine(policy);
+    let on = status != crate::shared::sandbox::Status::off();
+    CONFINED.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn cursor_error(e: CursorError) -> CliError {
@@ -685,7 +705,7 @@ fn resume_at(
         )
     })?;
     let newest = crate::readers::follow::newest_file(dir, &trust, task, stream)
-        .map_err(|e| cannot_list(dir, &e))?;
+        .map_err(|e| cannot_list(dir, &e, refused_by_the_sandbox(&e)))?;
     let hwm = crate::shared::index::read_hwm_trusted(dir, &trust, task, stream);
     let beyond = match newest.max(hwm) {
         Some(top) => saved.index > top,
@@ -733,7 +753,7 @@ fn run_timeline(
     if let Some(c) = &cursor {
         policy = policy.cursor(c.dir());
     }
-    crate::shared::sandbox::confine(&policy);
+    confine_logs(&policy);
     let (saved, reset) = match &cursor {
         Some(c) => fitting_cursor(c, &a.task, &dir)?,
         None => (None, false),
@@ -1028,18 +1048,12 @@ impl crate::ship::readback::Sink for NatsSink<'_> {
     }
 }
 
-/// A log directory that cannot be listed: root is refused a directory of
-/// another owner's (mode 0700, say) only because `logs` confines itself
-/// and gives up root's override of permissions, so that is said, with
-/// what to do.
-fn cannot_list(dir: &Dir, e: &std::io::Error) -> CliError {
-    let hint = if e.kind() == std::io::ErrorKind::PermissionDenied
-        && nix::unistd::geteuid().is_root()
-    {
-        ": logs confines itself (its sandbox drops root's override of file permissions); run it as the directory's owner, or pass --no-sandbox"
-    } else {
-        ""
-    };
+/// A log directory that cannot be listed; `by_sandbox` when the cause is
+/// `logs`'s own confinement, which takes root's override of permissions
+/// away (a directory of another owner's, mode 0700, say): that is said,
+/// with what to do.
+fn cannot_list(dir: &Dir, e: &std::io::Error, by_sandbox: bool) -> CliError {
+    let hint = if by_sandbox { SANDBOX_HINT } else { "" };
     CliError::new(
         EXIT_FAILURE,
         format!("cannot list {}: {e}{hint}", dir.path().display()),

@@ -503,23 +503,21 @@ fn open_control_socket(
         std::path::absolute(&cfg.socket).map_err(io_err("cannot resolve the socket path"))?;
     if let Some(l) = inherited.take_listener() {
         // Under socket activation the socket is systemd's: the ready line
-        // names the path it has, and its identity is read from that path
-        // when it has one (a listener's fstat shows the socket, not the
-        // file), else left zero.
+        // names the path it has, and its identity is read at that name
+        // through its directory's handle (the log directory's when it is
+        // there; a listener's fstat shows the socket, not the file), else
+        // left zero.
         let path = l
             .local_addr()
             .ok()
             .and_then(|a| a.as_pathname().map(Path::to_path_buf));
         let id = path
-            .as_ref()
-            .and_then(|p| std::fs::symlink_metadata(p).ok())
-            .map_or(FileId { dev: 0, ino: 0 }, |m| {
-                use std::os::unix::fs::MetadataExt;
-                FileId {
-                    dev: m.dev(),
-                    ino: m.ino(),
-                }
-            });
+            .as_deref()
+            .and_then(|p| {
+                let (parent, name) = split(p).ok()?;
+                dirs.get(parent, Dir::open).ok()?.stat(name).ok()?
+            })
+            .map_or(FileId { dev: 0, ino: 0 }, |st| FileId::of(&st));
         return Ok(ControlSocket {
             listener: l,
             path: path.unwrap_or(socket_path),

@@ -274,7 +274,7 @@ fn client_failure(e: ClientError, holder: u32) -> NoAnswer {
         }
         | ClientError::NoAnswer { .. }
         | ClientError::Frame(_) => unresponsive(format!("pid {holder}: {e}")),
-        ClientError::Refused(r) if r == crate::shared::protocol::BUSY => {
+        ClientError::Refused(r) if r.kind == crate::agent::client::RefusalKind::Busy => {
             unresponsive(format!("pid {holder}: {e}"))
         }
         _ => unverified(e.to_string()),

@@ -169,6 +169,72 @@ pub struct Dir {
     deletion_noticed: AtomicBool,
 }
 
+/// A replacement of one file in a [`Dir`] under way ([`Dir::replace`] in
+/// two steps): [`Replacement::start`] creates the temp file, so a
+/// directory where nothing can be written fails before the caller acts;
+/// [`Replacement::commit`] writes, `fsync`s, renames it over the name and
+/// `fsync`s the directory. Dropped uncommitted, the temp file is removed.
+/// `D` is the directory, borrowed or owned.
+#[derive(Debug)]
+pub struct Replacement<D: std::borrow::Borrow<Dir>> {
+    dir: D,
+    name: OsString,
+    /// Emptied once renamed: nothing left to remove.
+    tmp: OsString,
+    file: Option<File>,
+}
+
+impl<D: std::borrow::Borrow<Dir>> Replacement<D> {
+    /// Creates the temp file `.<name>.tmp.<pid>` in `dir` afresh
+    /// ([`Dir::create_own`]: whatever sits at that name is removed, never
+    /// opened), mode 0600. The error is the one creating it gave.
+    pub fn start(dir: D, name: impl AsRef<OsStr>) -> io::Result<Self> {
+        let name = one_component(name.as_ref())?.to_owned();
+        let mut tmp = OsString::from(".");
+        tmp.push(&name);
+        tmp.push(format!(".tmp.{}", std::process::id()));
+        let d = dir.borrow();
+        let file = match d.create_own(&tmp, OFlag::O_WRONLY, Mode::from_bits_truncate(0o600))? {
+            Claim::Created { file, .. } => file,
+            Claim::Occupied { by, .. } => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} is taken by a {by}", d.display(&tmp).display()),
+                ))
+            }
+        };
+        Ok(Replacement {
+            dir,
+            name,
+            tmp,
+            file: Some(file),
+        })
+    }
+
+    /// Writes `bytes`, makes them durable and puts them in place at the
+    /// name atomically, then makes the rename durable.
+    pub fn commit(mut self, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let Some(mut file) = self.file.take() else {
+            return Err(io::Error::other("replacement already committed"));
+        };
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        self.dir.borrow().rename(&self.tmp, &self.name)?;
+        self.tmp.clear();
+        self.dir.borrow().sync()
+    }
+}
+
+impl<D: std::borrow::Borrow<Dir>> Drop for Replacement<D> {
+    fn drop(&mut self) {
+        if !self.tmp.is_empty() {
+            let _ = self.dir.borrow().remove(&self.tmp);
+        }
+    }
+}
+
 /// Whether `openat2` exists here (Linux ≥ 5.6); learnt at the first call.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
@@ -667,31 +733,10 @@ impl Dir {
     /// `name` within this directory, then the directory `fsync`ed. A
     /// reader sees the old file or the new one, never a part
     /// (`replace_is_atomic_and_never_writes_through_a_planted_name`).
+    /// [`Replacement`] is the same in two steps, for a caller that must
+    /// know the file can be written before it does anything else.
     pub fn replace(&self, name: impl AsRef<OsStr>, bytes: &[u8]) -> io::Result<()> {
-        use std::io::Write;
-        let name = one_component(name.as_ref())?;
-        let mut tmp = OsString::from(".");
-        tmp.push(name);
-        tmp.push(format!(".tmp.{}", std::process::id()));
-        let mut file =
-            match self.create_own(&tmp, OFlag::O_WRONLY, Mode::from_bits_truncate(0o600))? {
-                Claim::Created { file, .. } => file,
-                Claim::Occupied { by, .. } => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AlreadyExists,
-                        format!("{} is taken by a {by}", self.display(&tmp).display()),
-                    ))
-                }
-            };
-        let written = file
-            .write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .and_then(|()| self.rename(&tmp, name));
-        if let Err(e) = written {
-            let _ = self.remove(&tmp);
-            return Err(e);
-        }
-        self.sync()
+        Replacement::start(self, name)?.commit(bytes)
     }
 
     /// `fsync` of the directory itself, so a rename or a new name in it is

@@ -44,11 +44,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
+use nix::sys::stat::SFlag;
 use serde::{Deserialize, Serialize};
+
+use crate::shared::dir::{is_type, Dir};
 
 /// The journal's name inside `--state-dir`.
 pub const STATE_FILE: &str = "ship.state";
@@ -417,7 +421,9 @@ fn apply(state: &mut State, rec: Record) {
 /// The journal, open for appending by the one shipper holding the [`Lock`].
 #[derive(Debug)]
 pub struct Journal {
-    dir: PathBuf,
+    /// The state directory, opened once: every write in it goes through
+    /// this handle.
+    dir: Dir,
     path: PathBuf,
     file: File,
     len: u64,
@@ -435,14 +441,15 @@ impl Journal {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => read_legacy(dir)?,
             Err(e) => return Err(io_err(&path)(e)),
         };
-        let mut j = Journal {
-            dir: dir.to_path_buf(),
-            file: File::open(dir).map_err(io_err(dir))?,
+        let handle = Dir::open(dir).map_err(io_err(dir))?;
+        let (file, len) = write_journal(&handle, &path, &state)?;
+        let j = Journal {
+            dir: handle,
+            file,
             path,
-            len: 0,
-            live: 0,
+            len,
+            live: len,
         };
-        j.compact(&state)?;
         j.leave_a_stub()?;
         Ok((j, state))
     }
@@ -452,24 +459,14 @@ impl Journal {
     /// shipper must not mistake a journal it cannot read for no state and
     /// ship everything again. Written only where a `ship.json` was.
     fn leave_a_stub(&self) -> Result<(), StateError> {
-        let path = self.dir.join(LEGACY_FILE);
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_file() => {}
+        let path = self.dir.display(LEGACY_FILE);
+        match self.dir.stat(LEGACY_FILE) {
+            Ok(Some(st)) if is_type(&st, SFlag::S_IFREG) => {}
             _ => return Ok(()),
         }
-        let tmp = self.dir.join(format!("{LEGACY_FILE}.tmp"));
-        let _ = std::fs::remove_file(&tmp);
-        let io = io_err(&path);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc_nofollow())
-            .open(&tmp)
-            .map_err(&io)?;
-        f.write_all(LEGACY_STUB.as_bytes()).map_err(&io)?;
-        f.sync_data().map_err(&io)?;
-        std::fs::rename(&tmp, &path).map_err(&io)
+        self.dir
+            .replace(LEGACY_FILE, LEGACY_STUB.as_bytes())
+            .map_err(io_err(&path))
     }
 
     /// Appends the records of `changed` (a stream absent from `state` is
@@ -504,49 +501,44 @@ impl Journal {
     /// Writes every live record to a new journal and renames it over the
     /// old one (see the module docs).
     pub fn compact(&mut self, state: &State) -> Result<(), StateError> {
-        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let io = io_err(&tmp);
-        let mut buf = serde_json::to_vec(&Header {
-            format: FORMAT.into(),
-            version: VERSION,
-        })
-        .map_err(|e| io(std::io::Error::other(e)))?;
-        buf.push(b'\n');
-        for (k, s) in &state.streams {
-            write_record(
-                &mut buf,
-                &Record {
-                    key: k.clone(),
-                    stream: Some(s.clone()),
-                    gone: false,
-                },
-            );
-        }
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc_nofollow())
-            .open(&tmp)
-            .map_err(&io)?;
-        f.write_all(&buf).map_err(&io)?;
-        f.sync_data().map_err(&io)?;
-        std::fs::rename(&tmp, &self.path).map_err(io_err(&self.path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&self.dir))?;
-        let mut f = OpenOptions::new()
-            .append(true)
-            .custom_flags(libc_nofollow())
-            .open(&self.path)
-            .map_err(io_err(&self.path))?;
-        let len = f.stream_position().map_err(io_err(&self.path))?;
-        self.file = f;
+        let (file, len) = write_journal(&self.dir, &self.path, state)?;
+        self.file = file;
         self.len = len;
         self.live = len;
         Ok(())
     }
+}
+
+/// Puts a journal of `state`'s live records at [`STATE_FILE`] in `dir`
+/// ([`Dir::replace`]: whole or not at all, durable), and opens it for
+/// appending: the file and its length. `path` names it in errors.
+fn write_journal(dir: &Dir, path: &Path, state: &State) -> Result<(File, u64), StateError> {
+    let io = io_err(path);
+    let mut buf = serde_json::to_vec(&Header {
+        format: FORMAT.into(),
+        version: VERSION,
+    })
+    .map_err(|e| io(std::io::Error::other(e)))?;
+    buf.push(b'\n');
+    for (k, s) in &state.streams {
+        write_record(
+            &mut buf,
+            &Record {
+                key: k.clone(),
+                stream: Some(s.clone()),
+                gone: false,
+            },
+        );
+    }
+    dir.replace(STATE_FILE, &buf).map_err(&io)?;
+    let file = dir
+        .open_at(
+            STATE_FILE,
+            OFlag::O_WRONLY | OFlag::O_APPEND,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(&io)?;
+    Ok((file, buf.len() as u64))
 }
 
 fn write_record(buf: &mut Vec<u8>, rec: &Record) {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -211,6 +211,57 @@ impl SlowLink {
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
+}
+
+/// The set-up most shipping tests share: a temp dir holding `logs/`
+/// (made here), `state/` (the shipper's, made by it) and one JetStream
+/// node storing in `js/`. Destructured by the test (`let Scene { tmp,
+/// logs, state, srv } = Scene::new();`), the server is killed before the
+/// directory is removed.
+pub struct Scene {
+    pub tmp: tempfile::TempDir,
+    pub logs: PathBuf,
+    pub state: PathBuf,
+    pub srv: Server,
+}
+
+impl Scene {
+    pub fn new() -> Scene {
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = tmp.path().join("logs");
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(&logs).unwrap();
+        let srv = Server::single(&tmp.path().join("js"));
+        Scene {
+            tmp,
+            logs,
+            state,
+            srv,
+        }
+    }
+}
+
+/// The flags of a shipper of `logs` into `stream` at `url`, its state in
+/// `state` (with `--create-stream` when `create`): what every shipping
+/// test starts with, before its own flags.
+pub fn ship_args(url: &str, stream: &str, state: &Path, logs: &Path, create: bool) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--nats",
+        url,
+        "--stream",
+        stream,
+        "--state-dir",
+        &state.to_string_lossy(),
+        "--log-dir",
+        &logs.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if create {
+        a.push("--create-stream".into());
+    }
+    a
 }
 
 /// How a test sets up a process before it runs (uid, limits…).

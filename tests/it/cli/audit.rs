@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::nats::{have_nats, Server, Shipper};
+use crate::nats::{have_nats, ship_args, Server, Shipper};
 use crate::support::*;
 
 /// What a case's world holds before its command runs.
@@ -1223,16 +1223,8 @@ impl World {
         }
         if prep == Prep::Shipping {
             let (logs, first) = (w.p("logs"), w.p("state/first"));
-            let s = Shipper::start(&[
-                "--nats",
-                url,
-                "--stream",
-                "S",
-                "--state-dir",
-                &first,
-                "--log-dir",
-                &logs,
-            ]);
+            let args = ship_args(url, "S", Path::new(&first), Path::new(&logs), false);
+            let s = Shipper::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
             let lock = Path::new(&first).join("ship.lock");
             assert!(
                 wait_until(PATIENCE, || lock.exists()),
@@ -1391,17 +1383,8 @@ fn make_stream(url: &str) {
         &cli(&["exec", "--task", "t", "--log-dir", logs, "--", "echo", "x"]),
         0,
     );
-    let mut s = Shipper::start(&[
-        "--nats",
-        url,
-        "--stream",
-        "S",
-        "--create-stream",
-        "--state-dir",
-        state,
-        "--log-dir",
-        logs,
-    ]);
+    let args = ship_args(url, "S", Path::new(state), Path::new(logs), true);
+    let mut s = Shipper::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(
         wait_until(PATIENCE, || has_shipped(state)),
         "the shipper that creates the stream never shipped"

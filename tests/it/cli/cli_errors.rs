@@ -23,7 +23,12 @@ struct Failure {
 /// its own, nothing on stdout, exactly one non-empty line on stderr, no
 /// panic, no backtrace.
 fn fails(args: &[&str], env: &[(&str, &str)]) -> Failure {
-    let mut cmd = support::logmon(args);
+    fails_as(support::logmon(args), args, env)
+}
+
+/// [`fails`] for `cmd`, the command of `args` (run from another copy of
+/// the binary, or as another uid).
+fn fails_as(mut cmd: std::process::Command, args: &[&str], env: &[(&str, &str)]) -> Failure {
     cmd.env("RUST_BACKTRACE", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -169,16 +174,31 @@ fn unwritable_log_dir_is_one_clear_error_naming_it() {
 #[test]
 fn unwritable_log_dir_by_permissions_is_one_clear_error_naming_it() {
     use std::os::unix::fs::PermissionsExt;
-    if nix::unistd::geteuid().is_root() {
-        // Covered by unwritable_log_dir_is_one_clear_error_naming_it.
-        return;
-    }
     let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let ro = d.path().join("ro");
     std::fs::create_dir(&ro).unwrap();
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // Root ignores permission bits: as root, the binary runs as nobody
+    // (uid 65534, from a copy it can reach), whose own 0555 directory it
+    // is, as it is the user's without root.
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        nix::unistd::chown(&ro, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+    }
+    let program = if root {
+        support::bins_for_any_user(d.path())
+    } else {
+        support::bin()
+    };
     for cmd in CAPTURE_CMDS {
-        let f = fails(&capture_args(cmd, s(&ro), &[]), &[]);
+        let args = capture_args(cmd, s(&ro), &[]);
+        let mut command = support::logmon_at(&program, &args);
+        if root {
+            support::run_as(&mut command, 65534);
+        }
+        let f = fails_as(command, &args, &[]);
         assert!(
             matches!(f.code, Some(1) | Some(2)),
             "{cmd}: exit {:?}: {}",

@@ -872,7 +872,8 @@ fn a_refused_client_reads_the_refusal_every_time() {
         let (code, _, stderr) = execute(&mut r, &nobody_program);
         assert_eq!(code, Some(1), "run {i}: {stderr}");
         assert!(
-            stderr.contains("may not control this logmon"),
+            stderr.contains("may not control this logmon")
+                && stderr.contains("run this as the logmon's owner or as root"),
             "run {i}: {stderr}"
         );
     }
@@ -896,7 +897,7 @@ fn names_in(dir: &str) -> Vec<String> {
 
 #[test]
 fn an_unwritable_state_file_is_named_for_its_true_cause() {
-    let mut w = World::new();
+    let w = World::new();
     let ensure = |w: &World, state: &str| {
         cli(&[
             "ensure",
@@ -929,23 +930,35 @@ fn an_unwritable_state_file_is_named_for_its_true_cause() {
         2,
         &format!("its directory does not exist ({})", w.p("nodir")),
     );
-    if nix::unistd::geteuid().is_root() {
-        let state = w.p("state");
-        let ro = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "ro,mode=0755", "tmpfs", &state])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ro {
-            w.mounts.push(PathBuf::from(&state));
-            let err = assert_exit_naming(
-                &ensure(&w, &w.p("state/s.json")),
-                2,
-                "read-only file system",
-            );
-            assert!(err.contains(&w.p("state")), "{err}");
-        }
-    }
     // Nothing was launched, and nothing made for a logmon that never ran.
+    assert!(w.daemons().is_empty());
+    assert!(names_in(&w.logs()).is_empty(), "{:?}", names_in(&w.logs()));
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_state_file_on_a_read_only_file_system_is_named_for_it() {
+    crate::support::need_root();
+    let mut w = World::new();
+    let state = w.p("state");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,mode=0755", "tmpfs", &state])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(mounted, "could not mount a read-only tmpfs on {state}");
+    w.mounts.push(PathBuf::from(&state));
+    let out = cli(&[
+        "ensure",
+        "--state",
+        &w.p("state/s.json"),
+        "--task",
+        "web",
+        "--log-dir",
+        &w.logs(),
+    ]);
+    let err = assert_exit_naming(&out, 2, "read-only file system");
+    assert!(err.contains(&state), "{err}");
+    assert!(err.contains("nothing was launched"), "{err}");
     assert!(w.daemons().is_empty());
     assert!(names_in(&w.logs()).is_empty(), "{:?}", names_in(&w.logs()));
 }
@@ -1720,4 +1733,69 @@ fn sighup_is_ignored_and_said() {
     assert!(alive(&rc), "SIGHUP killed the logmon");
     let out = logmon(&["status", "--state", &s]).output().unwrap();
     assert_exit(&out, 0);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_refusal_blames_the_sandbox_only_when_logs_confined_itself() {
+    need_root();
+    let d = tempfile::tempdir().unwrap();
+    let logs = d.path().join("logs");
+    let logs_arg = logs.to_str().unwrap();
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::write(logs.join("web.stdout.0"), b"a\n").unwrap();
+    let blame = "logs confines itself";
+
+    // Another owner's directory, mode 0700: root enters it only by its
+    // override of file permissions, which the sandbox takes away.
+    nix::unistd::chown(
+        &logs,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = finish(logmon(&["logs", "--log-dir", logs_arg, "--task", "web"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(blame) && err.contains("--no-sandbox"), "{err}");
+    // Unconfined, root's override lets it in.
+    let out = finish(logmon(&[
+        "logs",
+        "--no-sandbox",
+        "--log-dir",
+        logs_arg,
+        "--task",
+        "web",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // Unconfined and refused all the same (a root without capabilities,
+    // a log file of mode 0000): the sandbox is not what refused it.
+    nix::unistd::chown(
+        &logs,
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(0)),
+    )
+    .unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        logs.join("web.stdout.0"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    let mut cmd = logmon(&[
+        "logs",
+        "--no-sandbox",
+        "--log-dir",
+        logs_arg,
+        "--task",
+        "web",
+    ]);
+    without_capabilities(&mut cmd);
+    let out = finish(cmd);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!err.contains(blame), "{err}");
 }

@@ -581,22 +581,71 @@ fn a_fifo_planted_at_the_cursors_temporary_name_never_blocks_the_reader() {
     }
 }
 
+/// `cmd` (a reader with `--cursor cursor`) made to plant, as its first
+/// act after the fork, a FIFO at the cursor's temporary name
+/// (`.<name>.tmp.<pid>`, its pid known only then): a FIFO nobody reads,
+/// there before the reader's first save.
+fn fifo_at_own_temporary_name(mut cmd: Command, cursor: &std::path::Path) -> Command {
+    use std::os::unix::ffi::OsStrExt;
+    let mut prefix = cursor.parent().unwrap().as_os_str().as_bytes().to_vec();
+    prefix.extend_from_slice(b"/.");
+    prefix.extend_from_slice(cursor.file_name().unwrap().as_bytes());
+    prefix.extend_from_slice(b".tmp.");
+    let mut buf = [0u8; 4096];
+    assert!(prefix.len() + 16 < buf.len());
+    buf[..prefix.len()].copy_from_slice(&prefix);
+    let at = prefix.len();
+    // SAFETY: getpid and mkfifo are async-signal-safe system calls; the
+    // path is built in a buffer copied into the closure, nothing is
+    // allocated between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut path = buf;
+            let mut digits = [0u8; 10];
+            let mut n = libc::getpid() as u32;
+            let mut len = 0;
+            loop {
+                digits[len] = b'0' + (n % 10) as u8;
+                len += 1;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            for i in 0..len {
+                path[at + i] = digits[len - 1 - i];
+            }
+            path[at + len] = 0;
+            if libc::mkfifo(path.as_ptr().cast(), 0o666) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 fn fifo_at_the_cursors_temporary_name(sticky: bool) {
     let s = scene(sticky);
     let web = lines("web", 0, 3);
     s.put_indexed("web", Stream::Stdout, 0, &web, T0);
     let cursor = s.at("web.cursor");
     let cursor_arg = cursor.to_str().unwrap();
-    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
-    let r = run(s.logs_cmd(&["--cursor", cursor_arg]));
+    let r = run(fifo_at_own_temporary_name(
+        s.logs_cmd(&["--cursor", cursor_arg]),
+        &cursor,
+    ));
     assert_eq!(r.code, Some(0), "{}", r.err);
     assert_eq!(r.out, joined(&web));
     assert!(cursor.is_file(), "the cursor was not saved");
 
     // Following: planted again while it runs, then more lines; SIGTERM
     // ends it.
-    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
-    let (child, out, err) = spawn(s.logs_cmd(&["-f", "--cursor", cursor_arg]), Stdio::piped());
+    let (child, out, err) = spawn(
+        fifo_at_own_temporary_name(s.logs_cmd(&["-f", "--cursor", cursor_arg]), &cursor),
+        Stdio::piped(),
+    );
+    let planted = format!("mkfifo -m 666 .web.cursor.tmp.{}", child.id());
     std::thread::sleep(Duration::from_millis(300));
     s.put("web.stdout.1", b"web line 00003\n");
     assert!(
@@ -610,7 +659,7 @@ fn fifo_at_the_cursors_temporary_name(sticky: bool) {
     assert!(wait_until(PATIENCE, || {
         std::fs::read_to_string(&cursor).is_ok_and(|c| c.contains(r#""index":1"#))
     }));
-    s.task_ok("mkfifo -m 666 .web.cursor.tmp");
+    s.task_ok(&planted);
     s.put("web.stdout.2", b"web line 00004\n");
     assert!(
         wait_until(PATIENCE, || out.text().contains("web line 00004")),

@@ -274,7 +274,7 @@ proptest! {
     }
 }
 
-/// The bound on one write (module docs of `src/readers/timeline.rs`): 64 KiB of
+/// The bound on one write (module docs of `src/readers/timeline/`): 64 KiB of
 /// output plus one formatted piece.
 const MAX_WRITE: usize = 64 * 1024 + 17 * 1024;
 

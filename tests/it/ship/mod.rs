@@ -30,11 +30,12 @@ fn single_node_ships_every_line_once_in_order_with_headers() {
         return;
     }
     let t0 = logmon::internals::index::now_ns();
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let web = Daemon::start(
         &logs,
         "web.v2",
@@ -113,11 +114,12 @@ fn kill_9_of_the_shipper_several_times_mid_stream_loses_and_duplicates_nothing()
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let _d = Daemon::start(
         &logs,
         "t",
@@ -179,11 +181,12 @@ fn kill_9_of_the_shipper_mid_batch_of_several_streams_loses_and_duplicates_nothi
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     const TASKS: [&str; 3] = ["a", "b", "c"];
     const STREAMS: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
     let _daemons: Vec<Daemon> = TASKS
@@ -288,11 +291,12 @@ fn server_down_for_seconds_never_blocks_the_task_and_everything_arrives_after() 
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        mut srv,
+    } = Scene::new();
     let _d = Daemon::start(
         &logs,
         "t",
@@ -410,11 +414,12 @@ fn purge_racing_a_stopped_shipper_is_counted_and_published_as_a_gap() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let _d = Daemon::start(&logs, "t", &["--max-file-size", "4KiB", "--max-files", "3"]);
     let args = [
         "--nats",
@@ -1077,11 +1082,12 @@ fn an_idle_shipper_does_not_wake_up_and_a_busy_one_does() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     // With metadata (the shipper re-read every metadata file on
     // each round, and its own opens woke it again, 670 rounds a second),
     // and a second task that stays silent.
@@ -1147,11 +1153,12 @@ fn status_shows_the_lag_while_a_slowed_shipper_works_through_a_steady_backlog() 
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let _d = Daemon::start(&logs, "t", &[]);
     // Each window's acks come back 700 ms late (a slow link) while the
     // task keeps writing: the shipper is never caught up, always behind.
@@ -1240,11 +1247,12 @@ impl Race {
         if !have_nats() {
             return None;
         }
-        let tmp = tempfile::tempdir().unwrap();
-        let logs = tmp.path().join("logs");
-        let state = tmp.path().join("state");
-        std::fs::create_dir_all(&logs).unwrap();
-        let srv = Server::single(&tmp.path().join("js"));
+        let Scene {
+            tmp,
+            logs,
+            state,
+            srv,
+        } = Scene::new();
         // 4 KiB files (73 lines), 3 kept: rotation purges a file ~every 73 lines.
         let mut run_args = vec!["--max-file-size", "4KiB", "--max-files", "3"];
         run_args.extend_from_slice(run_extra);
@@ -1780,34 +1788,42 @@ fn operator_errors_of_the_shipper_are_one_line_with_the_right_exit_code() {
         text(&out.stderr)
     );
     // An unwritable state directory is a configuration error at start,
-    // not a publish failure retried forever.
-    if nix::unistd::geteuid().is_root() {
-        let ro = tmp.path().join("ro-state");
-        std::fs::create_dir(&ro).unwrap();
-        let bin = bins_for_any_user(tmp.path());
-        std::fs::set_permissions(
-            tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let mut cmd = logmon_at(
-            &bin,
-            &[
-                "ship",
-                "--nats",
-                &closed,
-                "--stream",
-                "S",
-                "--log-dir",
-                &l,
-                "--state-dir",
-                ro.to_str().unwrap(),
-            ],
-        );
+    // not a publish failure retried forever. Root ignores permission
+    // bits: as root, the shipper runs as nobody (uid 65534, from a copy
+    // of the binaries it can reach), for whom they hold.
+    let root = nix::unistd::geteuid().is_root();
+    let ro = tmp.path().join("ro-state");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin = if root {
+        bins_for_any_user(tmp.path())
+    } else {
+        crate::support::bin()
+    };
+    let mut cmd = logmon_at(
+        &bin,
+        &[
+            "ship",
+            "--nats",
+            &closed,
+            "--stream",
+            "S",
+            "--log-dir",
+            &l,
+            "--state-dir",
+            ro.to_str().unwrap(),
+        ],
+    );
+    if root {
         run_as(&mut cmd, 65534);
-        let out = finish(cmd);
-        let err = assert_exit_naming(&out, 2, "--state-dir");
-        assert!(err.contains("Permission denied"), "{err}");
     }
+    let out = finish(cmd);
+    let err = assert_exit_naming(&out, 2, "--state-dir");
+    assert!(err.contains("Permission denied"), "{err}");
     assert!(processes_mentioning(tmp.path().to_str().unwrap()).is_empty());
 }

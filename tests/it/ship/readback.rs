@@ -34,25 +34,40 @@ fn remote(urls: &str, task: &str, extra: &[&str]) -> Output {
 }
 
 fn start_shipper(urls: &str, state: &Path, logs: &Path, create: bool) -> Shipper {
-    let mut a = vec![
-        "--nats",
-        urls,
-        "--stream",
-        "LOGS",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--log-dir",
-        logs.to_str().unwrap(),
-    ];
-    if create {
-        a.push("--create-stream");
-    }
-    Shipper::start(&a)
+    let a = ship_args(urls, "LOGS", state, logs, create);
+    Shipper::start(&a.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-/// Waits until the stream holds everything in the task's files: its raw
-/// read back equals the local one, for stdout and stderr.
+/// Whether the task's FIFOs hold no byte: everything written is in its
+/// files (a byte leaves the pipe only into a file).
+fn pipes_empty(logs: &Path, task: &str) -> bool {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    ["stdout", "stderr"].iter().all(|s| {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(logs.join(format!(".{task}.{s}.fifo")))
+        else {
+            return true;
+        };
+        let mut n: nix::libc::c_int = 0;
+        // SAFETY: FIONREAD stores one c_int through a pointer to one.
+        let r = unsafe { nix::libc::ioctl(f.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
+        r == 0 && n == 0
+    })
+}
+
+/// Waits until the task's files hold everything written into its FIFOs
+/// and the stream holds everything in the files: its raw read back
+/// equals the local one, for stdout and stderr. (Comparing before the
+/// pipes are empty could find both equal while the last batch still
+/// waits in a pipe, and the views compared next would differ by it.)
 fn wait_shipped(urls: &str, logs: &Path, task: &str) {
+    assert!(
+        wait_until(Duration::from_secs(60), || pipes_empty(logs, task)),
+        "the task's FIFOs were not drained"
+    );
     let ok = wait_until(Duration::from_secs(60), || {
         [&[][..], &["--stderr"][..]].iter().all(|v| {
             let l = local(logs, task, v);
@@ -127,11 +142,12 @@ fn every_view_reads_back_as_the_local_reader_prints_it() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,
@@ -273,11 +289,12 @@ fn gap_records_are_said_and_the_rest_reads_as_locally() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,
@@ -404,11 +421,12 @@ fn times_shipped_while_the_writer_is_busy_are_exact() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let url = srv.url();
     let _web = Daemon::start(
         &logs,

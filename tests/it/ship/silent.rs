@@ -40,11 +40,12 @@ fn a_log_directory_removed_and_recreated_is_shipped_again_and_said() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp,
+        logs,
+        state,
+        mut srv,
+    } = Scene::new();
     let one = Daemon::start(&logs, "one", &[]);
     let mut ship = shipper(
         tmp.path(),
@@ -134,11 +135,12 @@ fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_acr
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp,
+        logs,
+        state,
+        mut srv,
+    } = Scene::new();
     let one = Daemon::start(&logs, "one", &[]);
     let url = srv.url();
     let args = [
@@ -180,12 +182,18 @@ fn a_log_directory_gone_with_unshipped_bytes_is_one_gap_record_on_the_stream_acr
         "{}",
         ship.diagnostics()
     );
-    // Not published yet: the status says one is due.
-    let st = status(&state);
-    assert_eq!(
-        stream_status(&st, "one", "stdout")[0]["gap_record_due"],
-        true,
-        "{st}"
+    // Not published yet: the status says one is due (once the state the
+    // shipper saves after that warning is written).
+    assert!(
+        wait_until(Duration::from_secs(30), || stream_status(
+            &status(&state),
+            "one",
+            "stdout"
+        )
+        .first()
+        .is_some_and(|s| s["gap_record_due"] == true)),
+        "{}",
+        status(&state)
     );
     srv.restart();
     let want = line_bytes(100, 200).to_string();
@@ -233,11 +241,12 @@ fn names_churned_in_a_shared_log_directory_are_listed_at_most_once_a_second() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let victim = Daemon::start(&logs, "victim", &[]);
     // A task's names at stream names of no logmon: 2,000 of them, one
     // appended to every 2 ms; each append names a stream not followed.
@@ -579,11 +588,12 @@ fn a_partial_line_waits_for_its_newline_while_its_logmon_lives() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let d = Daemon::start(&logs, "t", &[]);
     let _ship = Shipper::start(&[
         "--nats",
@@ -698,11 +708,12 @@ fn an_empty_log_directory_removed_and_made_again_is_followed() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let ship = shipper(
         tmp.path(),
         &[
@@ -976,11 +987,12 @@ fn a_sparse_file_at_a_stream_name_never_ships_its_holes() {
     if !have_nats() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let logs = tmp.path().join("logs");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&logs).unwrap();
-    let srv = Server::single(&tmp.path().join("js"));
+    let Scene {
+        tmp: _tmp,
+        logs,
+        state,
+        srv,
+    } = Scene::new();
     let _d = Daemon::start(&logs, "t", &[]);
     // 16 MiB that use one block: a hole, then a line.
     let sparse = std::fs::File::create(logs.join("x.stdout.0")).unwrap();

@@ -22,7 +22,9 @@ pub fn have_nats() -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipping: {NATS} is not installed (apt-get install nats-server)");
+        crate::support::skip(&format!(
+            "{NATS} is not installed (apt-get install nats-server)"
+        ));
     }
     ok
 }

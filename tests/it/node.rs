@@ -102,7 +102,7 @@ fn have(program: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipping: {program} is not installed");
+        crate::support::skip(&format!("{program} is not installed"));
     }
     ok
 }
@@ -279,7 +279,6 @@ fn a_lock_or_socket_planted_by_the_task_is_never_trusted_or_connected_to() {
     use std::os::unix::fs::PermissionsExt;
     crate::support::need_root();
     if !have("python3") {
-        eprintln!("skipping: needs python3");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

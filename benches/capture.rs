@@ -249,10 +249,6 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
     let dir = tempfile::tempdir_in(bench_root()).expect("log dir");
     let mut capture = new_capture(dir.path());
     let mut peeker = logmon::internals::capture::pipe::Peeker::new(fifo.capacity).expect("peeker");
-    let devnull = File::options()
-        .write(true)
-        .open("/dev/null")
-        .expect("/dev/null");
     let ep = Epoll::new(fifo.reader.as_fd()).expect("epoll");
     let total = data.len() as u64;
     let c0 = thread_cpu();
@@ -261,8 +257,7 @@ fn run_drain(fifo: &Fifo, data: &Arc<Vec<u8>>, pattern: Pattern) -> Sample {
     loop {
         let now = Instant::now();
         let outcome = {
-            let mut src =
-                PipeSource::new(fifo.reader.as_fd(), fifo.capacity, &mut peeker, &devnull);
+            let mut src = PipeSource::new(fifo.reader.as_fd(), fifo.capacity, &mut peeker);
             capture.drain(&mut src, now, false).expect("drain")
         };
         if capture.stats().bytes_captured >= total {

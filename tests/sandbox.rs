@@ -39,6 +39,7 @@ mod support;
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -59,6 +60,10 @@ fn main() {
         (
             "daemon_is_confined_in_every_thread",
             daemon_is_confined_in_every_thread,
+        ),
+        (
+            "a_daemon_that_cannot_empty_its_bounding_set_says_what_it_keeps",
+            a_daemon_that_cannot_empty_its_bounding_set_says_what_it_keeps,
         ),
         (
             "no_sandbox_turns_it_off_and_says_so",
@@ -198,11 +203,20 @@ struct Run {
 
 impl Run {
     fn start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Run {
+        Run::start_as(dir, extra, env, None)
+    }
+
+    /// As [`Run::start`], as user and group `uid` when given.
+    fn start_as(dir: &Path, extra: &[&str], env: &[(&str, &str)], uid: Option<u32>) -> Run {
         let mut args = vec!["run", "--task", "t", "--log-dir", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
         let mut cmd = logmon(&args);
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(id) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(id).gid(id);
         }
         let mut child = cmd
             .stdin(Stdio::null())
@@ -286,6 +300,46 @@ fn daemon_is_confined_in_every_thread() {
     if Path::new("/sys/kernel/security/landlock").exists() || ll != "unsupported" {
         assert!(ll.starts_with("ABI "), "{ll}");
     }
+    run.stop_and_check();
+}
+
+/// A user without CAP_SETPCAP cannot empty the bounding set: logmon
+/// drops everything else, and `status` names how many capabilities the
+/// bounding set still holds, the count the kernel shows (`CapBnd`).
+fn a_daemon_that_cannot_empty_its_bounding_set_says_what_it_keeps() {
+    if !nix::unistd::geteuid().is_root() {
+        support::skip("needs root, to run the daemon as another user");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let nobody = 65534;
+    nix::unistd::chown(d.path(), Some(nobody.into()), Some(nobody.into())).unwrap();
+    // The tempdir's parent must let that user in.
+    let parent = d.path().parent().unwrap();
+    let searchable = std::fs::metadata(parent).unwrap().permissions().mode() & 0o001 != 0;
+    assert!(
+        searchable,
+        "{} is not searchable by others",
+        parent.display()
+    );
+    let run = Run::start_as(d.path(), &[], &[], Some(nobody));
+    let pid = run.daemon.pid();
+    let threads = thread_status(pid);
+    let (_, st) = &threads[0];
+    let kept = u64::from_str_radix(field(st, "CapBnd"), 16)
+        .unwrap()
+        .count_ones();
+    assert!(kept > 0, "a user's bounding set is full: {st}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(field(st, cap), "0000000000000000", "{cap}");
+    }
+    let sb = &status_json(&run.socket())["sandbox"];
+    assert_eq!(
+        sb["capabilities"],
+        format!("none (bounding set kept: {kept} without CAP_SETPCAP)"),
+        "{sb}"
+    );
+    assert_eq!(sb["seccomp"], "filter", "{sb}");
     run.stop_and_check();
 }
 

@@ -133,7 +133,6 @@ pub const SHARED_CPU_PIECE: usize = 256 * 1024;
 pub struct PipeSource<'a> {
     fd: BorrowedFd<'a>,
     peeker: &'a mut pipe::Peeker,
-    devnull: &'a File,
     capacity: usize,
     piece: usize,
 }
@@ -141,16 +140,10 @@ pub struct PipeSource<'a> {
 impl<'a> PipeSource<'a> {
     /// Wraps the FIFO `fd` of `capacity` bytes; moves bytes in pieces of
     /// [`SPLICE_PIECE`].
-    pub fn new(
-        fd: BorrowedFd<'a>,
-        capacity: usize,
-        peeker: &'a mut pipe::Peeker,
-        devnull: &'a File,
-    ) -> Self {
+    pub fn new(fd: BorrowedFd<'a>, capacity: usize, peeker: &'a mut pipe::Peeker) -> Self {
         PipeSource {
             fd,
             peeker,
-            devnull,
             capacity,
             piece: SPLICE_PIECE,
         }
@@ -190,7 +183,7 @@ impl Source for PipeSource<'_> {
         Ok(done)
     }
     fn discard(&mut self, len: usize) -> io::Result<usize> {
-        pipe::discard(self.fd, self.devnull.as_fd(), len)
+        pipe::discard(self.fd, self.peeker.devnull(), len)
     }
     fn capacity(&self) -> usize {
         self.capacity

@@ -170,6 +170,12 @@ impl Peeker {
         }
     }
 
+    /// `/dev/null`, opened once per stream, where dropped bytes go (the
+    /// scratch pipe's copies, and a FIFO's bytes dropped by policy).
+    pub fn devnull(&self) -> BorrowedFd<'_> {
+        self.devnull.as_fd()
+    }
+
     /// Drops the first `n` bytes of the scratch pipe (no copy).
     fn drop_scratch(&mut self, mut n: usize) -> io::Result<()> {
         while n > 0 {

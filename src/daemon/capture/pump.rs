@@ -32,7 +32,6 @@
 //! for the bytes).
 
 use std::cell::RefCell;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
@@ -120,7 +119,6 @@ pub struct Pump {
     reader: Option<OwnedFd>,
     capacity: usize,
     peeker: Peeker,
-    devnull: File,
     capture: SharedCapture,
     data: DataSignal,
     /// The FIFO is armed for SIGIO.
@@ -146,7 +144,6 @@ impl Pump {
         capture: SharedCapture,
         max_delay: Duration,
     ) -> io::Result<Self> {
-        let devnull = File::options().write(true).open("/dev/null")?;
         let reader = sigio::reader_of(fd.as_fd());
         if reader.is_some() {
             // A logmon killed while waiting leaves an inherited (fd store)
@@ -161,7 +158,6 @@ impl Pump {
             reader,
             capacity,
             peeker,
-            devnull,
             capture,
             data,
             armed: false,
@@ -248,8 +244,7 @@ impl Pump {
             SPLICE_PIECE
         };
         let fifo = self.reader.as_ref().map_or(self.fd.as_fd(), AsFd::as_fd);
-        let mut src =
-            PipeSource::new(fifo, self.capacity, &mut self.peeker, &self.devnull).with_piece(piece);
+        let mut src = PipeSource::new(fifo, self.capacity, &mut self.peeker).with_piece(piece);
         let mut c = self.capture.borrow_mut();
         let before = c.stats.bytes_captured + c.stats.bytes_dropped;
         let errors_before = c.stats.write_errors;

@@ -9,7 +9,9 @@
  * end logmon hands out; else O_WRONLY, as a task under s6-log), waits for a
  * common start time, then every TICK ms (default 10; each task's phase is
  * offset so they do not all wake together) writes the lines due by then, one
- * write(2) per line, for SECS seconds, and closes the FIFO.  Lines are
+ * write(2) per line, for SECS seconds, and closes the FIFO.  A task whose
+ * lines are a TICK apart or more wakes once per line instead, at its time
+ * (see run_task).  Lines are
  * writer.c's: line k = 16 digits of k, ' ', LEN-18 x ('a' + k % 26), '\n'
  * (so benches/tools/verify.c checks them).
  * Each write(2) is timed (CLOCK_MONOTONIC around the call) into a log-linear
@@ -83,8 +85,40 @@ static uint64_t real_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Writes line `seq` (writer.c's format), timing the write(2); 0 or errno. */
+static int write_line(struct slot *s, int fd, char *line, char *digits, size_t L, uint64_t seq, uint64_t *wt,
+                      size_t max_lines)
+{
+    memcpy(line, digits, 16);
+    line[16] = ' ';
+    memset(line + 17, 'a' + (int)(seq % 26), L - 18);
+    line[L - 1] = '\n';
+    for (int i = 15; i >= 0; i--) {
+        if (digits[i] != '9') { digits[i]++; break; }
+        digits[i] = '0';
+    }
+    if (wt && seq < max_lines) wt[seq] = real_ns();
+    uint64_t a = now_ns();
+    ssize_t w = write(fd, line, L);
+    uint64_t d = now_ns() - a;
+    if (w != (ssize_t)L) return w < 0 ? errno : EIO;
+    s->hist[bucket(d)]++;
+    if (d > s->max_ns) s->max_ns = d;
+    s->lines = seq + 1;
+    return 0;
+}
+
+/*
+ * One task.  A task whose lines come a tick apart or more wakes once per
+ * line, at that line's time (its phase spread over one line's interval
+ * among the N tasks): a task writing now and then wakes when it writes and
+ * at no other time, so 1,000 of them at 20 lines/s cost 20,000 wakeups a
+ * second, not the 100,000 of a 10 ms tick, which a 2-core machine could
+ * not keep up with (their lines then came late and in bunches).  Faster
+ * tasks wake every tick and write the lines due by then.
+ */
 static void run_task(struct slot *s, const char *path, int rdwr, size_t L, double rate, double secs, uint64_t t0,
-                     uint64_t tick, uint64_t phase, const char *wt_path)
+                     uint64_t tick, double place, const char *wt_path)
 {
     int fd = open(path, (rdwr ? O_RDWR : O_WRONLY) | O_CLOEXEC);
     if (fd < 0) { s->err = errno; return; }
@@ -93,32 +127,28 @@ static void run_task(struct slot *s, const char *path, int rdwr, size_t L, doubl
     memset(digits, '0', 16);
     uint64_t end = t0 + (uint64_t)(secs * 1e9);
     double lines_per_ns = rate / (double)L / 1e9;
+    double ns_per_line = 1.0 / lines_per_ns;
     uint64_t seq = 0;
     size_t max_lines = (size_t)(secs * rate / (double)L) + 2;
     uint64_t *wt = wt_path ? calloc(max_lines, sizeof(uint64_t)) : NULL;
-    for (uint64_t t = t0 + phase; t < end; t += tick) {
-        sleep_until(t);
-        uint64_t due = (uint64_t)((double)(t - t0 + tick - phase) * lines_per_ns);
-        if (t + tick >= end) due = (uint64_t)((double)(end - t0) * lines_per_ns);
-        s->due = due;
-        while (seq < due) {
-            memcpy(line, digits, 16);
-            line[16] = ' ';
-            memset(line + 17, 'a' + (int)(seq % 26), L - 18);
-            line[L - 1] = '\n';
-            for (int i = 15; i >= 0; i--) {
-                if (digits[i] != '9') { digits[i]++; break; }
-                digits[i] = '0';
-            }
-            if (wt && seq < max_lines) wt[seq] = real_ns();
-            uint64_t a = now_ns();
-            ssize_t w = write(fd, line, L);
-            uint64_t d = now_ns() - a;
-            if (w != (ssize_t)L) { s->err = w < 0 ? errno : EIO; goto out; }
-            s->hist[bucket(d)]++;
-            if (d > s->max_ns) s->max_ns = d;
-            seq++;
-            s->lines = seq;
+    if (ns_per_line >= (double)tick) {
+        uint64_t phase = (uint64_t)(place * ns_per_line);
+        for (;; seq++) {
+            uint64_t t = t0 + phase + (uint64_t)((double)seq * ns_per_line);
+            if (t >= end) break;
+            sleep_until(t);
+            s->due = seq + 1;
+            if ((s->err = write_line(s, fd, line, digits, L, seq, wt, max_lines))) goto out;
+        }
+    } else {
+        uint64_t phase = (uint64_t)(place * (double)tick);
+        for (uint64_t t = t0 + phase; t < end; t += tick) {
+            sleep_until(t);
+            uint64_t due = (uint64_t)((double)(t - t0 + tick - phase) * lines_per_ns);
+            if (t + tick >= end) due = (uint64_t)((double)(end - t0) * lines_per_ns);
+            s->due = due;
+            for (; seq < due; seq++)
+                if ((s->err = write_line(s, fd, line, digits, L, seq, wt, max_lines))) goto out;
         }
     }
 out:
@@ -165,7 +195,7 @@ int main(int argc, char **argv)
         if (p == 0) {
             char wt_path[4096];
             if (wt_dir) snprintf(wt_path, sizeof wt_path, "%s/%d.wt", wt_dir, i);
-            run_task(&S[i], argv[optind + i], rdwr, L, rate, secs, t0, tick, tick * (uint64_t)i / (uint64_t)n,
+            run_task(&S[i], argv[optind + i], rdwr, L, rate, secs, t0, tick, (double)i / (double)n,
                      wt_dir ? wt_path : NULL);
             _exit(0);
         }

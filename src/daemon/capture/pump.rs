@@ -73,13 +73,13 @@ pub type SharedCapture = Rc<RefCell<StreamCapture>>;
 ///   deadline at the pace seen; and at a held partial line's deadline. A
 ///   hold during which nothing more came ends in waiting again: the task
 ///   writes now and then, and its next write sends SIGIO. That next write,
-///   if it comes a hold's length after the write before it or later (less
-///   2 ms, the loop's rounding: a hold that would end just before it
-///   catches nothing either), is a lone line: drained at once without a
-///   hold, the FIFO left armed through the drain (a hold would only add a
-///   wakeup that catches nothing: one wakeup per line instead of two, and
-///   no arming and disarming). One that comes sooner (writes bunching up)
-///   is held again.
+///   if it comes half a hold's length after the write before it or later,
+///   is a lone line: drained at once without a hold, the FIFO left armed
+///   through the drain (a hold costs two wakeups, and writes that far
+///   apart give it one more at most to catch: one wakeup per line instead
+///   of two, no arming and disarming, and no line waiting `--max-delay`
+///   for nothing). One that comes sooner (writes bunching up) is held
+///   again.
 /// - *draining*: the FIFO is disarmed and drained at a pace: every
 ///   `--max-delay`, or sooner so that at the fastest rate seen lately (a
 ///   rate counts half after 100 ms) the pipe would be half full at most,

@@ -206,15 +206,25 @@ impl Run {
         Run::start_as(dir, extra, env, None)
     }
 
-    /// As [`Run::start`], as user and group `uid` when given.
-    fn start_as(dir: &Path, extra: &[&str], env: &[(&str, &str)], uid: Option<u32>) -> Run {
+    /// As [`Run::start`]; with `user` = (uid, program), that `logmon`
+    /// (one that uid can reach: [`bins_for_any_user`]) as user and group
+    /// `uid`.
+    fn start_as(
+        dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        user: Option<(u32, &Path)>,
+    ) -> Run {
         let mut args = vec!["run", "--task", "t", "--log-dir", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let mut cmd = logmon(&args);
+        let mut cmd = match user {
+            Some((_, program)) => logmon_at(program, &args),
+            None => logmon(&args),
+        };
         for (k, v) in env {
             cmd.env(k, v);
         }
-        if let Some(id) = uid {
+        if let Some((id, _)) = user {
             use std::os::unix::process::CommandExt;
             cmd.uid(id).gid(id);
         }
@@ -322,7 +332,11 @@ fn a_daemon_that_cannot_empty_its_bounding_set_says_what_it_keeps() {
         "{} is not searchable by others",
         parent.display()
     );
-    let run = Run::start_as(d.path(), &[], &[], Some(nobody));
+    // The build may sit where that user cannot reach (a 0700 checkout).
+    let bins = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bins.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = bins_for_any_user(bins.path());
+    let run = Run::start_as(d.path(), &[], &[], Some((nobody, &program)));
     let pid = run.daemon.pid();
     let threads = thread_status(pid);
     let (_, st) = &threads[0];

@@ -310,11 +310,16 @@ pub fn survey(scope: &Scope, opts: &Options) -> Result<Survey, SurveyError> {
             }
         })?;
     }
-    let ship_state = match &opts.ship_state {
+    // The shipper's state directory, walked once for its state and lock.
+    let ship_dir = match &opts.ship_state {
+        Some(d) => Some(crate::ship::state::open_dir(d)?),
+        None => None,
+    };
+    let ship_state = match &ship_dir {
         Some(d) => Some(crate::ship::state::read(d)?),
         None => None,
     };
-    let shipper = opts.ship_state.as_ref().map(|d| {
+    let shipper = ship_dir.as_ref().map(|d| {
         let pid = crate::ship::status::holder(d);
         ShipperInfo {
             running: pid.is_some(),

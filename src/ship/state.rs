@@ -43,9 +43,9 @@
 //! the error matrix).
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
@@ -245,16 +245,15 @@ pub struct Lock {
 impl Lock {
     /// Takes the lock in `dir` (created if missing), or says who holds it.
     pub fn take(dir: &Path) -> Result<Lock, StateError> {
-        use nix::fcntl::{Flock, FlockArg};
-        let path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc_nofollow())
-            .open(&path)
+        use nix::fcntl::{Flock, FlockArg, OFlag};
+        let handle = open_dir(dir)?;
+        let path = handle.display(LOCK_FILE);
+        let file = handle
+            .open_at(
+                LOCK_FILE,
+                OFlag::O_RDWR | OFlag::O_CREAT,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+            )
             .map_err(io_err(&path))?;
         let held = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => l,
@@ -279,42 +278,47 @@ impl Lock {
     }
 }
 
-fn libc_nofollow() -> i32 {
-    nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_CLOEXEC.bits()
+/// The state directory `dir`, walked once: every file in it is opened
+/// through this handle (a missing directory, or one that is not, is an
+/// error naming `dir`).
+pub fn open_dir(dir: &Path) -> Result<Dir, StateError> {
+    Dir::open(dir).map_err(|e| match e.raw_os_error() {
+        Some(nix::libc::ENOTDIR) => io_err(dir)(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "not a directory",
+        )),
+        _ => io_err(dir)(e),
+    })
+}
+
+/// Opens `name` in `dir` for reading; `None` if it is not there.
+fn open_read(dir: &Dir, name: &str) -> Result<Option<File>, StateError> {
+    let flags = nix::fcntl::OFlag::O_RDONLY;
+    match dir.open_at(name, flags, nix::sys::stat::Mode::empty()) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(&dir.display(name))(e)),
+    }
 }
 
 /// The state as a reader sees it (`--status`, `logmon ls`): no lock, no
-/// repair. A missing directory is an error; a directory without state is
-/// an empty state.
-pub fn read(dir: &Path) -> Result<State, StateError> {
-    let meta = std::fs::metadata(dir).map_err(io_err(dir))?;
-    if !meta.is_dir() {
-        return Err(io_err(dir)(std::io::Error::new(
-            std::io::ErrorKind::NotADirectory,
-            "not a directory",
-        )));
-    }
-    let path = dir.join(STATE_FILE);
-    match File::open(&path) {
-        Ok(f) => Ok(parse_journal(&path, f)?.0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => read_legacy(dir),
-        Err(e) => Err(io_err(&path)(e)),
+/// repair. A directory without state is an empty state.
+pub fn read(dir: &Dir) -> Result<State, StateError> {
+    match open_read(dir, STATE_FILE)? {
+        Some(f) => Ok(parse_journal(&dir.display(STATE_FILE), f)?.0),
+        None => read_legacy(dir),
     }
 }
 
-fn read_legacy(dir: &Path) -> Result<State, StateError> {
-    let path = dir.join(LEGACY_FILE);
-    let bytes = match File::open(&path) {
-        Ok(f) => {
-            let mut b = Vec::new();
-            f.take(256 << 20)
-                .read_to_end(&mut b)
-                .map_err(io_err(&path))?;
-            b
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
-        Err(e) => return Err(io_err(&path)(e)),
+fn read_legacy(dir: &Dir) -> Result<State, StateError> {
+    let path = dir.display(LEGACY_FILE);
+    let Some(f) = open_read(dir, LEGACY_FILE)? else {
+        return Ok(State::default());
     };
+    let mut bytes = Vec::new();
+    f.take(256 << 20)
+        .read_to_end(&mut bytes)
+        .map_err(io_err(&path))?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
         path: path.clone(),
         why: e.to_string(),
@@ -435,13 +439,9 @@ impl Journal {
     /// Opens (or creates) the journal in `dir`, carrying a legacy
     /// `ship.json` over, cutting off a torn last record, and compacting.
     pub fn open(dir: &Path) -> Result<(Journal, State), StateError> {
-        let path = dir.join(STATE_FILE);
-        let state = match File::open(&path) {
-            Ok(f) => parse_journal(&path, f)?.0,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => read_legacy(dir)?,
-            Err(e) => return Err(io_err(&path)(e)),
-        };
-        let handle = Dir::open(dir).map_err(io_err(dir))?;
+        let handle = open_dir(dir)?;
+        let path = handle.display(STATE_FILE);
+        let state = read(&handle)?;
         let (file, len) = write_journal(&handle, &path, &state)?;
         let j = Journal {
             dir: handle,
@@ -551,6 +551,7 @@ fn write_record(buf: &mut Vec<u8>, rec: &Record) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     fn stream(file: u64, offset: u64) -> StreamState {
         StreamState {
@@ -572,7 +573,10 @@ mod tests {
     #[test]
     fn the_journal_keeps_the_last_record_of_each_key_and_survives_a_torn_tail() {
         let d = tempfile::tempdir().unwrap();
-        assert!(read(d.path()).unwrap().streams.is_empty());
+        assert!(read(&open_dir(d.path()).unwrap())
+            .unwrap()
+            .streams
+            .is_empty());
         let (mut j, mut st) = Journal::open(d.path()).unwrap();
         assert!(st.streams.is_empty());
         let (a, b) = ("1:2/a/stdout".to_string(), "1:2/b/stdout".to_string());
@@ -583,20 +587,23 @@ mod tests {
         j.append(&st, [&a]).unwrap();
         st.streams.remove(&b);
         j.append(&st, [&b]).unwrap();
-        assert_eq!(read(d.path()).unwrap(), st);
+        assert_eq!(read(&open_dir(d.path()).unwrap()).unwrap(), st);
         drop(j);
         // A kill mid-append leaves half a record: it is cut off.
         let path = d.path().join(STATE_FILE);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(br#"{"key":"1:2/a/stdout","stream":{"fi"#)
             .unwrap();
-        assert_eq!(read(d.path()).unwrap(), st);
+        assert_eq!(read(&open_dir(d.path()).unwrap()).unwrap(), st);
         let (_, again) = Journal::open(d.path()).unwrap();
         assert_eq!(again, st);
         // Damage in the middle is corruption, not a fresh start.
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(&path, text.replacen("\"key\"", "\"ke", 1) + &text).unwrap();
-        assert!(matches!(read(d.path()), Err(StateError::Corrupt { .. })));
+        assert!(matches!(
+            read(&open_dir(d.path()).unwrap()),
+            Err(StateError::Corrupt { .. })
+        ));
     }
 
     #[test]
@@ -606,7 +613,7 @@ mod tests {
         m.insert("1:2/t/stdout".to_string(), stream(3, 40));
         let legacy = serde_json::json!({"version": 1, "streams": m});
         std::fs::write(d.path().join(LEGACY_FILE), legacy.to_string()).unwrap();
-        assert_eq!(read(d.path()).unwrap().streams, m);
+        assert_eq!(read(&open_dir(d.path()).unwrap()).unwrap().streams, m);
         let (_, st) = Journal::open(d.path()).unwrap();
         assert_eq!(st.streams, m);
         // The previous release finds a ship.json it refuses, not no state.
@@ -618,7 +625,7 @@ mod tests {
             streams: BTreeMap<String, StreamState>,
         }
         assert!(serde_json::from_slice::<Release010>(&stub).is_err());
-        assert_eq!(read(d.path()).unwrap().streams, m);
+        assert_eq!(read(&open_dir(d.path()).unwrap()).unwrap().streams, m);
         let (_, again) = Journal::open(d.path()).unwrap();
         assert_eq!(again.streams, m, "the journal wins over the stub");
         let e = tempfile::tempdir().unwrap();
@@ -634,7 +641,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            read(e.path()),
+            read(&open_dir(e.path()).unwrap()),
             Err(StateError::Version { version: 3, .. })
         ));
     }
@@ -662,6 +669,6 @@ mod tests {
         }
         let len = std::fs::metadata(d.path().join(STATE_FILE)).unwrap().len();
         assert!(len <= 2 * COMPACT_MIN, "{len}");
-        assert_eq!(read(d.path()).unwrap(), st);
+        assert_eq!(read(&open_dir(d.path()).unwrap()).unwrap(), st);
     }
 }

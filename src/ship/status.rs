@@ -43,21 +43,15 @@ pub struct Figures {
 }
 
 /// The figures a shipper left in `dir` (bounded read).
-fn figures(dir: &Path) -> Option<Figures> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(dir.join(FIGURES_FILE))
-        .ok()?
-        .take(4096)
-        .read_to_end(&mut buf)
-        .ok()?;
+fn figures(dir: &Dir) -> Option<Figures> {
+    let (buf, _) = dir.read_small(FIGURES_FILE, 4096).ok()??;
     serde_json::from_slice(&buf).ok()
 }
 
-/// Prints the status of the state in `dir`.
+/// Prints the status of the state in `dir`, opened once: every file in it
+/// is read through that handle.
 pub fn print(dir: &Path) -> Result<(), Failure> {
-    refuse_other_directory(dir)?;
-    let st = state::read(dir).map_err(|e| Failure {
+    let fail = |e: state::StateError| Failure {
         code: if matches!(e, state::StateError::Io { .. }) || e.is_bad_state() {
             EXIT_USAGE
         } else {
@@ -69,7 +63,10 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
             }
             other => other.to_string(),
         },
-    })?;
+    };
+    let handle = state::open_dir(dir).map_err(fail)?;
+    refuse_other_directory(&handle)?;
+    let st = state::read(&handle).map_err(fail)?;
     // Keys sort by directory: one directory is open at a time, however
     // many the node has.
     let mut open: Option<(String, Option<Arc<Dir>>)> = None;
@@ -99,9 +96,9 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
             })
         })
         .collect();
-    let pid = holder(dir);
+    let pid = holder(&handle);
     let j = serde_json::json!({
-        "shipper": { "running": pid.is_some(), "pid": pid, "directories": figures(dir) },
+        "shipper": { "running": pid.is_some(), "pid": pid, "directories": figures(&handle) },
         "streams": streams,
     });
     let mut out = std::io::stdout().lock();
@@ -119,13 +116,12 @@ pub fn print(dir: &Path) -> Result<(), Failure> {
 /// Refuses a directory that holds files but none a shipper keeps (a log
 /// directory given by mistake would read as "no streams", exit 0). An
 /// empty one is a state directory whose shipper has not run yet.
-fn refuse_other_directory(dir: &Path) -> Result<(), Failure> {
+fn refuse_other_directory(dir: &Dir) -> Result<(), Failure> {
     use super::state::{LEGACY_FILE, LOCK_FILE, STATE_FILE};
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        // Missing or unreadable: `state::read` says so.
+    let Ok(names) = dir.list() else {
+        // Unreadable: `state::read` says so.
         return Ok(());
     };
-    let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
     let ours = names
         .iter()
         .any(|n| [STATE_FILE, LEGACY_FILE, LOCK_FILE].iter().any(|f| n == f));
@@ -136,7 +132,7 @@ fn refuse_other_directory(dir: &Path) -> Result<(), Failure> {
         code: EXIT_USAGE,
         message: format!(
             "--state-dir {} is not a shipper's state directory (it holds other files, and no {STATE_FILE}, {LEGACY_FILE} or {LOCK_FILE}): give the --state-dir of `logmon ship`",
-            dir.display()
+            dir.path().display()
         ),
     })
 }
@@ -214,8 +210,7 @@ pub(crate) fn lag_of(
 }
 
 /// The pid of the shipper holding the state directory's lock, if any.
-pub(crate) fn holder(dir: &Path) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(dir.join(state::LOCK_FILE)).ok()?;
-    crate::shared::fifo::flock_holder(m.dev(), m.ino())
+pub(crate) fn holder(dir: &Dir) -> Option<u32> {
+    let st = dir.stat(state::LOCK_FILE).ok()??;
+    crate::shared::fifo::flock_holder(st.st_dev, st.st_ino)
 }
